@@ -1,0 +1,1 @@
+"""The `lmq` command line: one entry point for serving, admin and benchmarks."""

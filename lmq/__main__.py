@@ -1,0 +1,5 @@
+import sys
+
+from lmq.cli import main
+
+sys.exit(main())
