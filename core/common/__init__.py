@@ -1,0 +1,1 @@
+"""Shared model and codecs: messages, stored records, properties, names, ids, tag hashes."""
