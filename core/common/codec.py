@@ -201,6 +201,8 @@ def parse_layout(buf, pos: int = 0, limit: int | None = None) -> RecordLayout:
     sys_flag = INT32.unpack_from(buf, pos + OFF_SYS_FLAG)[0]
     born_len = 20 if sys_flag & MessageSysFlag.BORNHOST_V6 else 8
     store_len = 20 if sys_flag & MessageSysFlag.STOREHOST_V6 else 8
+    if total < FIXED_SIZE + (born_len - 8) + (store_len - 8):
+        raise RecordError(f"bad total size {total} for IPv6 hosts")
     store_ts_pos = pos + OFF_BORN_HOST + born_len
     p = store_ts_pos + 8 + store_len + 4 + 8
     body_length = INT32.unpack_from(buf, p)[0]

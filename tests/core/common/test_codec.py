@@ -197,3 +197,12 @@ def test_batch_garbage_raises_record_error(data):
 def test_ipv6_hosts_are_stored_as_ipv4():
     # v1 records carry IPv4 only; the C++ decoder reads nothing else (§7.1).
     assert encode_host("[::1]:10911") == b"\x7f\x00\x00\x01" + (10911).to_bytes(4, "big")
+
+
+def test_short_record_with_ipv6_flags_raises_record_error():
+    rec = bytearray(VECTOR)
+    rec[36:40] = (MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6).to_bytes(4, "big")
+    with pytest.raises(RecordError):
+        decode_record(bytes(rec[:100]).replace(b"\x00\x00\x00\x73", b"\x00\x00\x00\x64", 1))
+    with pytest.raises(RecordError):
+        parse_layout(bytes(rec))
