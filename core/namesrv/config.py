@@ -1,0 +1,26 @@
+"""Name server configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+
+
+@dataclass
+class NamesrvConfig:
+    """Settings of one name server; defaults are RocketMQ 4.9.7's (protocol doc §9.6)."""
+
+    host: str = "0.0.0.0"
+    port: int = 9876
+    #: A broker that has not registered for this long is dropped (Java: 120 s).
+    broker_expiry_s: float = 120.0
+    #: How often the expiry scan runs (Java: every 10 s).
+    scan_interval_s: float = 10.0
+    #: Fill `orderTopicConf` of routes from the ORDER_TOPIC_CONFIG KV namespace
+    #: (Java's `orderMessageEnable`, default false).
+    order_message_enable: bool = False
+    #: Largest inflated compressed REGISTER_BROKER body (zip-bomb guard).
+    max_register_body_bytes: int = 64 * 1024 * 1024
+    #: Largest accepted remoting frame.
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE

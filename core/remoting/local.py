@@ -1,0 +1,108 @@
+"""In-process transport: command objects handed straight to the peer's processor table.
+
+A gateway running in the same process as its broker pays no sockets and no
+serialization, yet goes through the same `ProcessorTable.process` path and the same
+`Connection` interface as over TCP (architecture.md §3). A pair of `LocalConnection`s
+links a client (holding one end) and a server (whose handlers see the other end as
+``ctx.connection``), so the server can push requests back to the client too.
+
+Differences from TCP worth knowing:
+
+* `invoke` runs the handler in the caller's task, whatever its ``inline`` setting; a
+  timeout cancels the handler (over TCP the server would finish it and the late answer
+  would be dropped). Handlers must be cancellation-safe anyway: server shutdown cancels.
+* Bodies are passed by reference: a receiver must not mutate a body it did not create.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import trio
+
+from core.remoting.codec import RemotingCommand
+from core.remoting.codes import FLAG_RESPONSE
+from core.remoting.connection import Connection
+from core.remoting.errors import RemotingConnectError
+from core.remoting.processor import ProcessorTable
+
+__all__ = ["LocalConnection", "open_local_pair"]
+
+# Pseudo source ports so each in-process peer has a distinct, parseable "ip:port".
+_local_ports = itertools.count()
+
+
+class LocalConnection(Connection):
+    """One end of an in-process connection; `peer` is the other end.
+
+    `remote_table` is the processor table of the peer: requests sent through this end are
+    processed there, with ``peer.context`` as their RequestContext.
+    """
+
+    def __init__(
+        self,
+        remote_addr: str,
+        local_addr: str,
+        remote_table: ProcessorTable,
+        nursery: trio.Nursery,
+    ) -> None:
+        super().__init__(remote_addr, local_addr)
+        self._remote_table = remote_table
+        self._nursery = nursery
+        self.peer: LocalConnection = self  # replaced by open_local_pair
+
+    async def send(self, cmd: RemotingCommand) -> None:
+        if self.closed:
+            raise RemotingConnectError(f"connection to {self.remote_addr} is closed")
+        if cmd.flag & FLAG_RESPONSE:
+            self.peer._on_response(cmd)
+        else:
+            # A request sent without waiting (one-way, or answered through our pending
+            # table): process it in its own task like a non-inline TCP request.
+            self._nursery.start_soon(self._deliver, cmd)
+
+    async def _deliver(self, cmd: RemotingCommand) -> None:
+        response = await self._remote_table.process(self.peer.context, cmd)
+        if response is not None and not self.closed:
+            self._on_response(response)
+
+    async def invoke(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+        if self.closed:
+            raise RemotingConnectError(f"connection to {self.remote_addr} is closed")
+        opaque, pending = self._register_pending(cmd)
+        try:
+            with trio.move_on_after(math.inf if timeout is None else timeout):
+                response = await self._remote_table.process(self.peer.context, cmd)
+                if response is not None:
+                    return response
+                # The handler answers later through ctx.connection.send (deferred reply).
+                await pending.event.wait()
+            return self._pending_result(pending, timeout)
+        finally:
+            self._pending.pop(opaque, None)
+
+    def close(self) -> None:
+        """Close both ends; close callbacks run on both sides."""
+        self._finish()
+        self.peer._finish()
+
+
+def open_local_pair(
+    server_addr: str,
+    server_table: ProcessorTable,
+    client_table: ProcessorTable,
+    nursery: trio.Nursery,
+) -> LocalConnection:
+    """Connect a client to the in-process server at `server_addr`; returns the client end.
+
+    Requests through the returned end go to `server_table`; requests the server sends
+    through ``ctx.connection`` go to `client_table`. One-way and fire-and-forget
+    deliveries run in `nursery` (the client's).
+    """
+    client_addr = f"127.0.0.1:{next(_local_ports) % 65535 + 1}"
+    client_end = LocalConnection(server_addr, client_addr, server_table, nursery)
+    server_end = LocalConnection(client_addr, server_addr, client_table, nursery)
+    client_end.peer = server_end
+    server_end.peer = client_end
+    return client_end
