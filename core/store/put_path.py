@@ -1,0 +1,529 @@
+"""The append path: validate, assign offsets, pack the record into the mapped CommitLog,
+then dispatch it (ConsumeQueue unit, LMQ units, key index) — all on the writer thread.
+
+This is the hot path of the whole project, so it is written for CPython: one pass, local
+variables, precompiled structs, records packed straight into the mapping, no per-message
+objects beyond the result. `put_batch` validates every message before writing any.
+
+Multi-dispatch (protocol doc §10.2): with `enable_multi_dispatch`, a message whose
+INNER_MULTI_DISPATCH lists queues gets INNER_MULTI_QUEUE_OFFSET (same order, assigned
+before encoding), and after the append one unit per distinct queue: `%LMQ%` names go to the
+LMQ index (queue 0) when `enable_lmq` is on, other names to that topic's ConsumeQueue with
+the message's own queue id. As in RocketMQ, WAIT is dropped from such messages.
+"""
+
+from __future__ import annotations
+
+import zlib
+from time import perf_counter_ns, time_ns
+
+from core.common.codec import FIXED_SIZE, HEADER, HEADER_SIZE, INT16, MAGIC_V1
+from core.common.message import InnerMessage
+from core.common.names import LMQ_PREFIX, validate_lmq, validate_topic
+from core.common.properties import MessageConst
+from core.common.sysflag import MessageSysFlag
+from core.common.taghash import tag_hash
+from core.store.commitlog import END_FILE_MIN_BLANK
+from core.store.lmq_index import LMQ_UNIT
+from core.store.results import PutResult, PutStatus
+
+_MULTI = MessageConst.INNER_MULTI_DISPATCH
+_MULTI_OFFSETS = MessageConst.INNER_MULTI_QUEUE_OFFSET
+_WAIT = MessageConst.WAIT_STORE_MSG_OK
+_TAGS = MessageConst.TAGS
+_KEYS = MessageConst.KEYS
+_UNIQ = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
+# "%d,%d,...": formatting a tuple is twice as fast as ",".join(map(str, ...)); by count
+# (at most max_lmq_per_message entries).
+_OFFSET_FORMATS: dict[int, str] = {}
+_NO_V6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
+_KV_COMMIT_BYTES = 1 << 20  # commit the RocksDB batch at least every MiB of CommitLog
+
+
+class _Reject(Exception):
+    """Internal: a message failed validation (carries the status and remark)."""
+
+    def __init__(self, status: PutStatus, remark: str) -> None:
+        self.status = status
+        self.remark = remark
+
+
+class PutPath:
+    """Mixin of MessageStore holding put/put_batch (uses the store's attributes)."""
+
+    # ------------------------------------------------------------------ helpers
+    def _reject(self, status: PutStatus, remark: str) -> PutResult:
+        self._stats.put_errors += 1
+        return PutResult(status, remark)
+
+    def _not_available(self) -> PutResult | None:
+        """The refusal while the store cannot write; None if a retried RocksDB write now
+        succeeds (the put goes on)."""
+        if not self._running:
+            return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, "store is not running")
+        self._commit_kv()  # retry the RocksDB write that failed
+        if self._kv_error is not None:
+            return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, self._kv_error)
+        return None  # recovered: the caller goes on
+
+    def _topic_tail(self, topic: str) -> bytes:
+        """TOPICLENGTH + TOPIC bytes of a record (cached per valid topic)."""
+        tail = self._tails.get(topic)
+        if tail is None:
+            err = validate_topic(topic)
+            if err is not None:
+                raise _Reject(PutStatus.MESSAGE_ILLEGAL, err)
+            tb = topic.encode()
+            tail = bytes((len(tb),)) + tb
+            self._tails[topic] = tail
+        return tail
+
+    def _plan_multi(
+        self, multi: str, topic: str, qid: int, qoff: int, bump: dict | None,
+    ) -> tuple[list[int], list, list]:
+        """Offsets for INNER_MULTI_DISPATCH (in name order) and the dispatch targets, one per
+        distinct queue: [(lmq name, offset)] and [(ConsumeQueue, offset)]. `bump` holds the
+        offsets already taken by earlier messages of the same batch."""
+        names = multi.split(",")
+        if len(names) > self._cfg.max_lmq_per_message:
+            raise _Reject(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"INNER_MULTI_DISPATCH lists {len(names)} queues, limit {self._cfg.max_lmq_per_message}",
+            )
+        lmq = self._lmq
+        lmq_on = self._lmq_on
+        cached = lmq.cache.get
+        offsets: list[int] = []
+        lmqs: list[tuple[str, int]] = []
+        cqs: list = []
+        # Duplicate names are rare: pay for the bookkeeping only when there are some.
+        firsts: dict[str, int] | None = (
+            {} if len(names) > 1 and len(set(names)) < len(names) else None
+        )
+        new = 0
+        for name in names:
+            if firsts is not None:
+                off = firsts.get(name)
+                if off is not None:
+                    offsets.append(off)  # same queue twice: one unit, one offset
+                    continue
+            if name == topic:
+                off = qoff  # the message's own queue: no second unit
+            elif lmq_on and name.startswith(LMQ_PREFIX):
+                off = cached(name)  # a cached name is a valid one
+                if off is None:
+                    off = lmq.next_offset_checked(name)
+                    if off < 0:
+                        raise _Reject(PutStatus.LMQ_NAME_ILLEGAL, validate_lmq(name) or name)
+                if bump is not None:
+                    extra = bump.get(name, 0)
+                    bump[name] = extra + 1
+                    off += extra
+                if off == 0:
+                    new += 1
+                lmqs.append((name, off))
+            else:
+                if name not in self._tails and validate_topic(name) is not None:
+                    raise _Reject(PutStatus.LMQ_NAME_ILLEGAL, f"illegal dispatch queue name {name!r}")
+                cq = self._cq(name, qid)
+                off = cq.max_offset
+                if bump is not None:
+                    extra = bump.get(cq, 0)
+                    bump[cq] = extra + 1
+                    off += extra
+                cqs.append((cq, off))
+            offsets.append(off)
+            if firsts is not None:
+                firsts[name] = off
+        if new and bump is not None:
+            # LMQs created by earlier messages of the batch are not counted yet.
+            bump[None] = bump.get(None, 0) + new
+            new = bump[None]
+        if new and lmq.count + new > self._cfg.max_lmq_consume_queue_num:
+            raise _Reject(
+                PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
+                f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
+            )
+        return offsets, lmqs, cqs
+
+    def _encode_props(self, msg: InnerMessage, topic: str, qid: int, qoff: int, bump):
+        """(properties bytes, tag code, multi offsets, dispatch targets) of one message."""
+        props = msg.properties
+        offsets = targets = None
+        if props:
+            multi = props.get(_MULTI) if self._multi_on else None
+            # Same text as properties.encode_properties, inlined for the hot path.
+            if multi:
+                offsets, lmqs, cqs = self._plan_multi(multi, topic, qid, qoff, bump)
+                targets = (lmqs, cqs)
+                n = len(offsets)
+                fmt = _OFFSET_FORMATS.get(n)
+                if fmt is None:
+                    fmt = _OFFSET_FORMATS[n] = ",".join(["%d"] * n)
+                text = "\x02".join([
+                    k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
+                ]) + _OFFSETS_PAIR + fmt % tuple(offsets)
+            else:
+                text = "\x02".join([k + "\x01" + v for k, v in props.items()])
+            pb = text.encode()
+            if len(pb) > self._max_props:
+                raise _Reject(
+                    PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                    f"properties size {len(pb)} exceeds {self._max_props}",
+                )
+            tags = props.get(_TAGS)
+        else:
+            pb = b""
+            tags = None
+        tc = msg.tags_code
+        if tc is None:
+            if tags:
+                tc = self._tag_codes.get(tags)
+                if tc is None:
+                    tc = self._tag_code(tags)
+            else:
+                tc = 0
+        return pb, tc, offsets, targets, props
+
+    def _tag_code(self, tags: str) -> int:
+        codes = self._tag_codes
+        if len(codes) >= 4096:  # bounded: tags are client-chosen strings
+            codes.clear()
+        tc = codes[tags] = tag_hash(tags)
+        return tc
+
+    def _reserve(self, mf, upto: int) -> str | None:
+        """Reserve disk blocks of `mf` up to `upto` (see MappedFile.reserve); the reason
+        when the disk is full."""
+        ratio = self.disk_used_ratio()
+        if ratio > self._cfg.disk_full_ratio:
+            return f"disk full: {ratio:.1%} used, limit {self._cfg.disk_full_ratio:.0%}"
+        if not self._cfg.preallocate_files:
+            # Sparse only: nothing to reserve, but the disk check above still runs per step.
+            mf.reserved = min(mf.size, max(upto, mf.reserved + self._cfg.commitlog_reserve_step))
+            return None
+        try:
+            mf.reserve(upto, self._cfg.commitlog_reserve_step)
+        except OSError as exc:
+            return f"cannot reserve disk space: {exc}"
+        return None
+
+    def _prepare_space(self, sizes: list[int]) -> str | None:
+        """Create the files and reserve the blocks a batch of records will need, before
+        any is written (a batch is all or nothing)."""
+        fs = self._fs
+        pos = self._wpos
+        spans = []  # (file index after the current one, local end)
+        k = 0
+        for total in sizes:
+            if pos + total + END_FILE_MIN_BLANK > fs:
+                spans.append((k, pos))
+                k += 1
+                pos = 0
+            pos += total
+        spans.append((k, pos))
+        try:
+            self._prepare_files(k)
+        except OSError as exc:
+            return f"cannot create CommitLog file: {exc}"
+        start = self._cur.start
+        for i, end in spans:
+            mf = self.commitlog.file_for(start + i * fs)
+            if end + END_FILE_MIN_BLANK > mf.reserved:
+                err = self._reserve(mf, end + END_FILE_MIN_BLANK)
+                if err is not None:
+                    return err
+        return None
+
+    def _check_common(self, msg: InnerMessage) -> None:
+        if len(msg.body) > self._max_body:
+            raise _Reject(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"message body size {len(msg.body)} exceeds {self._max_body}",
+            )
+        if len(msg.born_host) != 8 or type(msg.born_host) is not bytes:
+            raise _Reject(PutStatus.MESSAGE_ILLEGAL, "born_host must be 8 bytes (IPv4 + port)")
+
+    def _main_queue(self, topic: str, qid: int):
+        """(ConsumeQueue or None for an LMQ topic, next queue offset)."""
+        if qid < 0 or qid >= self._max_qid:
+            raise _Reject(PutStatus.QUEUE_ID_ILLEGAL, f"queue id {qid} out of range")
+        if self._lmq_on and topic.startswith(LMQ_PREFIX):
+            if qid != 0:
+                raise _Reject(PutStatus.QUEUE_ID_ILLEGAL, "an LMQ has only queue 0")
+            err = self._lmq.check_name(topic)
+            if err is not None:
+                raise _Reject(PutStatus.LMQ_NAME_ILLEGAL, err)
+            off = self._lmq.next_offset(topic)
+            if off == 0 and self._lmq.count >= self._cfg.max_lmq_consume_queue_num:
+                raise _Reject(PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED, "too many LMQs")
+            return None, off
+        cq = self._cq(topic, qid)
+        return cq, cq.max_offset
+
+    def _index(self, props: dict, topic: str, store_ms: int, phys: int, size: int) -> None:
+        keys = props.get(_KEYS)
+        if keys:
+            for key in keys.split(" "):
+                if key:
+                    self._keys.add(b"k", topic, key, store_ms, phys, size)
+        uniq = props.get(_UNIQ)
+        if uniq:
+            self._keys.add(b"q", topic, uniq, store_ms, phys, size)
+
+    def _dispatch_multi(self, targets: tuple, phys: int, total: int, tc: int, store_ms: int) -> None:
+        lmqs, cqs = targets
+        listener = self.dispatch_listener
+        if lmqs:
+            self._lmq.add_planned(lmqs, LMQ_UNIT.pack(phys, total, tc, store_ms))
+            self._stats.lmq_dispatches += len(lmqs)
+            if listener is not None:
+                for name, off in lmqs:
+                    listener(name, 0, off + 1)
+        for cq, off in cqs:
+            cq.append(phys, total, tc)
+            if listener is not None:
+                listener(cq.topic, cq.queue_id, off + 1)
+
+    # ------------------------------------------------------------------ put
+    def put(self, msg: InnerMessage) -> PutResult:
+        """Append one message and dispatch it. Bad input returns a non-OK status and
+        writes nothing."""
+        t0 = perf_counter_ns()
+        if not self._running or self._kv_error is not None:
+            refused = self._not_available()
+            if refused is not None:
+                return refused
+        topic = msg.topic
+        qid = msg.queue_id
+        body = msg.body
+        blen = len(body)
+        tail = self._tails.get(topic)
+        # A loaded ConsumeQueue implies a valid topic and queue id: skip their checks.
+        cq = self._cqs.get((topic, qid)) if tail is not None else None
+        try:
+            if tail is None:
+                tail = self._topic_tail(topic)
+            born = msg.born_host
+            if blen > self._max_body or len(born) != 8 or type(born) is not bytes:
+                self._check_common(msg)
+            crc = zlib.crc32(body) & 0x7FFFFFFF  # also rejects a body that is not bytes-like
+            if cq is None:
+                cq, qoff = self._main_queue(topic, qid)
+            else:
+                qoff = cq.max_offset
+            pb, tc, offsets, targets, props = self._encode_props(msg, topic, qid, qoff, None)
+        except _Reject as rej:
+            return self._reject(rej.status, rej.remark)
+        except (TypeError, ValueError, AttributeError) as exc:  # malformed fields
+            return self._reject(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {exc}")
+        plen = len(pb)
+        tlen = len(tail)
+        total = FIXED_SIZE + blen + tlen - 1 + plen
+        mf = self._cur
+        pos = self._wpos
+        if pos + total + END_FILE_MIN_BLANK > self._fs:
+            if total + END_FILE_MIN_BLANK > self._fs:
+                return self._reject(PutStatus.MESSAGE_ILLEGAL, "record larger than a CommitLog file")
+            try:
+                mf = self._roll()
+            except OSError as exc:
+                return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, f"cannot create CommitLog file: {exc}")
+            pos = 0
+        if pos + total + END_FILE_MIN_BLANK > mf.reserved:
+            err = self._reserve(mf, pos + total + END_FILE_MIN_BLANK)
+            if err is not None:
+                return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
+        phys = mf.start + pos
+        store_ms = time_ns() // 1_000_000
+        mm = mf.mm
+        HEADER.pack_into(
+            mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
+            msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
+            msg.reconsume_times, msg.prepared_transaction_offset, blen,
+        )
+        p = pos + HEADER_SIZE
+        mm[p : p + blen] = body
+        p += blen
+        mm[p : p + tlen] = tail
+        p += tlen
+        INT16.pack_into(mm, p, plen)
+        p += 2
+        mm[p : p + plen] = pb
+        end = phys + total
+        self._wpos = pos + total
+        listener = self.dispatch_listener
+        # Dispatch: the message's own queue, then the multi-dispatch queues.
+        if cq is not None:
+            cq.append(phys, total, tc)
+            if listener is not None:
+                listener(topic, qid, qoff + 1)
+        else:
+            self._lmq.add(topic, qoff, LMQ_UNIT.pack(phys, total, tc, store_ms))
+            if listener is not None:
+                listener(topic, 0, qoff + 1)
+        if targets:
+            self._dispatch_multi(targets, phys, total, tc, store_ms)
+        if self._index_on and props:
+            self._index(props, topic, store_ms, phys, total)
+        self._wrote = end
+        self._last_store_ms = store_ms
+        kv = self._kv
+        if len(kv.pending) >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
+            self._commit_kv()
+        st = self._stats
+        st.put_calls += 1
+        st.put_msgs += 1
+        st.put_bytes += total
+        ns = perf_counter_ns() - t0
+        b = ns.bit_length()  # stats.bucket_of, inlined
+        st.put_latency.counts[(b << 2) | ((ns >> (b - 3)) & 3) if b > 3 else ns] += 1
+        return PutResult(
+            PutStatus.OK, None, phys, total, qoff, [f"{self._host_hex}{phys:016X}"],
+            store_ms, end, offsets if offsets is not None else [],
+        )
+
+    def put_batch(self, msgs: list[InnerMessage]) -> PutResult:
+        """Append messages of one topic and queue with consecutive queue offsets (a batch
+        send). All are validated first: one bad message rejects the batch, nothing written."""
+        t0 = perf_counter_ns()
+        if not self._running or self._kv_error is not None:
+            refused = self._not_available()
+            if refused is not None:
+                return refused
+        if not msgs:
+            return self._reject(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        topic = msgs[0].topic
+        qid = msgs[0].queue_id
+        fs = self._fs
+        max_body = self._max_body
+        # Pass 1: validate and encode everything, plan sizes and offsets.
+        bump: dict = {}
+        plan = []
+        add_plan = plan.append
+        encode = self._encode_props
+        crc32 = zlib.crc32
+        try:
+            tail = self._tails.get(topic) or self._topic_tail(topic)
+            cq, qoff = self._main_queue(topic, qid)
+            fixed = FIXED_SIZE + len(tail) - 1
+            for msg in msgs:
+                if msg.topic != topic or msg.queue_id != qid:
+                    raise _Reject(PutStatus.MESSAGE_ILLEGAL, "a batch must target one topic and queue")
+                born = msg.born_host
+                if len(msg.body) > max_body or len(born) != 8 or type(born) is not bytes:
+                    self._check_common(msg)
+                crc = crc32(msg.body) & 0x7FFFFFFF
+                pb, tc, offsets, targets, props = encode(msg, topic, qid, qoff, bump)
+                total = fixed + len(msg.body) + len(pb)
+                if total + END_FILE_MIN_BLANK > fs:
+                    raise _Reject(PutStatus.MESSAGE_ILLEGAL, "record larger than a CommitLog file")
+                add_plan((msg, pb, tc, targets, props, total, offsets, crc))
+                qoff += 1
+        except _Reject as rej:
+            return self._reject(rej.status, rej.remark)
+        except (TypeError, ValueError, AttributeError) as exc:  # malformed fields
+            return self._reject(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {exc}")
+        err = self._prepare_space([item[5] for item in plan])
+        if err is not None:
+            return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
+        # Pass 2: write and dispatch.
+        mf = self._cur
+        mm = mf.mm
+        base = mf.start
+        pos = self._wpos
+        host = self._host
+        store_ms = time_ns() // 1_000_000
+        index = self._index if self._index_on else None
+        pack_header = HEADER.pack_into
+        pack16 = INT16.pack_into
+        hexhost = self._host_hex
+        tlen = len(tail)
+        ids = []
+        add_id = ids.append
+        first_phys = -1
+        wrote = 0
+        qoff0 = qoff = qoff - len(plan)
+        lmq_units: list[tuple[str, int, bytes]] = []
+        pack_unit = LMQ_UNIT.pack
+        for msg, pb, tc, targets, props, total, _offsets, crc in plan:
+            if pos + total + END_FILE_MIN_BLANK > fs:
+                self._wpos = pos
+                mf = self._roll()
+                mm = mf.mm
+                base = mf.start
+                pos = 0
+            phys = base + pos
+            body = msg.body
+            blen = len(body)
+            pack_header(
+                mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
+                msg.sys_flag & _NO_V6, msg.born_timestamp, msg.born_host, store_ms, host,
+                msg.reconsume_times, msg.prepared_transaction_offset, blen,
+            )
+            p = pos + HEADER_SIZE
+            mm[p : p + blen] = body
+            p += blen
+            mm[p : p + tlen] = tail
+            p += tlen
+            plen = len(pb)
+            pack16(mm, p, plen)
+            mm[p + 2 : p + 2 + plen] = pb
+            pos += total
+            wrote += total
+            unit = None
+            if cq is not None:
+                cq.append(phys, total, tc)
+            else:
+                unit = pack_unit(phys, total, tc, store_ms)
+                lmq_units.append((topic, qoff, unit))
+            if targets:
+                lmqs, cqs = targets
+                if lmqs:
+                    if unit is None:
+                        unit = pack_unit(phys, total, tc, store_ms)
+                    for name, off in lmqs:
+                        lmq_units.append((name, off, unit))
+                for tcq, _off in cqs:
+                    tcq.append(phys, total, tc)
+            if index is not None and props:
+                index(props, topic, store_ms, phys, total)
+            if first_phys < 0:
+                first_phys = phys
+            add_id(f"{hexhost}{phys:016X}")
+            qoff += 1
+        self._wpos = pos
+        if lmq_units:
+            self._lmq.add_planned_many(lmq_units)
+            self._stats.lmq_dispatches += len(lmq_units)
+        end = base + pos
+        self._wrote = end
+        self._last_store_ms = store_ms
+        listener = self.dispatch_listener
+        if listener is not None:
+            listener(topic, qid if cq is not None else 0, qoff)
+            # Multi-dispatch queues: one wake-up per queue, with its final max offset.
+            woken = {}
+            for plan_item in plan:
+                targets = plan_item[3]
+                if targets:
+                    for name, off in targets[0]:
+                        woken[(name, 0)] = off + 1
+                    for tcq, off in targets[1]:
+                        woken[(tcq.topic, tcq.queue_id)] = off + 1
+            for (name, q), mx in woken.items():
+                listener(name, q, mx)
+        kv = self._kv
+        if len(kv.pending) >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
+            self._commit_kv()
+        st = self._stats
+        st.put_calls += 1
+        st.put_msgs += len(plan)
+        st.put_bytes += wrote
+        st.put_latency.record(perf_counter_ns() - t0)
+        first_offsets = plan[0][6]
+        return PutResult(
+            PutStatus.OK, None, first_phys, wrote, qoff0, ids, store_ms, end,
+            first_offsets if first_offsets is not None else [],
+        )
