@@ -1,0 +1,150 @@
+"""Broker configuration (defaults follow Java 4.9.7, protocol doc §9.6) and TOML loading.
+
+Every limit the broker enforces is a field here, with its default, so `lmq broker
+--config FILE` can change it. Field names are the TOML keys (`broker_name = "broker-b"`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+@dataclass
+class BrokerConfig:
+    """Settings of one broker (master only: `broker_id` is 0)."""
+
+    # identity and network
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    broker_id: int = 0
+    host: str = "0.0.0.0"
+    port: int = 10911
+    # Address written into STOREHOST and registered with the name servers; clients
+    # (the C++ consumer's send-back) connect to it (§5.1 step 5). None = derived from host.
+    advertise_host: str | None = None
+    namesrv_addrs: list[str] = field(default_factory=list)
+    data_dir: str = "./data"
+    broker_permission: int = 6  # PermName READ|WRITE (§9.5)
+
+    # store and durability
+    flush: str = "async"  # "async" (ASYNC_FLUSH) | "sync" (SYNC_FLUSH, group commit)
+    flush_interval_ms: int = 500  # ASYNC_FLUSH timer
+    sync_flush_timeout_ms: int = 5000  # Java syncFlushTimeout -> FLUSH_DISK_TIMEOUT (10)
+    commitlog_file_size: int = 1 << 30  # mappedFileSizeCommitLog
+    consume_queue_units_per_file: int = 300_000  # 6 MB consume-queue files
+    preallocate_files: bool = True  # fallocate new files (no SIGBUS on a full disk)
+    max_message_size: int = 4 * 1024 * 1024  # maxMessageSize (body, after inflating a batch)
+    file_reserved_hours: float = 72.0
+    clean_interval_s: float = 10.0  # how often the retention pass runs
+    enable_lmq: bool = True
+    max_lmq_consume_queue_num: int = 20000
+
+    # topics and groups
+    auto_create_topic: bool = True  # autoCreateTopicEnable
+    auto_create_subscription_group: bool = True
+    default_topic_queue_nums: int = 8
+    cluster_topic_enable: bool = True
+    broker_topic_enable: bool = True
+    retry_max_times: int = 16  # SubscriptionGroupConfig.retryMaxTimes default
+    max_topic_queue_nums: int = 1024  # UPDATE_AND_CREATE_TOPIC refuses more queues
+
+    # consumers and pulls
+    long_polling: bool = True  # longPollingEnable
+    short_polling_ms: int = 1000  # shortPollingTimeMills (long polling off)
+    # Cap of a held pull: clients time out after 30 s (§5.2), so answer well before.
+    max_suspend_ms: int = 25000
+    max_pull_msg_nums: int = 32  # maxTransferCountOnMessageInMemory
+    max_pull_bytes: int = 256 * 1024  # maxTransferBytesOnMessageInMemory
+    notify_consumer_ids_changed: bool = True
+    client_channel_expiry_s: float = 120.0
+    client_scan_interval_s: float = 10.0
+    notify_timeout_s: float = 3.0  # a one-way NOTIFY to a slow client gives up after this
+    flush_consumer_offset_interval_s: float = 5.0
+    default_query_max_num: int = 32  # QUERY_MESSAGE with _UNIQUE_KEY_QUERY
+    max_query_msg_num: int = 64  # QUERY_MESSAGE by key (Java maxMsgsNumBatch)
+
+    # name server registration
+    register_interval_s: float = 30.0  # registerNameServerPeriod
+    register_timeout_s: float = 6.0
+
+    # services of helper B (schedule, transactions, locks)
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
+    transaction_timeout_s: float = 6.0
+    transaction_check_max: int = 15
+    transaction_check_interval_s: float = 60.0
+    lock_max_live_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.namesrv_addrs, str):
+            self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)
+        if self.flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def advertised_ip(self) -> str:
+        """The client-reachable IP: `advertise_host`, else `host` unless it is a wildcard."""
+        if self.advertise_host:
+            return resolve_ipv4(self.advertise_host)
+        if self.host in ("", "0.0.0.0", "::"):
+            return "127.0.0.1"
+        return self.host
+
+    @property
+    def broker_addr(self) -> str:
+        return f"{self.advertised_ip}:{self.port}"
+
+
+@functools.lru_cache(maxsize=16)
+def resolve_ipv4(host: str) -> str:
+    """A host name as the IPv4 address clients reach. Stored records carry STOREHOST as a
+    4-byte IPv4 address (protocol doc §7.1) and the C++ consumer sends retries there, so a
+    name (docker-compose service names) is resolved once here; an unresolvable name is
+    kept for the routes and stored as 127.0.0.1."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def parse_addr_list(text: str) -> list[str]:
+    """`"a:9876;b:9876"` -> ["a:9876", "b:9876"] (RocketMQ's `namesrvAddr` form)."""
+    return [part.strip() for part in text.replace(",", ";").split(";") if part.strip()]
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a TOML config file (keys = BrokerConfig / NamesrvConfig field names; optional
+    `[broker]` and `[namesrv]` tables for keys meant for only one of them)."""
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def config_kwargs(cls: type, data: dict[str, Any], section: str) -> dict[str, Any]:
+    """Pick the keys of dataclass `cls` from a loaded TOML mapping: top-level keys that
+    are fields of `cls`, then the `[section]` table (which must only hold fields of cls)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    out = {k: v for k, v in data.items() if k in names and not isinstance(v, dict)}
+    table = data.get(section, {})
+    if not isinstance(table, dict):
+        raise ValueError(f"[{section}] must be a table")
+    unknown = set(table) - names
+    if unknown:
+        raise ValueError(f"unknown keys in [{section}]: {', '.join(sorted(unknown))}")
+    out.update(table)
+    return out
+
+
+def check_unknown_keys(data: dict[str, Any], classes: dict[str, type]) -> None:
+    """Reject top-level keys that belong to none of `classes` (typos must not pass)."""
+    known: set[str] = set(classes)
+    for cls in classes.values():
+        known |= {f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")

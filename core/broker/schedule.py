@@ -1,0 +1,358 @@
+"""Scheduled (delayed) messages: `SCHEDULE_TOPIC_XXXX`, one queue per delay level
+(protocol doc §9.1, §9.2).
+
+A message with `DELAY=n` is stored in queue n-1 of `SCHEDULE_TOPIC_XXXX` with its real
+destination in `REAL_TOPIC`/`REAL_QID`; the consume-queue tag slot holds its delivery time
+(epoch ms). Within one level every message waits the same time, so each queue is ordered
+by delivery time and a cursor per level is enough: deliver from the cursor while the head
+is due, stop at the first message that is not.
+
+Delivery re-reads the record, restores topic and queue, drops `DELAY`, lets the store hash
+TAGS again, and appends it as a new record through `broker.put_message` (so SYNC_FLUSH
+rules hold). Progress (level -> next consume-queue offset) is persisted atomically in
+`<data_dir>/config/delayOffset.json` (`{"offsetTable": {"1": 5, ...}}`, Java's file name)
+after every delivery batch and at shutdown. After a crash the messages delivered since the
+last persisted batch are delivered again (at-least-once, as Java); nothing is lost because
+the scheduled records are in the store.
+
+Waking up: one task sleeps until the earliest known due time. `divert()` runs for every
+new scheduled message (the send processor, send-back and transaction commit) and knows
+its due time, so it shortens the sleep when needed; no dispatch hook is needed. The
+message is only in the consume queue once the caller's put has run, so `divert` leaves
+its due time as a hint and the queue is read when the hint is due (see `_pass`). A slow
+safety poll (`schedule_poll_interval_s`, default 5 s) also looks at levels with nothing
+known, for messages stored without divert() (none today) and wall-clock jumps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from core.broker.message_util import (
+    clear_property,
+    delay_level,
+    inner_from_record,
+    put_property,
+    real_destination,
+)
+from core.broker.metadata import atomic_write_json, read_json
+from core.common.codec import RecordError
+from core.common.message import InnerMessage
+from core.common.names import SCHEDULE_TOPIC
+from core.common.properties import MessageConst
+
+if TYPE_CHECKING:
+    from core.broker.controller import BrokerController
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ScheduleMessageService", "parse_delay_levels"]
+
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL_RE = re.compile(r"^(\d+)([smhd])$")
+
+#: Messages delivered per level before progress is persisted and other levels get a turn.
+DELIVER_BATCH = 32
+#: Default safety poll of each level's queue (`schedule_poll_interval_s`); divert() wakes
+#: the service for new messages, so this only bounds how late a message stored some other
+#: way is noticed.
+DEFAULT_POLL_INTERVAL_S = 5.0
+#: Pause before retrying a level whose re-put failed transiently (Java waits 10 s).
+DEFAULT_RETRY_INTERVAL_S = 1.0
+
+# Put results after which the message counts as delivered (FLUSH_DISK_TIMEOUT: stored,
+# only the fsync wait timed out) and those worth retrying; anything else (an illegal
+# message) can never succeed and is skipped.
+_DELIVERED = frozenset({"OK", "FLUSH_DISK_TIMEOUT"})
+_TRANSIENT = frozenset({"SERVICE_NOT_AVAILABLE", "UNKNOWN_ERROR"})
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """`"1s 5s 10s ... 2h"` -> delay of each level in ms (index 0 = level 1).
+
+    Units s, m, h, d as in Java's `messageDelayLevel` (§9.1). Raises ValueError on an
+    empty list or a malformed entry, so a bad config fails at startup.
+    """
+    delays: list[int] = []
+    for item in text.split():
+        m = _LEVEL_RE.match(item.strip().lower())
+        if m is None:
+            raise ValueError(f"bad delay level {item!r} in message_delay_level {text!r}")
+        delays.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
+    if not delays:
+        raise ValueError("message_delay_level defines no level")
+    return delays
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ScheduleMessageService:
+    """Delay levels, diverting scheduled messages, and their timely delivery (§9.2)."""
+
+    FILE_NAME = "delayOffset.json"
+
+    def __init__(self, broker: BrokerController) -> None:
+        self.broker = broker
+        config = broker.config
+        self.delays_ms: list[int] = parse_delay_levels(config.message_delay_level)
+        self.max_level = len(self.delays_ms)
+        self.path = os.path.join(config.data_dir, "config", self.FILE_NAME)
+        self.poll_interval_s = max(
+            0.01, float(getattr(config, "schedule_poll_interval_s", DEFAULT_POLL_INTERVAL_S))
+        )
+        self.retry_interval_s = float(
+            getattr(config, "schedule_retry_interval_s", DEFAULT_RETRY_INTERVAL_S)
+        )
+        #: level -> next consume-queue offset to deliver (persisted).
+        self.offset_table: dict[int, int] = {}
+        # level -> due time (ms) of the message at the cursor; None = nothing known.
+        self._head_due: dict[int, int | None] = {}
+        # level -> [earliest, latest] due time announced by divert() that the queue may
+        # not show yet (see _pass).
+        self._hints: dict[int, list[int]] = {}
+        self._planned_wake_ms: float = math.inf
+        self._wakeup = trio.Event()
+        self._dirty = False
+        self._persist_lock = threading.Lock()
+        self.delivered = 0  # counters for runtime info
+        self.skipped = 0
+        # Recovery re-dispatches lost CQ units from the CommitLog; our units must get the
+        # delivery time back in their tag slot, not the TAGS hash (§7.10).
+        store = getattr(broker, "store", None)
+        if store is not None and getattr(store, "tags_code_resolver", None) is None:
+            store.tags_code_resolver = self.recovered_tags_code
+
+    # ------------------------------------------------------------------ levels
+    def delay_ms(self, level: int) -> int:
+        """Delay of `level` (clamped to 1..max_level) in ms."""
+        return self.delays_ms[min(max(level, 1), self.max_level) - 1]
+
+    def recovered_tags_code(self, topic: str, properties: dict, store_ms: int) -> int | None:
+        """Tag slot of a record re-dispatched at recovery: for a scheduled message its
+        delivery time (store time + its level's delay), else None (hash of TAGS)."""
+        if topic != SCHEDULE_TOPIC:
+            return None
+        level = delay_level(properties)
+        if level <= 0:
+            return store_ms
+        return store_ms + self.delay_ms(level)
+
+    # ------------------------------------------------------------------ persistence
+    def load(self) -> None:
+        """Read delayOffset.json (missing file = start every level at offset 0)."""
+        data = read_json(self.path, {}) or {}
+        table = data.get("offsetTable") if isinstance(data, dict) else None
+        for key, value in (table or {}).items():
+            try:
+                level, offset = int(key), int(value)
+            except (TypeError, ValueError):
+                continue
+            if 1 <= level <= self.max_level and offset >= 0:
+                self.offset_table[level] = offset
+        self._head_due.clear()
+
+    def persist(self) -> None:
+        """Write the per-level progress atomically (sync; also used at shutdown)."""
+        with self._persist_lock:
+            self._dirty = False
+            atomic_write_json(self.path, self.offset_table_json())
+
+    def offset_table_json(self) -> dict:
+        """The persisted form (Java's GET_ALL_DELAY_OFFSET body)."""
+        return {"offsetTable": {str(k): v for k, v in sorted(self.offset_table.items())}}
+
+    # ------------------------------------------------------------------ send path
+    def divert(self, inner: InnerMessage) -> None:
+        """Rewrite a message with DELAY>0 into `SCHEDULE_TOPIC_XXXX` (§9.2), in place.
+
+        Levels above the maximum are clamped (and DELAY rewritten). The caller then puts
+        `inner` as usual; the response to the producer describes the scheduled record.
+        """
+        level = delay_level(inner.properties)
+        if level <= 0:
+            return
+        if level > self.max_level:
+            level = self.max_level
+            put_property(inner, MessageConst.DELAY_TIME_LEVEL, level)
+        put_property(inner, MessageConst.REAL_TOPIC, inner.topic)
+        put_property(inner, MessageConst.REAL_QUEUE_ID, inner.queue_id)
+        inner.topic = SCHEDULE_TOPIC
+        inner.queue_id = level - 1
+        due = _now_ms() + self.delays_ms[level - 1]
+        inner.tags_code = due
+        hint = self._hints.get(level)
+        if hint is None:
+            self._hints[level] = [due, due]
+        else:
+            hint[0] = min(hint[0], due)
+            hint[1] = max(hint[1], due)
+        if due < self._planned_wake_ms:
+            self._wakeup.set()
+
+    # ------------------------------------------------------------------ delivery loop
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver due messages until cancelled; persists progress on the way out."""
+        task_status.started()
+        try:
+            while True:
+                self._wakeup = trio.Event()
+                self._planned_wake_ms = math.inf  # any divert during the pass re-wakes us
+                earliest = await self._pass()
+                if self._dirty:
+                    await self._persist_in_thread()
+                now = _now_ms()
+                if earliest <= now:
+                    await trio.sleep(0)
+                    continue
+                self._planned_wake_ms = earliest
+                timeout = min((earliest - now) / 1000, self.poll_interval_s)
+                with trio.move_on_after(timeout):
+                    await self._wakeup.wait()
+        finally:
+            if self._dirty:
+                try:
+                    self.persist()
+                except OSError as exc:
+                    log.error("cannot persist %s at shutdown: %s", self.path, exc)
+
+    async def _persist_in_thread(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self.persist)
+        except OSError as exc:  # disk full etc.: keep delivering, try again next pass
+            self._dirty = True
+            log.error("cannot persist %s: %s", self.path, exc)
+
+    async def _pass(self) -> float:
+        """One look at every level that may have something due; returns the earliest due
+        time still pending.
+
+        A level is read when its head is due, when a divert()ed message is due, or when
+        nothing is known about it. A divert()ed message could still be in flight (its
+        put not run yet) when the queue is read, so the hint stays until a read at or
+        after the latest announced due time. (Today the window is empty: every caller
+        puts right after divert(), and `broker.put_message` appends before it awaits.)
+        """
+        now = _now_ms()
+        earliest: float = math.inf
+        for level in range(1, self.max_level + 1):
+            delay = self.delays_ms[level - 1]
+            head = self._head_due.get(level)
+            hint = self._hints.get(level)
+            look = head is None or head <= now or head > now + delay
+            if hint is not None and hint[0] <= now:
+                look = True
+            if look:
+                try:
+                    head = await self._deliver_level(level, now)
+                except Exception:  # a bug must not stop delayed delivery for good
+                    log.exception("delay level %d: delivery failed", level)
+                    head = now + int(self.retry_interval_s * 1000)
+                self._head_due[level] = head
+                if hint is not None and hint[0] <= now:
+                    if hint[1] <= now:
+                        del self._hints[level]
+                        hint = None
+                    else:
+                        hint[0] = hint[1]
+            if head is not None:
+                earliest = min(earliest, head)
+            if hint is not None:
+                earliest = min(earliest, hint[0])
+        return earliest
+
+    async def _deliver_level(self, level: int, now: int) -> int | None:
+        """Deliver up to DELIVER_BATCH due messages of `level`.
+
+        Returns the due time of the message now at the cursor (`now` when more are due
+        already), or None when the queue has nothing beyond the cursor.
+        """
+        store = self.broker.store
+        queue_id = level - 1
+        offset = self.offset_table.get(level, 0)
+        max_offset = store.max_offset(SCHEDULE_TOPIC, queue_id)
+        if offset == max_offset:
+            return None
+        if offset > max_offset:
+            # The store lost data the progress file still counts (e.g. a wiped store):
+            # start over at its end rather than wait for the queue to regrow.
+            self._set_offset(level, max_offset)
+            return None
+        min_offset = store.min_offset(SCHEDULE_TOPIC, queue_id)
+        if offset < min_offset:
+            offset = min_offset  # retention removed the head
+            self._set_offset(level, offset)
+        delivered = 0
+        delay = self.delays_ms[queue_id]
+        while offset < max_offset and delivered < DELIVER_BATCH:
+            units = store.units(SCHEDULE_TOPIC, queue_id, offset, DELIVER_BATCH - delivered)
+            if not units:
+                return now + int(self.retry_interval_s * 1000)
+            for phys, _size, due in units:
+                if due > now + delay:
+                    # Due later than a full delay from now: the wall clock went back.
+                    # Deliver now, as Java's correctDeliverTimestamp does.
+                    due = now
+                if due > now:
+                    return due
+                outcome = await self._deliver_one(phys, level)
+                if outcome == "retry":
+                    return _now_ms() + int(self.retry_interval_s * 1000)
+                offset += 1
+                delivered += 1
+                self._set_offset(level, offset)
+        if offset < max_offset:
+            return now
+        return None
+
+    def _set_offset(self, level: int, offset: int) -> None:
+        self.offset_table[level] = offset
+        self._dirty = True
+
+    async def _deliver_one(self, phys: int, level: int) -> str:
+        """Re-put one scheduled record to its real queue: "ok", "skip" or "retry"."""
+        record = self.broker.store.read_record(phys)
+        if record is None:
+            log.warning("delay level %d: record at %d is gone; skipped", level, phys)
+            self.skipped += 1
+            return "skip"
+        try:
+            inner = inner_from_record(record, store_host=self.broker.store_host)
+        except RecordError as exc:
+            log.warning("delay level %d: record at %d unreadable (%s); skipped", level, phys, exc)
+            self.skipped += 1
+            return "skip"
+        dest = real_destination(inner.properties)
+        if dest is None:
+            log.warning("delay level %d: record at %d has no REAL_TOPIC; skipped", level, phys)
+            self.skipped += 1
+            return "skip"
+        inner.topic, inner.queue_id = dest
+        clear_property(inner, MessageConst.DELAY_TIME_LEVEL)
+        inner.tags_code = None  # the store hashes TAGS again
+        try:
+            result = await self.broker.put_message(inner)
+        except Exception:
+            log.exception("delay level %d: re-put of %d failed; will retry", level, phys)
+            return "retry"
+        status = getattr(result.status, "name", str(result.status))
+        if status in _DELIVERED:
+            self.delivered += 1
+            return "ok"
+        if status in _TRANSIENT:
+            return "retry"
+        log.warning(
+            "delay level %d: re-put of %d refused (%s %s); skipped",
+            level, phys, status, result.remark,
+        )
+        self.skipped += 1
+        return "skip"

@@ -1,0 +1,229 @@
+"""Topic configurations of one broker, persisted in `<data_dir>/config/topics.json`.
+
+The file holds a TopicConfigSerializeWrapper (protocol doc §6.5): `topicConfigTable` plus
+a `dataVersion` that changes with every edit, the same JSON the broker sends to the name
+servers in REGISTER_BROKER (§4.2).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.broker.metadata import atomic_write_json, read_json
+from core.common import names
+from core.common.sysflag import PermName
+
+SINGLE_TAG = "SINGLE_TAG"
+MULTI_TAG = "MULTI_TAG"
+
+
+@dataclass
+class TopicConfig:
+    """One topic's queues and permissions on this broker (§6.5)."""
+
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PermName.READ | PermName.WRITE
+    topic_filter_type: str = SINGLE_TAG
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicFilterType": self.topic_filter_type,
+            "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicConfig:
+        return cls(
+            topic_name=str(data["topicName"]),
+            read_queue_nums=int(data.get("readQueueNums", 16)),
+            write_queue_nums=int(data.get("writeQueueNums", 16)),
+            perm=int(data.get("perm", 6)),
+            topic_filter_type=str(data.get("topicFilterType") or SINGLE_TAG),
+            topic_sys_flag=int(data.get("topicSysFlag", 0) or 0),
+            order=bool(data.get("order", False)),
+        )
+
+    @property
+    def queue_nums(self) -> int:
+        """Valid queue ids are below this (Java checks max(read, write))."""
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+
+@dataclass
+class DataVersion:
+    """Version stamp of the topic table; name servers compare it (§4.5 QUERY_DATA_VERSION)."""
+
+    timestamp: int = 0
+    counter: int = 0
+
+    def bump(self) -> None:
+        self.timestamp = int(time.time() * 1000)
+        self.counter += 1
+
+    def to_json(self) -> dict[str, int]:
+        return {"timestamp": self.timestamp, "counter": self.counter}
+
+
+class TopicConfigManager:
+    """Holds and persists the topic table; fabricates configs for `%LMQ%` topics (§10.2).
+
+    `on_change` (set by the controller) is called after every creation, update or
+    deletion so the broker re-registers with the name servers right away, as Java does.
+    """
+
+    FILE_NAME = "topics.json"
+
+    def __init__(
+        self,
+        config_dir: str,
+        *,
+        broker_name: str,
+        cluster_name: str,
+        default_topic_queue_nums: int = 8,
+        auto_create_topic: bool = True,
+        cluster_topic_enable: bool = True,
+        broker_topic_enable: bool = True,
+        enable_lmq: bool = True,
+    ) -> None:
+        self.path = os.path.join(config_dir, self.FILE_NAME)
+        self.table: dict[str, TopicConfig] = {}
+        self.data_version = DataVersion()
+        self.on_change: Callable[[], None] | None = None
+        self._broker_name = broker_name
+        self._cluster_name = cluster_name
+        self._default_queue_nums = default_topic_queue_nums
+        self._auto_create = auto_create_topic
+        self._cluster_topic = cluster_topic_enable
+        self._broker_topic = broker_topic_enable
+        self._enable_lmq = enable_lmq
+        self._dirty = False
+
+    # ------------------------------------------------------------------ persistence
+    def load(self) -> None:
+        """Read topics.json, then make sure the system topics exist (Java does the same
+        in TopicConfigManager's constructor)."""
+        data = read_json(self.path, {}) or {}
+        for name, raw in (data.get("topicConfigTable") or {}).items():
+            try:
+                self.table[name] = TopicConfig.from_json(raw)
+            except (KeyError, TypeError, ValueError):
+                continue
+        version = data.get("dataVersion") or {}
+        self.data_version = DataVersion(
+            int(version.get("timestamp", 0) or 0), int(version.get("counter", 0) or 0)
+        )
+        self._ensure_system_topics()
+        self.data_version.bump()
+        self.persist(force=True)
+
+    def persist(self, *, force: bool = False) -> None:
+        if not (self._dirty or force):
+            return
+        atomic_write_json(self.path, self.wrapper_json())
+        self._dirty = False
+
+    def wrapper_json(self) -> dict[str, Any]:
+        """TopicConfigSerializeWrapper (§6.5) of every configured topic."""
+        return {
+            "topicConfigTable": {n: tc.to_json() for n, tc in self.table.items()},
+            "dataVersion": self.data_version.to_json(),
+        }
+
+    def _ensure_system_topics(self) -> None:
+        def ensure(name: str, queues: int, perm: int) -> None:
+            if name not in self.table:
+                self.table[name] = TopicConfig(name, queues, queues, perm)
+
+        rw = PermName.READ | PermName.WRITE
+        ensure(names.SELF_TEST_TOPIC, 1, rw)
+        if self._auto_create:
+            # The auto-creation template: its INHERIT bit is what allows creation (§5.1).
+            ensure(
+                names.AUTO_CREATE_TOPIC_KEY_TOPIC,
+                self._default_queue_nums,
+                rw | PermName.INHERIT,
+            )
+        if self._cluster_topic:
+            ensure(self._cluster_name, 1, rw | PermName.INHERIT)
+        if self._broker_topic:
+            ensure(self._broker_name, 1, rw | PermName.INHERIT)
+        ensure(names.OFFSET_MOVED_EVENT, 1, rw)
+        ensure(names.SCHEDULE_TOPIC, 18, rw)
+
+    # ------------------------------------------------------------------ queries
+    def get(self, topic: str) -> TopicConfig | None:
+        """The topic's config; for an LMQ name a fabricated 1-queue config (§10.2)."""
+        tc = self.table.get(topic)
+        if tc is None and self._enable_lmq and names.is_lmq(topic):
+            return TopicConfig(topic, 1, 1, PermName.READ | PermName.WRITE)
+        return tc
+
+    def topics(self) -> list[str]:
+        return list(self.table)
+
+    # ------------------------------------------------------------------ changes
+    def _changed(self) -> None:
+        self.data_version.bump()
+        self._dirty = True
+        self.persist()
+        if self.on_change is not None:
+            self.on_change()
+
+    def create_topic_in_send_message_method(
+        self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
+    ) -> TopicConfig | None:
+        """Auto-create `topic` from template `default_topic` (§5.1 step 2); None when the
+        template is missing or lacks the INHERIT bit."""
+        existing = self.table.get(topic)
+        if existing is not None:
+            return existing
+        template = self.table.get(default_topic)
+        if template is None or not PermName.is_inherited(template.perm):
+            return None
+        if default_topic == names.AUTO_CREATE_TOPIC_KEY_TOPIC and not self._auto_create:
+            return None
+        nums = max(1, min(int(queue_nums), template.write_queue_nums))
+        tc = TopicConfig(
+            topic, nums, nums, template.perm & ~PermName.INHERIT, topic_sys_flag=topic_sys_flag
+        )
+        self.table[topic] = tc
+        self._changed()
+        return tc
+
+    def create_topic_in_send_back_method(
+        self, topic: str, queue_nums: int, perm: int, topic_sys_flag: int = 0
+    ) -> TopicConfig:
+        """Create (or return) an internal topic: %RETRY%/%DLQ%/half topics (§9.3)."""
+        existing = self.table.get(topic)
+        if existing is not None:
+            return existing
+        tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
+        self.table[topic] = tc
+        self._changed()
+        return tc
+
+    def update(self, tc: TopicConfig) -> None:
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC, §5.18)."""
+        if self.table.get(tc.topic_name) == tc:
+            return
+        self.table[tc.topic_name] = tc
+        self._changed()
+
+    def delete(self, topic: str) -> bool:
+        if self.table.pop(topic, None) is None:
+            return False
+        self._changed()
+        return True

@@ -1,0 +1,108 @@
+"""Options shared by `lmq serve` and `lmq broker`, and their signal-driven run loop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+import trio
+
+from core.broker.config import parse_addr_list
+
+log = logging.getLogger("lmq")
+
+
+def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -> None:
+    """Flags default to None so that a TOML `--config` value is only overridden when the
+    flag is given (defaults < config file < flags)."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML file; keys are BrokerConfig / NamesrvConfig field names")
+    parser.add_argument("--data-dir", help="data directory (default ./data)")
+    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument(
+        "--advertise-host",
+        help="address clients use to reach the broker (default: 127.0.0.1 when binding "
+        "0.0.0.0, else --host)",
+    )
+    if namesrv_port:
+        parser.add_argument("--namesrv-port", type=int, help="name server port (default 9876)")
+    parser.add_argument("--broker-port", type=int, help="broker port (default 10911)")
+    parser.add_argument(
+        "--namesrv-addr",
+        help="name server address(es), ';'-separated" + (
+            " (default: the embedded name server)" if namesrv_port else ""
+        ),
+    )
+    parser.add_argument("--broker-name", help="broker name (default broker-a)")
+    parser.add_argument("--cluster", help="cluster name (default DefaultCluster)")
+    parser.add_argument("--flush", choices=("async", "sync"),
+                        help="ASYNC_FLUSH or SYNC_FLUSH (default async)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+
+
+def broker_overrides(args: argparse.Namespace) -> dict:
+    return {
+        "data_dir": args.data_dir,
+        "host": args.host,
+        "advertise_host": args.advertise_host,
+        "port": args.broker_port,
+        "namesrv_addrs": parse_addr_list(args.namesrv_addr) if args.namesrv_addr else None,
+        "broker_name": args.broker_name,
+        "cluster_name": args.cluster,
+        "flush": args.flush,
+    }
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def serve_until_signal(server) -> None:
+    """Run `server.serve()` until SIGINT/SIGTERM asks for a clean stop; a second signal
+    cancels (the broker still persists and closes its store, shielded)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                first = True
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    if first:
+                        server.stop()
+                        first = False
+                    else:
+                        nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await server.serve()
+            nursery.cancel_scope.cancel()
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError inside `exc` (trio wraps task failures in exception groups)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def run_server(server) -> int:
+    """trio.run the server until a signal; an OSError at start-up (port taken, data dir
+    not writable) is one log line and exit code 1, not a traceback."""
+    try:
+        trio.run(serve_until_signal, server)
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        log.error("cannot start: %s", error)
+        return 1
+    return 0

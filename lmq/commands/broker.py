@@ -1,0 +1,42 @@
+"""`lmq broker`: a broker alone, registering with separate name servers.
+
+    lmq broker --namesrv-addr 10.0.0.5:9876 --broker-name broker-b --broker-port 10921
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lmq.commands._broker_args import (
+    add_broker_options,
+    broker_overrides,
+    log,
+    run_server,
+    setup_logging,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "broker",
+        help="run a broker that registers with separate name servers",
+        description="Run a RocketMQ 4.x compatible broker (master).",
+    )
+    add_broker_options(parser, namesrv_port=False)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from core.cluster import EmbeddedServer, build_configs
+
+    setup_logging(args.log_level)
+    try:
+        broker_config, _ = build_configs(args.config, broker_overrides(args), {})
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+    if not broker_config.namesrv_addrs:
+        log.error("no name server: give --namesrv-addr (or namesrv_addrs in --config)")
+        return 2
+    server = EmbeddedServer(broker_config, None)
+    return run_server(server)

@@ -1,0 +1,52 @@
+"""`lmq serve`: name server + broker + MQTT gateway in one process.
+
+    lmq serve --data-dir ./data                     # 9876 + 10911 + MQTT 1883 on 0.0.0.0
+    lmq serve --config lmq.toml --flush sync
+    lmq serve --mqtt-port 1884 --mqtt-ws-port 8083 --mqtt-config mqtt.toml
+    lmq serve --no-mqtt
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from lmq.commands._broker_args import (
+    add_broker_options,
+    broker_overrides,
+    log,
+    run_server,
+    setup_logging,
+)
+from lmq.commands.mqtt import add_mqtt_options, mqtt_services
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run name server, broker and MQTT gateway in one process",
+        description="Run an embedded RocketMQ 4.x compatible name server and broker.",
+    )
+    add_broker_options(parser, namesrv_port=True)
+    add_mqtt_options(parser, embedded=True)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from core.cluster import EmbeddedServer, build_configs
+
+    setup_logging(args.log_level)
+    namesrv_overrides = {"host": args.host, "port": args.namesrv_port}
+    try:
+        broker_config, namesrv_config = build_configs(
+            args.config, broker_overrides(args), namesrv_overrides
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+    try:
+        services = mqtt_services(args)
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("bad MQTT configuration: %s", exc)
+        return 2
+    server = EmbeddedServer(broker_config, namesrv_config, services=services)
+    return run_server(server)
