@@ -1,0 +1,120 @@
+"""Shared parts of `lmq bench produce` and `lmq bench consume`: the server under test, the
+live progress line, percentiles and the report."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def add_common_arguments(parser) -> None:
+    parser.add_argument("-n", "--namesrv-addr",
+                        help="cluster to measure (default: start `lmq serve` in a temp dir)")
+    parser.add_argument("-t", "--topic", default="BenchClientTopic")
+    parser.add_argument("--tasks", type=int, default=16, help="concurrent tasks (default 16)")
+    parser.add_argument("-s", "--size", type=int, default=256, help="message body bytes")
+    parser.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per phase")
+    parser.add_argument("--queues", type=int, default=4, help="queues of the topic (default 4)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline phase")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@contextlib.contextmanager
+def server_under_test(namesrv_addr: str | None) -> Iterator[str]:
+    """Yield a name-server address: the given one, or a fresh `lmq serve` child process."""
+    if namesrv_addr:
+        yield namesrv_addr
+        return
+    data = tempfile.mkdtemp(prefix="lmq-bench-client-")
+    ns_port, broker_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmq", "serve", "--host", "127.0.0.1", "--data-dir", data,
+         "--namesrv-port", str(ns_port), "--broker-port", str(broker_port), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", broker_port), timeout=0.5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("`lmq serve` did not start") from None
+                time.sleep(0.1)
+        time.sleep(0.5)  # let the broker register with its name server
+        yield f"127.0.0.1:{ns_port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+class Progress:
+    """Counts work and prints one self-overwriting line per second to stderr."""
+
+    def __init__(self, label: str, quiet: bool = False) -> None:
+        self.label = label
+        self.count = 0
+        self.bytes = 0
+        self.errors = 0
+        self.quiet = quiet or not sys.stderr.isatty()
+
+    async def run(self) -> None:
+        last, last_t = 0, time.monotonic()
+        while True:
+            await trio.sleep(1.0)
+            now = time.monotonic()
+            rate = (self.count - last) / (now - last_t)
+            last, last_t = self.count, now
+            if not self.quiet:
+                print(f"\r{self.label}: {self.count} msgs, {rate:,.0f}/s, {self.errors} errors   ",
+                      end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if not self.quiet:
+            print("\r" + " " * 70 + "\r", end="", file=sys.stderr, flush=True)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+def latency_summary(latencies_s: list[float]) -> dict[str, float]:
+    values = sorted(latencies_s)
+    return {f"p{p}_ms": round(percentile(values, p) * 1000, 3) for p in (50, 90, 99, 99.9)}
+
+
+def report(result: dict[str, Any], as_json: bool, rows: list[tuple[str, str]]) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
