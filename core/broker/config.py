@@ -74,12 +74,15 @@ class BrokerConfig:
     register_interval_s: float = 30.0  # registerNameServerPeriod
     register_timeout_s: float = 6.0
 
-    # services of helper B (schedule, transactions, locks)
+    # delay levels, transactions, queue locks
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     transaction_timeout_s: float = 6.0
     transaction_check_max: int = 15
     transaction_check_interval_s: float = 60.0
     lock_max_live_s: float = 60.0
+    schedule_poll_interval_s: float = 5.0  # safety re-scan of the delay queues
+    schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
+    transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
 
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):

@@ -27,11 +27,14 @@ import trio
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
+from core.broker.lock_manager import RebalanceLockManager
 from core.broker.long_polling import PullRequestHoldService
 from core.broker.offsets import ConsumerOffsetManager
 from core.broker.processors.common import json_body
+from core.broker.schedule import ScheduleMessageService, parse_delay_levels
 from core.broker.subscription_group import SubscriptionGroupManager
 from core.broker.topic_config import TopicConfigManager
+from core.broker.transaction import TransactionalMessageService
 from core.common.codec import encode_host
 from core.common.message import InnerMessage
 from core.common.sysflag import PermName
@@ -114,6 +117,7 @@ class BrokerController:
             cluster_topic_enable=config.cluster_topic_enable,
             broker_topic_enable=config.broker_topic_enable,
             enable_lmq=config.enable_lmq,
+            schedule_queue_nums=len(parse_delay_levels(config.message_delay_level)),
         )
         self.topic_config_manager.on_change = self.request_register
         self.subscription_group_manager = SubscriptionGroupManager(
@@ -134,11 +138,7 @@ class BrokerController:
             if self.sync_flush else None
         )
 
-        # Broker services of helper B (notes/broker_layout.md).
-        from core.broker.lock_manager import RebalanceLockManager
-        from core.broker.schedule import ScheduleMessageService
-        from core.broker.transaction import TransactionalMessageService
-
+        # Services: delay levels, transactions, orderly-consumption queue locks.
         self.schedule_service = ScheduleMessageService(self)
         self.transaction_service = TransactionalMessageService(self)
         self.lock_manager = RebalanceLockManager(self)

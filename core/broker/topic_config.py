@@ -97,8 +97,10 @@ class TopicConfigManager:
         cluster_topic_enable: bool = True,
         broker_topic_enable: bool = True,
         enable_lmq: bool = True,
+        schedule_queue_nums: int = 18,
     ) -> None:
         self.path = os.path.join(config_dir, self.FILE_NAME)
+        self._schedule_queue_nums = schedule_queue_nums
         self.table: dict[str, TopicConfig] = {}
         self.data_version = DataVersion()
         self.on_change: Callable[[], None] | None = None
@@ -161,7 +163,8 @@ class TopicConfigManager:
         if self._broker_topic:
             ensure(self._broker_name, 1, rw | PermName.INHERIT)
         ensure(names.OFFSET_MOVED_EVENT, 1, rw)
-        ensure(names.SCHEDULE_TOPIC, 18, rw)
+        # One queue per delay level (§9.2).
+        ensure(names.SCHEDULE_TOPIC, self._schedule_queue_nums, rw)
 
     # ------------------------------------------------------------------ queries
     def get(self, topic: str) -> TopicConfig | None:

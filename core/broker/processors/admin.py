@@ -237,6 +237,10 @@ class AdminProcessor:
                 continue
         return ok(cmd, body=list_body)
 
+    async def get_all_delay_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        """GET_ALL_DELAY_OFFSET (45): the delay service's per-level progress."""
+        return ok(cmd, body=json_body(self.broker.schedule_service.offset_table_json()))
+
     async def get_consumer_connection_list(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         info = self.broker.consumer_manager.get(group)
@@ -368,3 +372,4 @@ def register(table, broker) -> None:
     table.register(RequestCode.GET_ALL_CONSUMER_OFFSET, proc.get_all_consumer_offset)
     table.register(RequestCode.GET_BROKER_RUNTIME_INFO, proc.get_broker_runtime_info)
     table.register(RequestCode.GET_BROKER_CONFIG, proc.get_broker_config)
+    table.register(RequestCode.GET_ALL_DELAY_OFFSET, proc.get_all_delay_offset)

@@ -104,6 +104,12 @@ def test_due_message_is_delivered_and_progress_persisted(tmp_path):
                          ["offsetTable"].get("1") == 1, 10, "delayOffset.json")
         assert json.loads(path.read_text())["offsetTable"].get("2", 0) == 0
         assert broker.schedule_service.offset_table.get(2, 0) == 0
+        # Admin tools read the same progress with GET_ALL_DELAY_OFFSET.
+        resp = await client.invoke(addr, request(RequestCode.GET_ALL_DELAY_OFFSET))
+        assert resp.code == 0
+        assert json.loads(resp.body_bytes())["offsetTable"]["1"] == 1
+        # One schedule queue per configured level.
+        assert broker.topic_config_manager.get(SCHEDULE_TOPIC).write_queue_nums == 2
 
     run_embedded(body, tmp_path, message_delay_level="1s 1h")
 
