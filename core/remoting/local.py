@@ -17,7 +17,6 @@ Differences from TCP worth knowing:
 from __future__ import annotations
 
 import itertools
-import math
 
 import trio
 
@@ -71,16 +70,29 @@ class LocalConnection(Connection):
         if self.closed:
             raise RemotingConnectError(f"connection to {self.remote_addr} is closed")
         opaque, pending = self._register_pending(cmd)
+        response: RemotingCommand | None = None
         try:
-            with trio.move_on_after(math.inf if timeout is None else timeout):
-                response = await self._remote_table.process(self.peer.context, cmd)
-                if response is not None:
-                    return response
-                # The handler answers later through ctx.connection.send (deferred reply).
-                await pending.event.wait()
-            return self._pending_result(pending, timeout)
+            if timeout is None:
+                response = await self._exchange(cmd, pending)
+            else:
+                with trio.move_on_after(timeout):
+                    response = await self._exchange(cmd, pending)
+            if response is None:
+                response = self._pending_result(pending, timeout)
         finally:
             self._pending.pop(opaque, None)
+        # A handler that never waited ran without a checkpoint; without this, a task
+        # looping over in-process invokes would starve every other task (timers too).
+        await trio.lowlevel.checkpoint()
+        return response
+
+    async def _exchange(self, cmd: RemotingCommand, pending) -> RemotingCommand | None:
+        response = await self._remote_table.process(self.peer.context, cmd)
+        if response is not None:
+            return response
+        # The handler answers later through ctx.connection.send (deferred reply).
+        await pending.event.wait()
+        return None
 
     def close(self) -> None:
         """Close both ends; close callbacks run on both sides."""

@@ -470,3 +470,33 @@ async def test_local_close_callbacks_both_sides_and_client_close() -> None:
 def test_header_error_message() -> None:
     exc = HeaderError("topic", "missing required ext field")
     assert str(exc) == "missing required ext field: topic"
+
+
+@trio_test
+async def test_in_process_invoke_loop_lets_other_tasks_run() -> None:
+    """A handler that never waits must not let an invoke loop starve the event loop:
+    in-process gateways call the broker this way on their hot path."""
+    table = ProcessorTable()
+
+    async def instant(ctx: RequestContext, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.make_response(0)
+
+    table.register(ECHO, instant)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0)
+
+    async with RemotingClient() as client, trio.open_nursery() as nursery:
+        client.register_local("broker:1", table)
+        nursery.start_soon(ticker)
+        await trio.sleep(0)
+        before = ticks
+        for _ in range(200):
+            resp = await client.invoke("broker:1", RemotingCommand.request(ECHO), timeout=5)
+            assert resp.code == 0
+        assert ticks - before >= 100  # the ticker ran during the loop
+        nursery.cancel_scope.cancel()
