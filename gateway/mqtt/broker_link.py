@@ -1,0 +1,431 @@
+"""The gateway's only road to the brokers: publish (stored once + LMQ multi-dispatch) and
+LMQ pulls, through `core.client` (in-process transport when embedded, TCP otherwise).
+
+Publishing. Every connection hands its publishes to one `BrokerLink` queue; one
+dispatcher task takes whatever has accumulated, computes each message's LMQ set from the
+live-filter router, groups the messages by store queue (queue = crc32(MQTT topic) mod
+queue count, so per-topic order holds) and sends one SEND_BATCH_MESSAGE per group. While a
+round is on the wire the next one accumulates, so batches grow with load and a lone
+message goes out at once. Completion callbacks run in arrival order (PUBACKs go out in the
+order the PUBLISHes came, MQTT-4.6.0-2/-3).
+
+LMQ state. `LmqState` per (broker, LMQ) is what lets sessions read LMQs without
+long-polling each of them: the dispatcher counts writes in progress (`pending`) and bumps
+`version` when one completes, waking the sessions that read the LMQ; `recent` keeps the
+last entries read (offset -> message; LMQ entries never change), so N sessions on one
+filter cost one pull, not N. This is exact as long as this gateway is the only writer of
+its `%LMQ%m_...` queues, the documented single-gateway deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable, Collection
+from typing import Any
+
+import trio
+
+from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
+from core.client.errors import MQClientError
+from core.client.model import SubscriptionData
+from core.client.pull_consumer import pull_kernel
+from core.common.codec import BatchItem, encode_batch
+from core.common.properties import MessageConst, encode_properties
+from core.remoting.codes import ResponseCode
+from core.remoting.errors import RemotingError
+from gateway.mqtt.config import MqttConfig
+from gateway.mqtt.message import MqttMessage, from_message_ext, lmq_dispatch_value, to_properties
+
+__all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
+
+log = logging.getLogger(__name__)
+
+#: Reason codes handed to publish callbacks (v5 PUBACK codes).
+STORED = 0x00
+NO_MATCHING_SUBSCRIBERS = 0x10
+SEND_FAILED = 0x80
+QUOTA_EXCEEDED = 0x97
+
+#: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
+RECENT_ENTRIES = 4096
+RECENT_BYTES = 2 * 1024 * 1024
+#: Decoded messages kept by (broker, commitlog offset): overlapping filters share them.
+DECODED_CACHE = 4096
+#: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
+MAX_BATCH_BYTES = 1024 * 1024
+SEND_TIMEOUT_S = 5.0
+CLUSTER_WAIT_S = 30.0
+CLUSTER_REFRESH_S = 30.0
+
+PublishDone = Callable[[int], None]
+Waker = Any  # an object with a `wake()` method (a session's delivery pump)
+
+
+class LmqState:
+    """What the gateway knows of one LMQ on one broker (see the module doc).
+
+    `tail` is the offset the next write will get, when known: learnt from a pull that
+    found the end with no write in progress, then advanced by the dispatcher for each
+    message it stores (it is the only writer of its LMQs). While it is known, stored
+    messages enter `recent` at their offsets directly and readers at the end need no pull.
+    """
+
+    __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
+                 "tail", "sub")
+
+    def __init__(self, broker: str, lmq: str) -> None:
+        self.broker = broker
+        self.lmq = lmq
+        self.pending = 0
+        self.version = 0
+        self.watchers: set[Waker] = set()
+        self.recent: dict[int, MqttMessage] = {}
+        self.recent_bytes = 0
+        self.tail: int | None = None
+        self.sub = SubscriptionData.build(lmq, "*")
+
+    def remember(self, offset: int, msg: MqttMessage) -> None:
+        recent = self.recent
+        if offset in recent:
+            return
+        recent[offset] = msg
+        self.recent_bytes += len(msg.payload)
+        while len(recent) > RECENT_ENTRIES or (self.recent_bytes > RECENT_BYTES and len(recent) > 1):
+            old = next(iter(recent))
+            self.recent_bytes -= len(recent.pop(old).payload)
+
+    def learn_tail(self, max_offset: int, v0: int) -> None:
+        """A read that began at version `v0` with nothing pending saw `max_offset`."""
+        if self.version == v0 and not self.pending:
+            self.tail = max_offset
+
+    def completed(self) -> None:
+        """A write to this LMQ finished: wake whoever reads it."""
+        self.pending -= 1
+        self.version += 1
+        for w in self.watchers:
+            w.wake()
+
+
+class _Request:
+    __slots__ = ("msg", "done", "lmqs")
+
+    def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
+        self.msg = msg
+        self.done = done
+        self.lmqs: list[str] = []
+
+
+class BrokerLink:
+    """Publishes and pulls for one gateway; run `run()` in the gateway's nursery."""
+
+    def __init__(
+        self,
+        client: ClientInstance,
+        config: MqttConfig,
+        router: Callable[[str], Collection[str]],
+        on_stored: Callable[[MqttMessage], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.router = router
+        self.on_stored = on_stored
+        #: called with the names of brokers that joined after start (sessions read there too)
+        self.on_brokers_added: Callable[[list[str]], None] | None = None
+        #: (broker name, queue id) of every store queue, in a stable order
+        self.queues: list[tuple[str, int]] = []
+        self.brokers: dict[str, str] = {}
+        self.states: dict[tuple[str, str], LmqState] = {}
+        self._decoded: dict[tuple[str, int], MqttMessage] = {}
+        self._queue: list[_Request] = []
+        self._work = trio.Event()
+        self._space = trio.Event()
+        self._in_round = False
+        self._late: list[LmqState] = []
+        self._ext_base = {
+            "a": "MQTT_GATEWAY", "b": config.store_topic, "c": "TBW102",
+            "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
+        }
+        self.stats = {"stored": 0, "failed": 0, "rounds": 0}
+
+    # -- cluster -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Wait for the brokers, create the store topic on each master."""
+        deadline = trio.current_time() + CLUSTER_WAIT_S
+        while True:
+            try:
+                await self.refresh_cluster()
+                if self.queues:
+                    return
+            except (MQClientError, RemotingError) as exc:
+                if trio.current_time() > deadline:
+                    raise
+                log.debug("cluster not ready: %r", exc)
+            if trio.current_time() > deadline:
+                raise MQClientError("no broker registered with the name servers")
+            await trio.sleep(0.2)
+
+    async def refresh_cluster(self) -> None:
+        info = await self.client.api.get_cluster_info()
+        masters = info.master_addrs(None)
+        self.client.pin_brokers({n: info.brokers[n].broker_addrs for n in masters})
+        for name, addr in sorted(masters.items()):
+            if self.brokers.get(name) != addr:
+                n = self.config.store_queues
+                await self.client.api.create_topic(addr, self.config.store_topic, n, n)
+                log.info("MQTT store topic %s ready on %s (%s)", self.config.store_topic, name, addr)
+        added = [n for n in masters if n not in self.brokers]
+        had_brokers = bool(self.brokers)
+        self.brokers = dict(masters)
+        self.queues = [(name, q) for name in sorted(masters) for q in range(self.config.store_queues)]
+        if added and had_brokers and self.on_brokers_added is not None:
+            self.on_brokers_added(added)
+
+    async def refresh_loop(self) -> None:
+        while True:
+            await trio.sleep(CLUSTER_REFRESH_S)
+            try:
+                await self.refresh_cluster()
+            except Exception as exc:
+                log.warning("cluster refresh failed: %r", exc)
+
+    def addr(self, broker: str) -> str:
+        addr = self.brokers.get(broker) or self.client.find_broker_addr(broker)
+        if addr is None:
+            raise MQClientError(f"broker {broker!r} is unknown")
+        return addr
+
+    # -- LMQ states ----------------------------------------------------------------------
+
+    def state(self, broker: str, lmq: str) -> LmqState:
+        key = (broker, lmq)
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = LmqState(broker, lmq)
+            if self._in_round:
+                # A write to it may be on the wire already, uncounted: treat it as
+                # pending until the round ends (costs at most one extra pull).
+                st.pending += 1
+                self._late.append(st)
+        return st
+
+    def release(self, st: LmqState) -> None:
+        """Forget a state nobody reads and nothing writes (keeps the table bounded)."""
+        if not st.watchers and not st.pending:
+            self.states.pop((st.broker, st.lmq), None)
+
+    # -- publishing ----------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    def submit(self, msg: MqttMessage, done: PublishDone | None = None) -> None:
+        """Queue `msg` for storage; `done(reason)` runs once the broker answered."""
+        self._queue.append(_Request(msg, done))
+        self._work.set()
+
+    async def wait_for_space(self) -> None:
+        """Back pressure: return once the queue is below `max_pending_publishes`."""
+        while len(self._queue) >= self.config.max_pending_publishes:
+            if self._space.is_set():
+                self._space = trio.Event()
+            await self._space.wait()
+
+    async def drain(self) -> None:
+        """Return once every queued publish has been sent (shutdown)."""
+        while self._queue or self._in_round:
+            await trio.sleep(0.01)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            while self._queue:
+                batch, self._queue = self._queue, []
+                self._space.set()
+                await self._round(batch)
+
+    async def _round(self, batch: list[_Request]) -> None:
+        self.stats["rounds"] += 1
+        queues = self.queues
+        nq = len(queues)
+        groups: dict[tuple[str, int], list[_Request]] = {}
+        states = self.states
+        touched: list[LmqState] = []
+        for req in batch:
+            topic = req.msg.topic
+            lmqs = self.router(topic)
+            broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
+            if lmqs:
+                req.lmqs = sorted(lmqs)
+                for lmq in req.lmqs:
+                    st = states.get((broker, lmq))
+                    if st is not None:  # only LMQs someone reads need the count
+                        st.pending += 1
+                        touched.append(st)
+            groups.setdefault((broker, qid), []).append(req)
+        results: dict[int, int] = {}
+        self._in_round = True
+        try:
+            for (broker, qid), reqs in groups.items():
+                start = 0
+                while start < len(reqs):
+                    end, size = start, 0
+                    while end < len(reqs) and (end == start or size < MAX_BATCH_BYTES):
+                        size += len(reqs[end].msg.payload) + 256
+                        end += 1
+                    chunk = reqs[start:end]
+                    code = await self._send(broker, qid, chunk)
+                    for req in chunk:
+                        results[id(req)] = code
+                    self._advance_tails(broker, chunk, code == STORED)
+                    start = end
+        finally:
+            self._in_round = False
+            late, self._late = self._late, []
+            for st in touched + late:
+                st.completed()
+                if not st.watchers and not st.pending:
+                    self.release(st)
+        on_stored = self.on_stored
+        for req in batch:
+            code = results[id(req)]
+            if code == STORED:
+                self.stats["stored"] += 1
+                if on_stored is not None:
+                    on_stored(req.msg)
+                if not req.lmqs:
+                    code = NO_MATCHING_SUBSCRIBERS
+            else:
+                self.stats["failed"] += 1
+            if req.done is not None:
+                try:
+                    req.done(code)
+                except Exception:
+                    log.exception("publish callback failed")
+
+    def _advance_tails(self, broker: str, chunk: list[_Request], stored: bool) -> None:
+        """Give each stored message its offset in every read LMQ whose tail is known."""
+        states = self.states
+        for req in chunk:
+            msg = req.msg
+            for lmq in req.lmqs:
+                st = states.get((broker, lmq))
+                if st is None or st.tail is None:
+                    continue
+                if not stored or msg.commitlog_offset < 0:
+                    st.tail = None  # unknown outcome: readers pull to find out
+                    continue
+                offset = st.tail
+                st.tail = offset + 1
+                msg.lmq_offsets[lmq] = offset
+                st.remember(offset, msg)
+
+    async def _send(self, broker: str, qid: int, reqs: list[_Request]) -> int:
+        ext = dict(self._ext_base)
+        ext["e"] = str(qid)
+        ext["f"] = "0"
+        ext["g"] = str(int(time.time() * 1000))
+        mq = MessageQueue(self.config.store_topic, broker, qid)
+        if len(reqs) == 1:
+            req = reqs[0]
+            props = to_properties(req.msg)
+            if req.lmqs:
+                props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(req.lmqs)
+            ext["i"] = encode_properties(props)
+            ext["m"] = "false"
+            body: bytes = bytes(req.msg.payload)
+            batch = False
+        else:
+            items = []
+            for req in reqs:
+                props = to_properties(req.msg)
+                if req.lmqs:
+                    props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(req.lmqs)
+                items.append(BatchItem(0, bytes(req.msg.payload), encode_properties(props)))
+            body = encode_batch(items)
+            ext["i"] = ""
+            ext["m"] = "true"
+            batch = True
+        err: Exception | None = None
+        for _attempt in range(2):
+            try:
+                result = await self.client.api.send_message(
+                    self.addr(broker), mq, ext, body, batch=batch, uniq_id="",
+                    timeout=SEND_TIMEOUT_S)
+                ids = result.offset_msg_id.split(",") if result is not None else []
+                if len(ids) == len(reqs):
+                    for req, msg_id in zip(reqs, ids, strict=True):
+                        # Offset msgId = 8-byte store host + 8-byte commitlog offset (hex).
+                        req.msg.broker = broker
+                        req.msg.commitlog_offset = int(msg_id[-16:], 16)
+                return STORED
+            except Exception as exc:
+                err = exc
+                if getattr(exc, "code", None) == ResponseCode.MESSAGE_ILLEGAL:
+                    break  # retrying won't help
+        log.warning("store of %d MQTT message(s) on %s failed: %r", len(reqs), broker, err)
+        illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL
+        return QUOTA_EXCEEDED if illegal else SEND_FAILED
+
+    # -- reading -------------------------------------------------------------------------
+
+    def decode(self, ext: Any, broker: str) -> MqttMessage | None:
+        key = (broker, ext.commitlog_offset)
+        msg = self._decoded.get(key)
+        if msg is None:
+            msg = from_message_ext(ext, broker)
+            if msg is None:
+                return None
+            cache = self._decoded
+            cache[key] = msg
+            if len(cache) > DECODED_CACHE:
+                del cache[next(iter(cache))]
+        return msg
+
+    async def pull(self, st: LmqState, offset: int) -> PullResult:
+        """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`)."""
+        mq = MessageQueue(st.lmq, st.broker, 0)
+        v0 = st.version if not st.pending else -1
+        result = await pull_kernel(
+            self.client, self.config.pull_group, mq, st.sub, offset, self.config.pull_batch)
+        if result.status is PullStatus.FOUND:
+            lmq = st.lmq
+            for ext in result.messages:
+                msg = self.decode(ext, st.broker)
+                if msg is None:
+                    continue
+                pos = msg.lmq_offsets.get(lmq)
+                if pos is not None:
+                    known = st.recent.get(pos)
+                    if known is not None and known.commitlog_offset != msg.commitlog_offset:
+                        # Someone else writes this LMQ: stop predicting its offsets.
+                        log.warning("LMQ %s@%s has a foreign writer; reading it by pulls",
+                                    lmq, st.broker)
+                        st.recent.clear()
+                        st.recent_bytes = 0
+                        st.tail = None
+                    st.remember(pos, msg)
+        if result.status is not PullStatus.OFFSET_ILLEGAL:
+            st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
+        return result
+
+    async def max_offset(self, broker: str, lmq: str) -> int:
+        return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)
+
+    async def min_offset(self, broker: str, lmq: str) -> int:
+        return await self.client.api.get_min_offset(self.addr(broker), lmq, 0)
+
+    async def view(self, broker: str, commitlog_offset: int) -> MqttMessage | None:
+        """The stored message at `commitlog_offset` (retransmission after a restart)."""
+        key = (broker, commitlog_offset)
+        msg = self._decoded.get(key)
+        if msg is not None:
+            return msg
+        ext = await self.client.api.view_message(self.addr(broker), commitlog_offset)
+        return self.decode(ext, broker)

@@ -1,0 +1,142 @@
+"""`MqttConfig`: every setting and limit of the MQTT gateway, with documented defaults.
+
+Loaded from a TOML file (`--mqtt-config`, keys = field names, optionally inside an
+`[mqtt]` table) and overridden by command-line flags. Every limit here is enforced with
+the protocol's own reason code (docs/mqtt.md lists which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MqttConfig", "load_mqtt_config"]
+
+
+@dataclass
+class MqttConfig:
+    """Settings of one MQTT gateway process."""
+
+    # -- listeners ------------------------------------------------------------------
+    host: str = "0.0.0.0"
+    #: Plain TCP listener (MQTT's registered port); None disables it.
+    port: int | None = 1883
+    #: WebSocket listener (subprotocol "mqtt"); None disables it.
+    ws_port: int | None = None
+    #: Path served by the WebSocket listener ("" or "/" accepts any path).
+    ws_path: str = "/mqtt"
+    #: TLS listener (8883 is the registered port); needs certfile + keyfile.
+    tls_port: int | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    # -- storage --------------------------------------------------------------------
+    #: Gateway state (sessions, retained messages, name table): a RocksDB directory.
+    data_dir: str = "./data/mqtt"
+    #: Regular topic every MQTT publish is stored on (native consumers read it here).
+    store_topic: str = "MQTT_MESSAGES"
+    #: Queues of the store topic per broker; queue = crc32(MQTT topic) mod count.
+    store_queues: int = 8
+    #: Consumer group used for LMQ pulls (LMQ groups are broker-fabricated).
+    pull_group: str = "%LMQ%mqtt_gateway"
+    #: Messages per LMQ pull.
+    pull_batch: int = 32
+    #: Session offsets / in-flight state written behind at this period (a kill -9 can
+    #: re-deliver at most this much at QoS >= 1; clean shutdown writes everything).
+    state_flush_interval_s: float = 0.5
+    #: A persistent session that fell further behind on one filter than this many messages
+    #: skips to (newest - max_session_lag) when it reconnects; the gap is logged.
+    max_session_lag: int = 100_000
+
+    # -- connection limits ------------------------------------------------------------
+    #: Concurrent connections (CONNACK 0x97 Quota exceeded / 3.1.1 "server unavailable").
+    max_connections: int = 100_000
+    #: Largest packet accepted (fixed header included); advertised in CONNACK (v5), 0x95.
+    max_packet_size: int = 1024 * 1024
+    #: Seconds a TCP connection may take to send CONNECT.
+    connect_timeout_s: float = 10.0
+    #: Keep alive granted at most (v5 Server Keep Alive; 0 = accept the client's value).
+    max_keepalive: int = 0
+    #: Receive Maximum we advertise: unacknowledged QoS 1/2 PUBLISHes a client may send
+    #: (exceeding it: DISCONNECT 0x93).
+    receive_maximum: int = 1024
+    #: QoS >= 1 messages in flight towards a client at most (also bounded by the
+    #: client's Receive Maximum). Mosquitto's max_inflight_messages is 20.
+    max_inflight_out: int = 64
+    #: Bytes queued for a socket before delivery pauses (back pressure on slow readers).
+    max_out_buffer: int = 256 * 1024
+    #: Topic Alias Maximum we accept from clients (0 = aliases refused).
+    topic_alias_maximum: int = 64
+    #: Topic name / filter limits (PUBACK 0x90 / SUBACK 0x8F, DISCONNECT for 3.1.1).
+    max_topic_length: int = 4096
+    max_topic_levels: int = 128
+    #: Subscriptions one session may hold (SUBACK 0x97 Quota exceeded / 3.1.1 0x80).
+    max_subscriptions_per_client: int = 1000
+    #: Longest client identifier accepted (3.1.1 allows servers to refuse long ids).
+    max_client_id_length: int = 256
+    #: Session Expiry Interval granted at most, seconds (v5; also the lifetime of a
+    #: 3.1.1 persistent session when not None).
+    max_session_expiry_s: int | None = None
+    #: Largest QoS granted to subscriptions and accepted on publish (0, 1 or 2).
+    maximum_qos: int = 2
+    #: Retained messages kept at most (a new topic over it: PUBACK 0x97, dropped).
+    max_retained: int = 100_000
+    #: Publishes queued towards the broker across the gateway before readers pause.
+    max_pending_publishes: int = 10_000
+
+    # -- security -------------------------------------------------------------------
+    #: Connections without user name allowed.
+    allow_anonymous: bool = True
+    #: Password file written by `lmq mqtt passwd` (scrypt hashes); None = no passwords.
+    password_file: str | None = None
+    #: ACL file (see docs/mqtt.md); None = everything allowed.
+    acl_file: str | None = None
+
+    # -- $SYS ------------------------------------------------------------------------
+    #: Period of the $SYS/broker/... statistics publishes; 0 disables them.
+    sys_interval_s: float = 10.0
+
+    # -- server --------------------------------------------------------------------------
+    #: Seconds between checks for expired offline sessions and due will messages.
+    expiry_check_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.maximum_qos not in (0, 1, 2):
+            raise ValueError("maximum_qos must be 0, 1 or 2")
+        if not 1 <= self.receive_maximum <= 65535:
+            raise ValueError("receive_maximum must be 1..65535")
+        if not 1 <= self.max_inflight_out <= 65535:
+            raise ValueError("max_inflight_out must be 1..65535")
+        if not 0 <= self.topic_alias_maximum <= 65535:
+            raise ValueError("topic_alias_maximum must be 0..65535")
+        if not 16 <= self.max_packet_size <= 268_435_460:
+            raise ValueError("max_packet_size must be 16..268435460")
+        if self.store_queues < 1 or self.pull_batch < 1:
+            raise ValueError("store_queues and pull_batch must be positive")
+        if self.tls_port is not None and not (self.certfile and self.keyfile):
+            raise ValueError("tls_port needs certfile and keyfile")
+        for name in ("max_connections", "max_topic_length", "max_topic_levels",
+                     "max_subscriptions_per_client", "max_client_id_length", "max_retained",
+                     "max_pending_publishes", "max_out_buffer", "max_session_lag"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+
+
+def load_mqtt_config(path: str | None, overrides: dict[str, Any] | None = None) -> MqttConfig:
+    """Defaults < TOML file < `overrides` (None values in overrides are ignored)."""
+    kwargs: dict[str, Any] = {}
+    if path:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        table = data.get("mqtt", data)
+        if not isinstance(table, dict):
+            raise ValueError("[mqtt] must be a table")
+        kwargs.update(table)
+    kwargs.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    names = {f.name for f in dataclasses.fields(MqttConfig)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise ValueError(f"unknown MQTT config keys: {', '.join(sorted(unknown))}")
+    return MqttConfig(**kwargs)

@@ -1,0 +1,498 @@
+"""One client connection: the MQTT protocol state machine over `MqttCodec`.
+
+Tasks: the reader (this object's `handle`) decodes packets and answers them; the
+session's delivery `Pump` starts only when there is something to deliver or acknowledge
+asynchronously (a subscription, a QoS 1/2 publish), so an idle connection costs one task.
+Writes are gathered: packets are queued (`queue`) and written together by whoever calls
+`flush` first; others return at once and their bytes ride along.
+
+Refusals use the protocol's own codes (docs/mqtt.md has the table): CONNACK reason codes
+(3.1.1 return codes), PUBACK / PUBREC / SUBACK / UNSUBACK reason codes in v5 (3.1.1:
+SUBACK 0x80; a refused 3.1.1 publish is still acknowledged and dropped), and a
+DISCONNECT with the reason code before closing in v5 (3.1.1: the connection just closes).
+Each refusal logs one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.mqtt.codec import MqttCodec
+from gateway.mqtt.connection_publish import PublishHandler
+from gateway.mqtt.delivery import Pump
+from gateway.mqtt.packets import (
+    NO_PROPERTIES,
+    PINGRESP,
+    Connack,
+    Connect,
+    Disconnect,
+    MqttProtocolError,
+    Pingreq,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+from gateway.mqtt.session import Session, Subscription
+from gateway.mqtt.topics import validate_topic_filter, validate_topic_name
+
+if TYPE_CHECKING:
+    from gateway.mqtt.server import MqttGateway
+
+__all__ = ["Connection"]
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 65536
+#: Time allowed to write a final DISCONNECT / CONNACK and close.
+CLOSE_GRACE_S = 1.0
+NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
+
+
+class Connection(PublishHandler):
+    """Protocol state of one network connection (TCP, TLS or WebSocket)."""
+
+    def __init__(self, gw: MqttGateway, stream, remote: str, transport: str) -> None:
+        cfg = gw.config
+        self.gw = gw
+        self.stream = stream
+        self.remote = remote
+        self.transport = transport
+        self.codec = MqttCodec(cfg.max_packet_size, topic_alias_maximum=cfg.topic_alias_maximum)
+        self.version = 4
+        self.client_id = ""
+        self.username: str | None = None
+        self.session: Session | None = None
+        self.closed = False
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self._writing = False
+        self._drained: trio.Event | None = None
+        self.inflight_limit = cfg.max_inflight_out
+        self.alias_out: dict[str, int] = {}
+        self.alias_max = 0
+        self.problem_info = True
+        self.inbound = 0
+        self.qos2_pending: set[int] = set()
+        self.keepalive = 0
+        self.finished = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._pump: Pump | None = None
+        self._close_reason: int | None = None  # v5 DISCONNECT reason sent before closing
+        self._final: object | None = None  # a packet to write before closing
+        self._send_will = True
+        self._connect_expiry = 0
+
+    # -- output ---------------------------------------------------------------------------
+
+    def queue(self, data: bytes) -> None:
+        self.out.append(data)
+        self.out_bytes += len(data)
+
+    def send(self, packet) -> None:
+        """Queue a control packet (dropping v5 reason strings when the client asked so)."""
+        self.queue(self.codec.encode(packet))
+
+    async def flush(self) -> None:
+        if self._writing or self.closed:
+            return
+        self._writing = True
+        try:
+            out = self.out
+            while out:
+                data = out[0] if len(out) == 1 else b"".join(out)
+                out.clear()
+                self.out_bytes = 0
+                await self.stream.send_all(data)
+                if self._drained is not None:
+                    self._drained.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self._lost()
+        finally:
+            self._writing = False
+
+    async def wait_drained(self) -> None:
+        if self.out_bytes and not self.closed:
+            ev = self._drained = trio.Event()
+            if not self._writing:
+                await self.flush()
+                return
+            await ev.wait()
+
+    def _lost(self) -> None:
+        self.closed = True
+        self.out.clear()
+        self.out_bytes = 0
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def ensure_pump(self) -> None:
+        """Start the delivery task (also the writer of asynchronous acknowledgements)."""
+        if self._pump is None and self._nursery is not None and not self.closed:
+            self._pump = Pump(self.gw, self.session, self)
+            self._nursery.start_soon(self._run_pump)
+
+    async def _run_pump(self) -> None:
+        try:
+            await self._pump.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            self._lost()
+        except Exception:
+            log.exception("delivery to %r failed", self.client_id)
+            self.close(0x80)
+
+    def wake(self) -> None:
+        """Asynchronous output was queued: have the pump write it."""
+        if self.session is not None:
+            self.session.wake()
+        self.ensure_pump()
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self, reason: int | None = None, *, will: bool = True) -> None:
+        """Close from the server side; v5 clients get DISCONNECT `reason` first."""
+        if self._close_reason is None and self._final is None:
+            self._close_reason = reason
+        self._send_will = self._send_will and will
+        self.closed = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def kick(self, reason: int, *, will: bool = True) -> None:
+        """Close (session takeover 0x8E, shutdown 0x8B) and wait until wound down."""
+        self.close(reason, will=will)
+        await self.finished.wait()
+
+    # -- main ---------------------------------------------------------------------------
+
+    async def handle(self) -> None:
+        gw = self.gw
+        gw.stats.connections += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._serve()
+                nursery.cancel_scope.cancel()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away: an abnormal close (the will is sent)
+        finally:
+            gw.stats.connections -= 1
+            self.closed = True
+            sess = self.session
+            if sess is not None:
+                gw.stats.clients -= 1
+                gw.registry.closed(sess, self, send_will=self._send_will)
+            with trio.CancelScope(shield=True):
+                await self._goodbye()
+            self.finished.set()
+
+    async def _goodbye(self) -> None:
+        with trio.move_on_after(CLOSE_GRACE_S):
+            final = self._final
+            if final is None and self._close_reason is not None and self.version == 5 \
+                    and self.session is not None:
+                final = Disconnect(self._close_reason)
+            if final is not None:
+                try:
+                    data = b"".join(self.out) + self.codec.encode(final)
+                    await self.stream.send_all(data)
+                except Exception:
+                    pass
+            try:
+                await self.stream.aclose()
+            except Exception:
+                pass
+
+    async def _serve(self) -> None:
+        cfg = self.gw.config
+        packets: list = []
+        with trio.move_on_after(cfg.connect_timeout_s):
+            while not packets:
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    return
+                try:
+                    packets = self.codec.feed(data)
+                except MqttProtocolError as exc:
+                    self._refused_packet(exc)
+                    return
+        if not packets:
+            log.info("connection from %s sent no CONNECT in %.0f s", self.remote,
+                     cfg.connect_timeout_s)
+            return
+        if not await self._on_connect(packets[0]):
+            return
+        await self.flush()
+        if not await self._handle(packets[1:]):
+            return
+        stats = self.gw.stats
+        while not self.closed:
+            timeout = self.keepalive * 1.5 if self.keepalive else float("inf")
+            with trio.move_on_after(timeout) as scope:
+                data = await self.stream.receive_some(READ_SIZE)
+            if scope.cancelled_caught:
+                log.info("client %r: keep alive timeout (%d s)", self.client_id, self.keepalive)
+                self.close(0x8D)  # Keep Alive timeout
+                return
+            if not data:
+                return
+            stats.bytes_in += len(data)
+            try:
+                packets = self.codec.feed(data)
+            except MqttProtocolError as exc:
+                if await self._handle(exc.packets):
+                    self._refused_packet(exc)
+                return
+            if not await self._handle(packets):
+                return
+            if self.out:
+                await self.flush()
+
+    def _refused_packet(self, exc: MqttProtocolError) -> None:
+        log.info("client %r from %s: %s", self.client_id, self.remote, exc)
+        self._final = self.codec.error_reply(exc)
+        self.close()
+
+    # -- CONNECT ------------------------------------------------------------------------------
+
+    def _refuse_connect(self, code: int, why: str) -> bool:
+        log.info("CONNECT of %r from %s refused (0x%02X): %s", self.client_id, self.remote,
+                 code, why)
+        self._final = Connack(False, code)
+        self.close()
+        return False
+
+    async def _on_connect(self, connect: Connect) -> bool:
+        gw = self.gw
+        cfg = gw.config
+        v = self.version = connect.protocol_version
+        props = connect.properties
+        cid = connect.client_id
+        self.client_id = cid
+        assigned = None
+        if not cid:
+            cid = self.client_id = "lmq-" + uuid.uuid4().hex
+            if v == 5:
+                assigned = cid
+        if len(cid.encode("utf-8")) > cfg.max_client_id_length:
+            return self._refuse_connect(0x85, "client identifier too long")
+        if v == 5 and props.authentication_method is not None:
+            return self._refuse_connect(0x8C, "enhanced authentication is not supported")
+        if gw.stats.clients >= cfg.max_connections:
+            return self._refuse_connect(0x97, f"max_connections ({cfg.max_connections}) reached")
+        if gw.stopping:
+            return self._refuse_connect(0x8B, "server shutting down")
+        rc = gw.auth.authenticate(connect.username, connect.password)
+        if rc:
+            return self._refuse_connect(rc, "authentication failed")
+        self.username = connect.username
+        will = connect.will
+        if will is not None:
+            if will.qos > cfg.maximum_qos:
+                if v == 5:
+                    return self._refuse_connect(0x9B, "will QoS above maximum_qos")
+                will = replace(will, qos=cfg.maximum_qos)
+            try:
+                validate_topic_name(will.topic, max_length=cfg.max_topic_length,
+                                    max_levels=cfg.max_topic_levels)
+            except MqttProtocolError as exc:
+                return self._refuse_connect(0x90, f"will topic: {exc.message}")
+            if not gw.auth.can_publish(self.username, cid, will.topic):
+                return self._refuse_connect(0x87, f"will topic {will.topic!r} not allowed")
+        ka = connect.keepalive
+        server_ka = None
+        if v == 5 and cfg.max_keepalive and (ka == 0 or ka > cfg.max_keepalive):
+            ka = server_ka = cfg.max_keepalive
+        self.keepalive = ka
+        if v == 5:
+            req = props.session_expiry_interval or 0
+            expiry: int | None = None if req == NEVER else req
+            self._connect_expiry = req
+        else:
+            expiry = 0 if connect.clean_start else None
+        granted_expiry = expiry
+        if cfg.max_session_expiry_s is not None and (expiry is None or expiry > cfg.max_session_expiry_s):
+            granted_expiry = cfg.max_session_expiry_s
+        if v == 5:
+            rx = props.receive_maximum or 65535
+            self.inflight_limit = min(rx, cfg.max_inflight_out)
+            self.alias_max = props.topic_alias_maximum or 0
+            self.problem_info = props.request_problem_information != 0
+        sess, present = await gw.registry.open(self, cid, v, connect.clean_start,
+                                               granted_expiry, will)
+        self.session = sess
+        gw.stats.clients += 1
+        ack_props = NO_PROPERTIES
+        if v == 5:
+            ack_props = Properties(
+                session_expiry_interval=(granted_expiry if granted_expiry != expiry else None),
+                receive_maximum=cfg.receive_maximum,
+                maximum_qos=cfg.maximum_qos if cfg.maximum_qos < 2 else None,
+                maximum_packet_size=cfg.max_packet_size,
+                topic_alias_maximum=cfg.topic_alias_maximum or None,
+                assigned_client_identifier=assigned,
+                server_keep_alive=server_ka,
+            )
+        self.send(Connack(present, 0, ack_props))
+        if sess.inflight or sess.subs or sess.direct:
+            self.ensure_pump()
+        return True
+
+    # -- the other packets ------------------------------------------------------------------
+
+    async def _handle(self, packets: list) -> bool:
+        """Handle decoded packets in order; False once the connection must close."""
+        for p in packets:
+            if self.closed:
+                return False
+            t = type(p)
+            if t is Publish:
+                await self.on_publish(p)
+            elif t is Puback or t is Pubcomp:
+                self._on_ack(p)
+            elif t is Pubrec:
+                self._on_pubrec(p)
+            elif t is Pubrel:
+                self._on_pubrel(p)
+            elif t is Subscribe:
+                await self._on_subscribe(p)
+            elif t is Unsubscribe:
+                self._on_unsubscribe(p)
+            elif t is Pingreq:
+                self.queue(_PINGRESP_BYTES)
+            elif t is Disconnect:
+                self._on_disconnect(p)
+                return False
+            else:  # AUTH without an authentication method
+                log.info("client %r sent an unexpected %s", self.client_id, t.__name__)
+                self.close(0x82)
+                return False
+        return not self.closed
+
+    def _on_ack(self, p: Puback | Pubcomp) -> None:
+        sess = self.session
+        entry = sess.inflight.get(p.packet_id)
+        if entry is None:
+            return
+        if type(p) is Puback and entry.qos != 1:
+            return
+        if type(p) is Pubcomp and entry.state != "r":
+            return
+        sess.complete(p.packet_id)
+
+    def _on_pubrec(self, p: Pubrec) -> None:
+        sess = self.session
+        entry = sess.inflight.get(p.packet_id)
+        if entry is None or entry.qos != 2:
+            self.send(Pubrel(p.packet_id, 0x92 if self.version == 5 else 0))
+            return
+        if p.reason_code >= 0x80:
+            sess.complete(p.packet_id)  # the receiver refused it: flow over (§4.3.3)
+            return
+        entry.state = "r"
+        sess.dirty = True
+        self.send(Pubrel(p.packet_id))
+
+    def _on_pubrel(self, p: Pubrel) -> None:
+        sess = self.session
+        if p.packet_id in sess.inbound_qos2:
+            sess.inbound_qos2.discard(p.packet_id)
+            sess.dirty = True
+            self.inbound = max(0, self.inbound - 1)
+            self.send(Pubcomp(p.packet_id))
+        else:
+            self.send(Pubcomp(p.packet_id, 0x92 if self.version == 5 else 0))
+
+    async def _on_subscribe(self, p: Subscribe) -> None:
+        gw = self.gw
+        cfg = gw.config
+        sess = self.session
+        sub_id = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        codes = []
+        added = []
+        for s in p.subscriptions:
+            code = self._check_subscription(s.topic_filter)
+            if code:
+                codes.append(code)
+                continue
+            granted = min(s.qos, cfg.maximum_qos)
+            sub = Subscription(s.topic_filter, granted, s.no_local, s.retain_as_published,
+                               s.retain_handling, sub_id)
+            try:
+                existed = await gw.registry.subscribe(sess, sub)
+            except Exception as exc:
+                log.warning("subscribe of %r to %r failed: %r", self.client_id, s.topic_filter, exc)
+                codes.append(0x80)
+                continue
+            codes.append(granted)
+            added.append((sub, existed))
+        self.send(Suback(p.packet_id, tuple(codes)))
+        for sub, existed in added:
+            if sub.group is not None or sub.retain_handling == 2:
+                continue
+            if sub.retain_handling == 1 and existed:
+                continue
+            ids = (sub.sub_id,) if sub.sub_id is not None else ()
+            for msg in gw.retained.match(sub.filter):
+                sess.direct.append((msg, min(msg.qos, sub.qos), True, ids, None))
+        if added:
+            self.wake()
+
+    def _check_subscription(self, topic_filter: str) -> int:
+        gw = self.gw
+        cfg = gw.config
+        sess = self.session
+        try:
+            shared = validate_topic_filter(topic_filter, max_length=cfg.max_topic_length,
+                                           max_levels=cfg.max_topic_levels)
+        except MqttProtocolError as exc:
+            log.info("client %r: subscription %r refused: %s", self.client_id, topic_filter,
+                     exc.message)
+            return 0x8F
+        if len(sess.subs) >= cfg.max_subscriptions_per_client and topic_filter not in sess.subs:
+            log.info("client %r: subscription %r refused: max_subscriptions_per_client (%d)",
+                     self.client_id, topic_filter, cfg.max_subscriptions_per_client)
+            return 0x97
+        inner = shared.filter if shared is not None else topic_filter
+        if not gw.auth.can_subscribe(self.username, self.client_id, inner):
+            log.info("client %r: subscription %r refused by the ACL", self.client_id, topic_filter)
+            return 0x87
+        return 0
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        registry = self.gw.registry
+        codes = tuple(0 if registry.unsubscribe(self.session, f) else 0x11 for f in p.topic_filters)
+        self.send(Unsuback(p.packet_id, codes if self.version == 5 else ()))
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        sess = self.session
+        if self.version == 5:
+            new = p.properties.session_expiry_interval
+            if new is not None:
+                if self._connect_expiry == 0 and new != 0:
+                    log.info("client %r: DISCONNECT sets a session expiry after 0", self.client_id)
+                    self.close(0x82)  # MQTT-3.14.2-2
+                    return
+                cap = self.gw.config.max_session_expiry_s
+                expiry = None if new == NEVER else new
+                if cap is not None and (expiry is None or expiry > cap):
+                    expiry = cap
+                sess.expiry = expiry
+        # Only v5 reason 0x04 keeps the will (MQTT-3.14.4-3: a normal DISCONNECT drops it).
+        self._send_will = self.version == 5 and p.reason_code == 0x04
+        self.closed = True
+
+
+_PINGRESP_BYTES = bytes((0xD0, 0))
+assert PINGRESP is not None

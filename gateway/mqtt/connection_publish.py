@@ -1,0 +1,145 @@
+"""Inbound PUBLISH handling of a connection (a mixin of `Connection`).
+
+A publish is checked (QoS, Receive Maximum, topic limits, `$SYS`, ACL, retained quota,
+payload format), then handed to the broker link; QoS 1 is acknowledged (PUBACK) and QoS 2
+received (PUBREC) only once the broker stored the message. Refusals: v5 PUBACK / PUBREC
+with the reason code (QoS 0: dropped), 3.1.1 acknowledged as usual and dropped
+(3.1.1 §3.3.5 allows it; MQTT has no negative acknowledgement there); a QoS above the
+maximum or a Receive Maximum overrun is a v5 DISCONNECT (0x9B / 0x93), a 3.1.1 close.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from gateway.mqtt.message import MqttMessage, now_ms
+from gateway.mqtt.packets import NO_PROPERTIES, MqttProtocolError, Puback, Publish, Pubrec
+from gateway.mqtt.topics import validate_topic_name
+
+if TYPE_CHECKING:
+    from gateway.mqtt.connection import Connection
+
+__all__ = ["PublishHandler"]
+
+log = logging.getLogger(__name__)
+
+_NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
+               "subscription_identifiers": ()}
+
+
+class PublishHandler:
+    """`Connection.on_publish` and its acknowledgements."""
+
+    async def on_publish(self: Connection, p: Publish) -> None:
+        gw = self.gw
+        cfg = gw.config
+        stats = gw.stats
+        stats.msgs_in += 1
+        qos = p.qos
+        pid = p.packet_id
+        v5 = self.version == 5
+        if qos > cfg.maximum_qos:
+            log.info("client %r: PUBLISH QoS %d above maximum_qos", self.client_id, qos)
+            self.close(0x9B)  # QoS not supported
+            return
+        if qos == 2 and (pid in self.qos2_pending or pid in self.session.inbound_qos2):
+            if pid in self.session.inbound_qos2:
+                self.send(Pubrec(pid))  # a retransmission: acknowledged once (§4.3.3)
+            return
+        if qos and v5 and self.inbound >= cfg.receive_maximum:
+            log.info("client %r: more than %d QoS 1/2 PUBLISHes unacknowledged",
+                     self.client_id, cfg.receive_maximum)
+            self.close(0x93)  # Receive Maximum exceeded
+            return
+        topic = p.topic
+        code = 0
+        try:
+            validate_topic_name(topic, max_length=cfg.max_topic_length,
+                                max_levels=cfg.max_topic_levels)
+        except MqttProtocolError as exc:
+            code, why = 0x90, exc.message
+        if not code:
+            if topic.startswith("$SYS"):
+                code, why = 0x87, "clients may not publish to $SYS"
+            elif not gw.auth.can_publish(self.username, self.client_id, topic):
+                code, why = 0x87, "denied by the ACL"
+            elif p.retain and gw.retained.would_refuse(topic, len(p.payload)):
+                code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
+            elif p.properties.payload_format_indicator == 1 and not _utf8(p.payload):
+                code, why = 0x99, "payload is not UTF-8 as its format indicator says"
+        if code:
+            log.info("client %r: PUBLISH to %r refused (0x%02X): %s", self.client_id, topic,
+                     code, why)
+            self._refused(p, code)
+            return
+        props = p.properties
+        expiry_at = None
+        if props is not NO_PROPERTIES:
+            if props.message_expiry_interval is not None:
+                expiry_at = now_ms() + props.message_expiry_interval * 1000
+            if props.topic_alias is not None or props.message_expiry_interval is not None:
+                props = replace(props, **_NO_FORWARD)
+                if props == NO_PROPERTIES:
+                    props = NO_PROPERTIES
+        msg = MqttMessage(topic, p.payload, qos, p.retain, props, expiry_at, self.client_id)
+        link = gw.link
+        if qos == 0:
+            link.submit(msg)
+        elif qos == 1:
+            self.inbound += 1
+            link.submit(msg, lambda code: self._stored(pid, 1, code))
+        else:
+            self.inbound += 1
+            self.qos2_pending.add(pid)
+            link.submit(msg, lambda code: self._stored(pid, 2, code))
+        if link.backlog >= cfg.max_pending_publishes:
+            await link.wait_for_space()
+
+    def _refused(self: Connection, p: Publish, code: int) -> None:
+        if p.qos == 0:
+            return
+        if self.version != 5:
+            code = 0
+        if p.qos == 1:
+            self.send(Puback(p.packet_id, code))
+        else:
+            if code < 0x80:
+                self.session.inbound_qos2.add(p.packet_id)  # 3.1.1: PUBREL will follow
+            self.send(Pubrec(p.packet_id, code))
+
+    def _stored(self: Connection, pid: int, qos: int, code: int) -> None:
+        """Broker answered for a QoS 1/2 publish (runs in the dispatcher task)."""
+        if self.closed:
+            self.qos2_pending.discard(pid)
+            return
+        if self.version != 5:
+            if code >= 0x80:
+                # 3.1.1 has no way to say "not stored": close, the client will resend.
+                log.warning("client %r: publish not stored; closing", self.client_id)
+                self.close()
+                return
+            code = 0
+        elif code == 0x10 and not self.problem_info:
+            pass
+        if qos == 1:
+            self.inbound = max(0, self.inbound - 1)
+            self.send(Puback(pid, code))
+        else:
+            self.qos2_pending.discard(pid)
+            if code < 0x80:
+                self.session.inbound_qos2.add(pid)
+                self.session.dirty = True
+            else:
+                self.inbound = max(0, self.inbound - 1)
+            self.send(Pubrec(pid, code))
+        self.wake()
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -1,0 +1,432 @@
+"""Delivery to one connected session: LMQ reads, the k-way merge, in-flight flow control.
+
+One `Pump` task per connected session that has something to deliver (it starts with the
+first subscription or on reconnect; an idle connection has none). A round:
+
+1. *fill*: every cursor with an empty buffer reads its LMQ: first from the entries other
+   sessions already read (`LmqState.recent`), else one non-blocking pull; a cursor that
+   reached the end at the LMQ's current version waits for the next write (the dispatcher
+   wakes it), it does not poll.
+2. *merge*: per broker, the cursor heads are merged by commitlog offset. Every LMQ is
+   ordered by commitlog offset, so equal heads are the same stored message: delivered
+   once, at the highest QoS granted by the matching subscriptions (outbound QoS =
+   min(published, granted)), with every subscription identifier. A cursor with an empty
+   buffer holds the merge back only while its LMQ may still hold an older entry (a write
+   in progress, or not read since the last write); a cursor at its end does not.
+3. *send*: PUBLISH packets are encoded into the connection's output buffer and written
+   in one `send_all`; QoS 1/2 deliveries stop at the in-flight limit (the client's
+   Receive Maximum, bounded by `max_inflight_out`), everything stops while the output
+   buffer is over `max_out_buffer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from core.client import PullStatus
+from gateway.mqtt.message import MqttMessage, now_ms
+from gateway.mqtt.packets import PacketTooLarge, Publish, Pubrel
+from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
+from gateway.mqtt.shared import SharedGroup
+
+if TYPE_CHECKING:
+    from gateway.mqtt.connection import Connection
+    from gateway.mqtt.server import MqttGateway
+
+__all__ = ["Pump", "build_publish"]
+
+log = logging.getLogger(__name__)
+
+#: Pause after a failed pull before the cursor is read again.
+PULL_RETRY_S = 1.0
+#: Pull-and-deliver rounds a pump runs before it writes and yields to other tasks.
+TURN_BATCHES = 16
+
+
+def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
+                  sub_ids: tuple[int, ...], pid: int | None, dup: bool, now: int) -> Publish:
+    """The PUBLISH for one delivery on `conn` (v5: expiry left, subscription ids, alias)."""
+    topic = msg.topic
+    if conn.version != 5:
+        return Publish(topic, msg.payload, qos, retain, dup, pid)
+    props = msg.props
+    expiry = msg.remaining_expiry(now)
+    alias = None
+    if conn.alias_max:
+        alias = conn.alias_out.get(topic)
+        if alias is not None:
+            topic = ""
+        elif len(conn.alias_out) < conn.alias_max:
+            alias = conn.alias_out[topic] = len(conn.alias_out) + 1
+    if expiry is not None or sub_ids or alias is not None:
+        from dataclasses import replace
+
+        props = replace(props, message_expiry_interval=expiry, subscription_identifiers=sub_ids,
+                        topic_alias=alias)
+    return Publish(topic, msg.payload, qos, retain, dup, pid, props)
+
+
+class Pump:
+    """The delivery task of one connected session (see the module doc)."""
+
+    def __init__(self, gw: MqttGateway, session: Session, conn: Connection) -> None:
+        self.gw = gw
+        self.session = session
+        self.conn = conn
+        self._retry_at = 0.0
+
+    # -- main loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        sess = self.session
+        conn = self.conn
+        link = self.gw.link
+        for c in sess.cursors.values():
+            # An offline session's state objects may have been released: look them up.
+            st = link.state(c.st.broker, c.st.lmq)
+            if st is not c.st:
+                c.st = st
+                c.end_version = -1
+            st.watchers.add(sess)
+        try:
+            await self.retransmit()
+            limit = self.gw.config.max_out_buffer
+            while not conn.closed:
+                await trio.lowlevel.checkpoint()  # fairness: a busy session yields
+                # In-process pulls do not yield: read and encode several batches per turn
+                # (the publishers' tasks each handle a whole socket read per turn too).
+                for _ in range(TURN_BATCHES):
+                    await self.fill()
+                    if not self.deliver() or conn.out_bytes >= limit:
+                        break
+                if conn.out:
+                    await conn.flush()
+                if conn.out_bytes > self.gw.config.max_out_buffer:
+                    await conn.wait_drained()
+                    continue
+                if self._needs_pull():
+                    continue
+                with trio.move_on_at(self._next_retry()):
+                    await sess.wait()
+        finally:
+            self.unwatch()
+
+    def _needs_pull(self) -> bool:
+        now = trio.current_time()
+        for c in self.session.cursors.values():
+            st = c.st
+            if (not c.buf and not st.pending and c.end_version != st.version
+                    and st.tail != c.next and c.retry_at <= now):
+                return True
+        if now >= self._retry_at:
+            for g in self.groups():
+                if g.needs_pull():
+                    return True
+        return False
+
+    def _next_retry(self) -> float:
+        """When a failed pull is due again (inf if none failed)."""
+        due = [c.retry_at for c in self.session.cursors.values() if c.retry_at]
+        if self._retry_at:
+            due.append(self._retry_at)
+        now = trio.current_time()
+        future = [t for t in due if t > now]
+        return min(future) if future else float("inf")
+
+    def groups(self) -> list[SharedGroup]:
+        out = []
+        groups = self.gw.groups
+        for sub in self.session.subs.values():
+            if sub.group is not None:
+                g = groups.get(sub.lmq)
+                if g is not None:
+                    out.append(g)
+        return out
+
+    def watch(self, cursor: Cursor) -> None:
+        cursor.st.watchers.add(self.session)
+
+    def unwatch(self) -> None:
+        link = self.gw.link
+        for c in self.session.cursors.values():
+            c.st.watchers.discard(self.session)
+            c.buf.clear()
+            c.next = c.sent
+            c.end_version = -1
+            link.release(c.st)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def fill(self) -> None:
+        link = self.gw.link
+        batch = self.gw.config.pull_batch
+        lag = self.gw.config.max_session_lag
+        now = trio.current_time()
+        if now >= self._retry_at:
+            for g in self.groups():
+                try:
+                    await g.fill(link, batch)
+                except Exception as exc:
+                    log.debug("pull of shared group %s failed: %r", g.lmq, exc)
+                    self._retry_at = trio.current_time() + PULL_RETRY_S
+                    break
+        brokers = link.brokers
+        for c in list(self.session.cursors.values()):
+            if c.buf or c.retry_at > now:
+                continue
+            st = c.st
+            if st.broker not in brokers:
+                continue  # a broker that left the cluster: nothing to read there now
+            if self.session not in st.watchers:
+                st.watchers.add(self.session)
+            if st.tail is not None and st.tail - c.next > lag:
+                self._cut(c, st.tail - lag, "more than max_session_lag behind")
+            recent = st.recent
+            if c.next in recent:
+                n = c.next
+                buf = c.buf
+                while n in recent and len(buf) < batch:
+                    buf.append((n, recent[n]))
+                    n += 1
+                c.next = n
+                continue
+            if st.pending or c.end_version == st.version:
+                continue
+            if st.tail == c.next:
+                c.end_version = st.version  # at the end, known without asking
+                continue
+            v0 = st.version
+            try:
+                result = await link.pull(st, c.next)
+            except Exception as exc:
+                # Only this cursor waits: the other brokers' LMQs keep flowing.
+                log.debug("pull of %s@%s failed: %r", st.lmq, st.broker, exc)
+                c.retry_at = trio.current_time() + PULL_RETRY_S
+                continue
+            c.retry_at = 0.0
+            if self.session.cursors.get((st.broker, st.lmq)) is not c:
+                continue  # unsubscribed meanwhile
+            status = result.status
+            if status is PullStatus.FOUND:
+                if result.max_offset - c.next > lag:
+                    self._cut(c, result.max_offset - lag, "more than max_session_lag behind")
+                    continue
+                lmq = st.lmq
+                buf = c.buf
+                for ext in result.messages:
+                    msg = link.decode(ext, st.broker)
+                    if msg is None:
+                        continue
+                    pos = msg.lmq_offsets.get(lmq)
+                    if pos is not None and pos >= c.next:
+                        buf.append((pos, msg))
+                c.next = max(c.next, result.next_begin_offset)
+                if result.next_begin_offset >= result.max_offset:
+                    c.end_version = v0
+                if not buf:
+                    c.sent = max(c.sent, c.next)  # all skipped (foreign records)
+            elif status is PullStatus.NO_NEW_MSG:
+                c.end_version = v0
+            elif status is PullStatus.NO_MATCHED_MSG:
+                c.next = max(c.next, result.next_begin_offset)
+                c.sent = max(c.sent, c.next)
+            else:  # OFFSET_ILLEGAL: retention moved the minimum, or the LMQ is gone
+                self._cut(c, result.next_begin_offset, "offset no longer in the LMQ")
+
+    def _cut(self, c: Cursor, offset: int, why: str) -> None:
+        """Skip a cursor forward: the documented bound of offline messages.
+
+        One log line per cursor and connection, the skipped count in
+        `$SYS/broker/messages/dropped`, and a notice the client can subscribe to:
+        `$SYS/broker/clients/<client id>/skipped` (JSON: filter, from, to, count).
+        """
+        skipped = max(0, offset - c.next)
+        if not c.gap_logged:
+            c.gap_logged = True
+            log.warning("session %r skips %d message(s) of %r (%s@%s %d..%d): %s",
+                        self.session.client_id, skipped, c.sub.filter, c.st.lmq, c.st.broker,
+                        c.next, offset, why)
+        cid = self.session.client_id
+        if skipped and "+" not in cid and "#" not in cid:
+            notice = json.dumps({"filter": c.sub.filter, "from": c.next, "to": offset,
+                                 "count": skipped, "reason": why})
+            self.gw.publish_internal(MqttMessage(
+                f"$SYS/broker/clients/{cid}/skipped", notice.encode(), 0, False))
+        c.reset_to(offset)
+        self.session.dirty = True
+        self.gw.stats.dropped += skipped
+
+    # -- merging and sending -------------------------------------------------------------
+
+    def deliver(self) -> int:
+        """Encode what may go out now into the output buffer; returns packets queued."""
+        sess = self.session
+        conn = self.conn
+        limit = self.gw.config.max_out_buffer
+        sent = 0
+        now = now_ms()
+        # Direct deliveries (retained on subscribe, shared subscriptions) go first.
+        for sub in sess.subs.values():
+            if sub.group is not None:
+                sent += self._take_shared(sub, now, limit)
+        direct = sess.direct
+        while direct and conn.out_bytes < limit:
+            msg, qos, retain, sub_ids, group = direct[0]
+            if qos and len(sess.inflight) >= conn.inflight_limit:
+                break
+            direct.popleft()
+            sent += self._send(msg, qos, retain, sub_ids, [], group, now)
+        if not sess.cursors:
+            return sent
+        by_broker: dict[str, list[Cursor]] = {}
+        for c in sess.cursors.values():
+            by_broker.setdefault(c.st.broker, []).append(c)
+        for cursors in by_broker.values():
+            sent += self._merge(cursors, now, limit)
+        return sent
+
+    def _take_shared(self, sub: Subscription, now: int, limit: int) -> int:
+        g = self.gw.groups.get(sub.lmq)
+        if g is None:
+            return 0
+        sess = self.session
+        conn = self.conn
+        sent = 0
+        sub_ids = (sub.sub_id,) if sub.sub_id is not None else ()
+        while conn.out_bytes < limit:
+            if sub.qos and len(sess.inflight) >= conn.inflight_limit:
+                break
+            item = g.take(sess)
+            if item is None:
+                break
+            msg, broker, offset = item
+            if msg.expired(now):
+                g.ack(broker, offset)
+                continue
+            retain = msg.retain if sub.retain_as_published else False
+            sent += self._send(msg, min(msg.qos, sub.qos), retain, sub_ids, [],
+                               (g, broker, offset), now)
+        return sent
+
+    def _merge(self, cursors: list[Cursor], now: int, limit: int) -> int:
+        sess = self.session
+        conn = self.conn
+        client_id = sess.client_id
+        sent = 0
+        single = cursors[0] if len(cursors) == 1 else None
+        while conn.out_bytes < limit:
+            if single is not None:
+                if not single.buf:
+                    return sent
+                heads = [single]
+                msg = single.buf[0][1]
+            else:
+                best = None
+                for c in cursors:
+                    if c.buf:
+                        clog = c.buf[0][1].commitlog_offset
+                        if best is None or clog < best:
+                            best = clog
+                    elif not c.caught_up():
+                        return sent  # an older entry may still come from this LMQ
+                if best is None:
+                    return sent
+                heads = [c for c in cursors if c.buf and c.buf[0][1].commitlog_offset == best]
+                msg = heads[0].buf[0][1]
+            qos = -1
+            retain = False
+            sub_ids: list[int] = []
+            own = msg.sender is not None and msg.sender == client_id
+            for c in heads:
+                sub = c.sub
+                if own and sub.no_local:
+                    continue
+                if sub.qos > qos:
+                    qos = sub.qos
+                if sub.retain_as_published:
+                    retain = msg.retain
+                if sub.sub_id is not None:
+                    sub_ids.append(sub.sub_id)
+            if qos > msg.qos:
+                qos = msg.qos
+            if qos > 0 and len(sess.inflight) >= conn.inflight_limit:
+                return sent  # wait for an acknowledgement; order is kept
+            refs = []
+            for c in heads:
+                offset, _ = c.buf.popleft()
+                c.sent = offset + 1
+                refs.append((c, offset))
+            sess.dirty = True
+            if qos < 0 or msg.expired(now):
+                continue  # no-local only, or expired (MQTT-3.3.2-5): consumed unsent
+            sent += self._send(msg, qos, retain, tuple(sub_ids), refs, None, now)
+        return sent
+
+    def _send(self, msg: MqttMessage, qos: int, retain: bool, sub_ids: tuple[int, ...],
+              refs: list, group: object, now: int) -> int:
+        sess = self.session
+        conn = self.conn
+        pid = None
+        entry = None
+        if qos:
+            pid = sess.next_packet_id()
+            entry = Inflight(pid, qos, msg, refs, retain, sub_ids)
+            entry.group = group
+            for c, offset in refs:
+                c.unacked.add(offset)
+        try:
+            data = conn.codec.encode(build_publish(conn, msg, qos, retain, sub_ids, pid, False, now))
+        except PacketTooLarge:
+            # MQTT-3.1.2-25: discard as if sent (the client could not take it).
+            if entry is not None:
+                sess.release(entry)
+            elif group is not None:
+                g, broker, offset = group
+                g.ack(broker, offset)
+            self.gw.stats.dropped += 1
+            return 0
+        if entry is not None:
+            sess.inflight[pid] = entry
+        elif group is not None:
+            g, broker, offset = group
+            g.ack(broker, offset)
+        conn.queue(data)
+        stats = self.gw.stats
+        stats.msgs_out += 1
+        stats.bytes_out += len(data)
+        return 1
+
+    # -- after a reconnect ------------------------------------------------------------------
+
+    async def retransmit(self) -> None:
+        """Resend every unacknowledged PUBLISH (DUP=1) and PUBREL, in order (§4.4)."""
+        sess = self.session
+        conn = self.conn
+        if not sess.inflight:
+            return
+        now = now_ms()
+        for pid, entry in list(sess.inflight.items()):
+            if entry.state == "r":
+                conn.queue(conn.codec.encode(Pubrel(pid)))
+                continue
+            msg = entry.msg
+            if msg is None:
+                msg = await self.gw.load_inflight_message(entry)
+                if msg is None or sess.inflight.get(pid) is not entry:
+                    if sess.inflight.pop(pid, None) is entry:
+                        sess.release(entry)
+                    continue
+                entry.msg = msg
+            try:
+                data = conn.codec.encode(
+                    build_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid, True, now))
+            except PacketTooLarge:
+                sess.inflight.pop(pid, None)
+                sess.release(entry)
+                continue
+            conn.queue(data)
+        await conn.flush()

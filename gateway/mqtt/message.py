@@ -1,0 +1,205 @@
+"""An MQTT application message and its stored form on the regular topic.
+
+A publish is stored once as a RocketMQ message (body = payload) on the gateway's store
+topic; the MQTT metadata travels in message properties so that native consumers (and
+Spark) read MQTT traffic as it is. Property values are text: RocketMQ separates pairs with
+\\x01 / \\x02, so a text value holding either character (or binary data) is stored in
+base64 under the key with a `64` suffix. The keys (docs/mqtt.md, "Stored form"):
+
+    MQTT_TOPIC        topic name                   (MQTT_TOPIC64 when not text-safe)
+    MQTT_QOS          QoS the publisher used: "0" | "1" | "2"
+    MQTT_RETAIN       "1" when published with RETAIN
+    MQTT_EXPIRY_AT    absolute expiry, ms since the epoch (v5 Message Expiry Interval)
+    MQTT_PFI          v5 Payload Format Indicator ("1" = UTF-8)
+    MQTT_CT           v5 Content Type              (MQTT_CT64)
+    MQTT_RT           v5 Response Topic            (MQTT_RT64)
+    MQTT_CD           v5 Correlation Data, base64
+    MQTT_UP           v5 User Properties, base64 of a JSON list of [name, value] pairs
+    MQTT_CLIENT       publisher's client id (v5 No Local)  (MQTT_CLIENT64)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+
+from core.common.message import MessageExt
+from core.common.properties import MessageConst
+from gateway.mqtt.packets import NO_PROPERTIES, Properties
+
+__all__ = ["MqttMessage", "from_message_ext", "to_properties", "now_ms"]
+
+K_TOPIC = "MQTT_TOPIC"
+K_QOS = "MQTT_QOS"
+K_RETAIN = "MQTT_RETAIN"
+K_EXPIRY = "MQTT_EXPIRY_AT"
+K_PFI = "MQTT_PFI"
+K_CT = "MQTT_CT"
+K_RT = "MQTT_RT"
+K_CD = "MQTT_CD"
+K_UP = "MQTT_UP"
+K_CLIENT = "MQTT_CLIENT"
+
+_QOS_TEXT = ("0", "1", "2")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class MqttMessage:
+    """One application message, as published and as delivered.
+
+    `props` holds only the v5 properties that travel with the message (payload format,
+    content type, response topic, correlation data, user properties); the expiry is
+    `expiry_at` (absolute, ms) so that the remaining time can be forwarded.
+    `broker` / `commitlog_offset` / `lmq_offsets` are set once it is stored.
+    """
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    props: Properties = NO_PROPERTIES
+    expiry_at: int | None = None
+    sender: str | None = None
+    broker: str = ""
+    commitlog_offset: int = -1
+    lmq_offsets: dict[str, int] = field(default_factory=dict)
+
+    def expired(self, now: int) -> bool:
+        return self.expiry_at is not None and now >= self.expiry_at
+
+    def remaining_expiry(self, now: int) -> int | None:
+        """Seconds left for the forwarded Message Expiry Interval (at least 1)."""
+        if self.expiry_at is None:
+            return None
+        return max(1, -(-(self.expiry_at - now) // 1000))
+
+
+def _safe(text: str) -> bool:
+    return "\x01" not in text and "\x02" not in text
+
+
+def _put_text(out: dict[str, str], key: str, value: str | None) -> None:
+    if not value:
+        return  # RocketMQ drops empty values; an empty string is "absent" here too
+    if _safe(value):
+        out[key] = value
+    else:
+        out[key + "64"] = base64.b64encode(value.encode("utf-8")).decode("ascii")
+
+
+def _get_text(props: dict[str, str], key: str) -> str | None:
+    value = props.get(key)
+    if value is not None:
+        return value
+    raw = props.get(key + "64")
+    if raw is None:
+        return None
+    try:
+        return base64.b64decode(raw).decode("utf-8")
+    except ValueError:
+        return None
+
+
+def to_properties(msg: MqttMessage) -> dict[str, str]:
+    """RocketMQ message properties describing `msg` (see the module doc)."""
+    out: dict[str, str] = {}
+    topic = msg.topic
+    if _safe(topic):
+        out[K_TOPIC] = topic
+    else:
+        out[K_TOPIC + "64"] = base64.b64encode(topic.encode("utf-8")).decode("ascii")
+    out[K_QOS] = _QOS_TEXT[msg.qos]
+    if msg.retain:
+        out[K_RETAIN] = "1"
+    if msg.expiry_at is not None:
+        out[K_EXPIRY] = str(msg.expiry_at)
+    p = msg.props
+    if p is not NO_PROPERTIES:
+        if p.payload_format_indicator is not None:
+            out[K_PFI] = str(p.payload_format_indicator)
+        _put_text(out, K_CT, p.content_type)
+        _put_text(out, K_RT, p.response_topic)
+        if p.correlation_data:
+            out[K_CD] = base64.b64encode(p.correlation_data).decode("ascii")
+        if p.user_properties:
+            raw = json.dumps([list(pair) for pair in p.user_properties]).encode("utf-8")
+            out[K_UP] = base64.b64encode(raw).decode("ascii")
+    _put_text(out, K_CLIENT, msg.sender)
+    return out
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def from_properties(
+    props: dict[str, str], payload: bytes, broker: str = "", commitlog_offset: int = -1
+) -> MqttMessage | None:
+    """Rebuild the MQTT message from stored properties; None if it is not one of ours."""
+    topic = _get_text(props, K_TOPIC)
+    if not topic:
+        return None
+    qos = _int(props.get(K_QOS)) or 0
+    if qos not in (0, 1, 2):
+        qos = 0
+    pfi = _int(props.get(K_PFI))
+    ct = _get_text(props, K_CT)
+    rt = _get_text(props, K_RT)
+    cd = None
+    up: tuple[tuple[str, str], ...] = ()
+    raw_cd = props.get(K_CD)
+    if raw_cd:
+        try:
+            cd = base64.b64decode(raw_cd)
+        except ValueError:
+            cd = None
+    raw_up = props.get(K_UP)
+    if raw_up:
+        try:
+            up = tuple((str(k), str(v)) for k, v in json.loads(base64.b64decode(raw_up)))
+        except (ValueError, TypeError):
+            up = ()
+    v5 = NO_PROPERTIES
+    if pfi is not None or ct or rt or cd is not None or up:
+        v5 = Properties(
+            payload_format_indicator=pfi if pfi in (0, 1) else None,
+            content_type=ct,
+            response_topic=rt,
+            correlation_data=cd,
+            user_properties=up,
+        )
+    return MqttMessage(
+        topic=topic,
+        payload=payload,
+        qos=qos,
+        retain=props.get(K_RETAIN) == "1",
+        props=v5,
+        expiry_at=_int(props.get(K_EXPIRY)),
+        sender=_get_text(props, K_CLIENT),
+        broker=broker,
+        commitlog_offset=commitlog_offset,
+    )
+
+
+def from_message_ext(ext: MessageExt, broker: str) -> MqttMessage | None:
+    """The MQTT message in a pulled record (None for a record not written by a gateway)."""
+    msg = from_properties(ext.properties, ext.body, broker, ext.commitlog_offset)
+    if msg is not None:
+        msg.lmq_offsets = ext.lmq_offsets()
+    return msg
+
+
+def lmq_dispatch_value(lmqs: list[str]) -> str:
+    """INNER_MULTI_DISPATCH value for a set of LMQ topics."""
+    return MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs)

@@ -1,0 +1,363 @@
+"""`SessionRegistry`: every session of the gateway, the live-filter trie, persistence.
+
+* Sessions by client id, online or not; a persistent session (3.1.1 clean session 0, v5
+  Session Expiry Interval > 0) stays, with its subscriptions live in the trie, until it
+  expires, so its LMQs keep receiving while it is offline.
+* The trie maps each live filter to its LMQ (reference-counted per subscription): the
+  dispatcher's router. `$share/<g>/<f>` adds `<f>` with the shared subscription's own LMQ.
+* Persistence (`SessionStore`): the session record is written when it changes
+  structurally; offsets, in-flight and QoS 2 state are written behind by `flush()`.
+* Session takeover (MQTT-3.1.4-3): a CONNECT for a client id that is connected closes the
+  older connection (v5: DISCONNECT 0x8E) and waits for it to wind down first.
+* Will messages: published at once on an abnormal close, or after the Will Delay
+  Interval, or when the session ends, whichever comes first (v5 §3.1.3.2.2).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.mqtt.message import MqttMessage, now_ms
+from gateway.mqtt.packets import Will
+from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
+from gateway.mqtt.shared import SharedGroup
+from gateway.mqtt.topics import parse_shared_subscription
+from gateway.routing import lmq_names
+from gateway.routing.topic_trie import TopicTrie
+
+if TYPE_CHECKING:
+    from gateway.mqtt.server import MqttGateway
+
+__all__ = ["SessionRegistry"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionRegistry:
+    """Sessions, live filters and their persistence for one gateway."""
+
+    def __init__(self, gw: MqttGateway) -> None:
+        self.gw = gw
+        self.sessions: dict[str, Session] = {}
+        self.trie: TopicTrie[str] = TopicTrie()
+        self.groups: dict[str, SharedGroup] = {}
+        self._group_offsets: dict[str, int] = {}
+        self.subscription_count = 0
+
+    def route(self, topic: str) -> set[str]:
+        """LMQs of every live filter matching `topic` (the dispatcher's router)."""
+        return self.trie.match(topic)
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Rebuild persisted sessions (offline) and their live filters after a restart."""
+        store = self.gw.store
+        self._group_offsets = store.load_group_offsets()
+        now_wall = now_ms()
+        now = trio.current_time()
+        for client_id, record in list(store.load_sessions()):
+            sess = Session(client_id, record.get("v", 4), record.get("exp"))
+            gone = record.get("gone") or now_wall
+            sess.gone_ms = gone
+            sess.gone_at = now - max(0.0, (now_wall - gone) / 1000)
+            offsets, inflight, qos2 = store.load_state(client_id)
+            for raw in record.get("subs", []):
+                f, qos, nl, rap, rh, sid, lmq = raw
+                self._attach(sess, Subscription(f, qos, nl, rap, rh, sid, lmq), offsets, None)
+            sess.inbound_qos2 = set(qos2)
+            by_key = {c.key: c for c in sess.cursors.values()}
+            for item in inflight:
+                pid, qos, state, broker, clog, refs, rtopic, retain, sub_ids = item
+                msg = None
+                if clog < 0:
+                    msg = None if rtopic is None else self.gw.retained.get(rtopic)
+                    if msg is None:
+                        continue
+                ref_list = []
+                for key, offset in refs:
+                    c = by_key.get(key)
+                    if c is not None:
+                        ref_list.append((c, offset))
+                        c.unacked.add(offset)
+                entry = Inflight(pid, qos, msg, ref_list, retain, tuple(sub_ids))
+                entry.state = state
+                entry.retained_topic = rtopic
+                if msg is None:
+                    entry.where = (broker, clog)  # read back by load_inflight_message
+                sess.inflight[pid] = entry
+            # Positions without an in-flight entry restart at the committed offset.
+            for c in sess.cursors.values():
+                pair = offsets.get(c.key)
+                if pair is not None and not c.unacked:
+                    c.next = c.sent = pair[0]
+            self.sessions[client_id] = sess
+        return len(self.sessions)
+
+    # -- connect / disconnect ------------------------------------------------------------------
+
+    async def open(self, conn, client_id: str, version: int, clean_start: bool,
+                   expiry: int | None, will: Will | None) -> tuple[Session, bool]:
+        """Attach `conn` to a new or resumed session; returns (session, session present)."""
+        old = self.sessions.get(client_id)
+        if old is not None and old.conn is not None:
+            await old.conn.kick(0x8E)  # Session taken over
+            old = self.sessions.get(client_id)
+        if old is not None and (clean_start or old.ended):
+            self.end(old)
+            old = None
+        if old is None:
+            sess = Session(client_id, version, expiry)
+            self.sessions[client_id] = sess
+            present = False
+        else:
+            sess = old
+            present = True
+            sess.version = version
+            sess.expiry = expiry
+            if sess.will is not None and sess.will_due is not None:
+                sess.will = None  # reconnected within the Will Delay Interval: not sent
+        sess.conn = conn
+        sess.will = will
+        sess.will_due = None
+        sess.gone_at = None
+        sess.gone_ms = None
+        if sess.persistent:
+            self.gw.store.put_session(client_id, sess.record())
+        elif present:
+            self.gw.store.delete_session(client_id)
+        for sub in sess.subs.values():
+            if sub.group is not None:
+                g = self.groups.get(sub.lmq)
+                if g is not None:
+                    g.join(sess, self.gw.link)
+        return sess, present
+
+    def closed(self, sess: Session, conn, *, send_will: bool) -> None:
+        """`conn` (the session's connection) has ended."""
+        if sess.conn is not conn:
+            return
+        sess.conn = None
+        for sub in sess.subs.values():
+            if sub.group is not None:
+                g = self.groups.get(sub.lmq)
+                if g is not None:
+                    g.leave(sess, self.gw.link)
+        now = trio.current_time()
+        sess.gone_at = now
+        sess.gone_ms = now_ms()
+        will = sess.will if send_will else None
+        if not send_will:
+            sess.will = None
+        if not sess.persistent:
+            if will is not None:
+                self.publish_will(sess, will)
+            self.end(sess)
+            return
+        if will is not None:
+            delay = will.properties.will_delay_interval or 0
+            if sess.expiry is not None:
+                delay = min(delay, sess.expiry)
+            if delay <= 0:
+                self.publish_will(sess, will)
+            else:
+                sess.will_due = now + delay
+        self.gw.store.put_session(sess.client_id, sess.record())
+        self.persist(sess)
+
+    def publish_will(self, sess: Session, will: Will) -> None:
+        sess.will = None
+        sess.will_due = None
+        p = will.properties
+        expiry_at = None
+        if p.message_expiry_interval is not None:
+            expiry_at = now_ms() + p.message_expiry_interval * 1000
+        from dataclasses import replace
+
+        props = replace(p, will_delay_interval=None, message_expiry_interval=None)
+        if props == type(props)():
+            from gateway.mqtt.packets import NO_PROPERTIES
+
+            props = NO_PROPERTIES
+        msg = MqttMessage(will.topic, will.payload, will.qos, will.retain, props, expiry_at,
+                          sess.client_id)
+        self.gw.publish_internal(msg, sess.client_id)
+
+    def end(self, sess: Session) -> None:
+        """The session is over: forget it, its subscriptions and its stored state."""
+        sess.ended = True
+        if sess.will is not None and sess.will_due is not None:
+            self.publish_will(sess, sess.will)  # will delay cut short (v5 §3.1.3.2.2)
+        for f in list(sess.subs):
+            self.unsubscribe(sess, f)
+        sess.inflight.clear()
+        if self.sessions.get(sess.client_id) is sess:
+            del self.sessions[sess.client_id]
+            self.gw.store.delete_session(sess.client_id)
+
+    def tick(self) -> None:
+        """Expire offline sessions and send due wills (called every second or so)."""
+        now = trio.current_time()
+        for sess in list(self.sessions.values()):
+            if sess.conn is not None or sess.gone_at is None:
+                continue
+            if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
+                self.publish_will(sess, sess.will)
+            if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
+                log.info("session %r expired", sess.client_id)
+                self.end(sess)
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def lmq_for(self, topic_filter: str) -> str:
+        name = lmq_names.encode(lmq_names.MQTT, topic_filter)
+        if name.hashed:
+            self.gw.store.put_name(name.topic, topic_filter)
+        return name.topic
+
+    async def subscribe(self, sess: Session, sub: Subscription) -> bool:
+        """Add or replace a subscription; True if it existed (v5 Retain Handling 1)."""
+        existing = sess.subs.get(sub.filter)
+        if existing is not None:
+            existing.qos = sub.qos
+            existing.no_local = sub.no_local
+            existing.retain_as_published = sub.retain_as_published
+            existing.retain_handling = sub.retain_handling
+            existing.sub_id = sub.sub_id
+            self.gw.store.put_session(sess.client_id, sess.record()) if sess.persistent else None
+            return True
+        sub.lmq = self.lmq_for(sub.filter)
+        offsets: dict[str, list[int]] = {}
+        shared = parse_shared_subscription(sub.filter)
+        if shared is None:
+            # The start position is read before the filter goes live: whatever is written
+            # after the SUBSCRIBE is delivered, nothing older.
+            for broker in self.gw.link.brokers:
+                top = await self.gw.link.max_offset(broker, sub.lmq)
+                offsets[f"{broker}\x00{sub.lmq}"] = [top, top]
+        elif sub.lmq not in self.groups:
+            for broker in self.gw.link.brokers:
+                key = f"{broker}\x00{sub.lmq}"
+                if key not in self._group_offsets:
+                    self._group_offsets[key] = await self.gw.link.max_offset(broker, sub.lmq)
+        if sess.ended or sub.filter in sess.subs:
+            return sub.filter in sess.subs
+        self._attach(sess, sub, offsets, shared)
+        if sess.persistent:
+            self.gw.store.put_session(sess.client_id, sess.record())
+            self.persist(sess)
+        return False
+
+    def _attach(self, sess: Session, sub: Subscription, offsets: dict, shared) -> None:
+        if shared is None:
+            shared = parse_shared_subscription(sub.filter)
+        link = self.gw.link
+        if shared is not None:
+            sub.group = shared.group
+            sub.topic_filter = shared.filter
+            g = self.groups.get(sub.lmq)
+            if g is None:
+                g = self.groups[sub.lmq] = SharedGroup(sub.lmq, shared.group, shared.filter)
+                for broker in link.brokers:
+                    key = g.key(broker)
+                    g.part(link, broker, self._group_offsets.get(key, 0))
+            g.holders += 1
+            if sess.conn is not None:
+                g.join(sess, self.gw.link)
+        else:
+            sub.topic_filter = sub.filter
+            for broker in link.brokers:
+                pair = offsets.get(f"{broker}\x00{sub.lmq}")
+                st = link.state(broker, sub.lmq)
+                c = Cursor(st, sub, pair[1] if pair else 0)
+                sess.cursors[(broker, sub.lmq)] = c
+                if sess.conn is not None:
+                    st.watchers.add(sess)
+        sess.subs[sub.filter] = sub
+        self.trie.add(sub.topic_filter, sub.lmq)
+        self.subscription_count += 1
+        sess.wake()
+
+    def unsubscribe(self, sess: Session, topic_filter: str) -> bool:
+        sub = sess.subs.pop(topic_filter, None)
+        if sub is None:
+            return False
+        self.subscription_count -= 1
+        try:
+            self.trie.remove(sub.topic_filter, sub.lmq)
+        except KeyError:
+            pass
+        link = self.gw.link
+        if sub.group is not None:
+            g = self.groups.get(sub.lmq)
+            if g is not None:
+                g.leave(sess, self.gw.link)
+                g.holders -= 1
+                if g.holders <= 0:
+                    del self.groups[sub.lmq]
+                    for broker in g.parts:
+                        self._group_offsets.pop(g.key(broker), None)
+                        self.gw.store.put_group_offset(g.key(broker), None)
+        else:
+            for broker in list(link.brokers):
+                c = sess.cursors.pop((broker, sub.lmq), None)
+                if c is not None:
+                    c.st.watchers.discard(sess)
+                    link.release(c.st)
+        if sess.persistent and not sess.ended:
+            self.gw.store.put_session(sess.client_id, sess.record())
+            sess.dirty = True
+        return True
+
+    def add_brokers(self, brokers: list[str]) -> None:
+        """Brokers joined the cluster: every subscription reads their LMQs from the start."""
+        link = self.gw.link
+        for g in self.groups.values():
+            for broker in brokers:
+                g.part(link, broker, 0)
+                for m in g.members:
+                    g.parts[broker].st.watchers.add(m)
+        for sess in self.sessions.values():
+            for sub in sess.subs.values():
+                if sub.group is not None:
+                    continue
+                for broker in brokers:
+                    if (broker, sub.lmq) not in sess.cursors:
+                        st = link.state(broker, sub.lmq)
+                        sess.cursors[(broker, sub.lmq)] = Cursor(st, sub, 0)
+                        if sess.conn is not None:
+                            st.watchers.add(sess)
+            sess.wake()
+        log.info("MQTT sessions now also read broker(s) %s", ", ".join(brokers))
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def persist(self, sess: Session) -> None:
+        """Stage the session's positions, in-flight and QoS 2 state."""
+        sess.dirty = False
+        if not sess.persistent or sess.ended:
+            return
+        from gateway.mqtt.session_store import P_INFLIGHT, P_OFFSETS, P_QOS2
+
+        store = self.gw.store
+        store.stage(P_OFFSETS, sess.client_id, sess.offsets_record())
+        store.stage(P_INFLIGHT, sess.client_id, sess.inflight_record())
+        store.stage(P_QOS2, sess.client_id, sorted(sess.inbound_qos2))
+
+    def flush(self) -> int:
+        """Write everything changed since the last flush (sessions and shared groups)."""
+        for sess in self.sessions.values():
+            if sess.dirty:
+                self.persist(sess)
+        for g in self.groups.values():
+            if g.dirty:
+                g.dirty = False
+                for broker, part in g.parts.items():
+                    key = g.key(broker)
+                    committed = part.committed
+                    self._group_offsets[key] = committed
+                    self.gw.store.put_group_offset(key, committed)
+        return self.gw.store.commit()

@@ -1,0 +1,221 @@
+"""`MqttGateway`: listeners (TCP, WebSocket, TLS) and the gateway's lifetime.
+
+One trio nursery per gateway (listeners, the broker link's dispatcher, the state flusher,
+the session expiry tick, `$SYS` publishing) and one per connection. The gateway reaches
+the brokers only through `core.client` (`BrokerLink`), in-process when embedded in
+`lmq serve`, over TCP for `lmq mqtt --namesrv-addr ...`.
+
+    async with ClientInstance(namesrv_addr=...) as client:
+        gateway = MqttGateway(MqttConfig(port=1883), client)
+        await nursery.start(gateway.serve)      # returns once listening
+        ...
+        gateway.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import trio
+
+from core.client import ClientInstance
+from gateway.mqtt.auth import Authenticator
+from gateway.mqtt.broker_link import BrokerLink
+from gateway.mqtt.config import MqttConfig
+from gateway.mqtt.connection import Connection
+from gateway.mqtt.message import MqttMessage
+from gateway.mqtt.registry import SessionRegistry
+from gateway.mqtt.retained import RetainedStore
+from gateway.mqtt.session import Inflight
+from gateway.mqtt.session_store import SessionStore
+from gateway.mqtt.sys_topics import sys_loop
+from gateway.mqtt.transport import accept_websocket, server_ssl_context
+
+__all__ = ["MqttGateway", "Stats"]
+
+log = logging.getLogger(__name__)
+
+#: Time a clean shutdown gives connections to receive their DISCONNECT.
+SHUTDOWN_GRACE_S = 3.0
+
+
+@dataclass
+class Stats:
+    """Live counters, published under `$SYS/broker/...`."""
+
+    connections: int = 0  # open sockets
+    clients: int = 0  # connected MQTT clients
+    msgs_in: int = 0
+    msgs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: int = 0  # expired, too large, or skipped by a lag / retention cut
+    started: float = field(default_factory=time.monotonic)
+
+
+class MqttGateway:
+    """The MQTT server of one process (see the module doc)."""
+
+    def __init__(self, config: MqttConfig, client: ClientInstance) -> None:
+        self.config = config
+        self.client = client
+        self.stats = Stats()
+        self.auth = Authenticator(config.allow_anonymous, config.password_file, config.acl_file)
+        self.store: SessionStore | None = None
+        self.retained: RetainedStore | None = None
+        self.registry = SessionRegistry(self)
+        self.link = BrokerLink(client, config, self.registry.route, self._on_stored)
+        self.link.on_brokers_added = self.registry.add_brokers
+        self.connections: set[Connection] = set()
+        #: bound ports by listener kind ("tcp", "ws", "tls"), known once serving
+        self.ports: dict[str, int] = {}
+        self.stopping = False
+        self._stop = trio.Event()
+
+    @property
+    def groups(self):
+        return self.registry.groups
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        self.store = SessionStore(cfg.data_dir)
+        try:
+            self.retained = RetainedStore(self.store, cfg.max_retained)
+            self.retained.load()
+            await self.link.start()
+            loaded = self.registry.load()
+            bound = await self._open_listeners()  # a taken port: plain OSError, nothing runs
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.link.run)
+                nursery.start_soon(self.link.refresh_loop)
+                nursery.start_soon(self._flush_loop)
+                nursery.start_soon(self._tick_loop)
+                if cfg.sys_interval_s > 0:
+                    nursery.start_soon(sys_loop, self)
+                async with trio.open_nursery() as listeners:
+                    for kind, group in bound:
+                        listeners.start_soon(trio.serve_listeners, partial(self._accept, kind),
+                                             group)
+                    log.info("MQTT gateway listening on %s (%d sessions, %d retained restored)",
+                             ", ".join(f"{k} {v}" for k, v in self.ports.items()),
+                             loaded, len(self.retained))
+                    task_status.started(self)
+                    await self._stop.wait()
+                    self.stopping = True  # CONNECTs from now on: 0x8B
+                    with trio.move_on_after(SHUTDOWN_GRACE_S):
+                        async with trio.open_nursery() as kicks:
+                            for conn in list(self.connections):
+                                kicks.start_soon(partial(conn.kick, 0x8B, will=False))
+                    listeners.cancel_scope.cancel()
+                with trio.move_on_after(SHUTDOWN_GRACE_S):
+                    await self.link.drain()  # what clients published gets stored
+                self.registry.flush()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.registry.flush()
+            self.store.close()
+
+    def stop(self) -> None:
+        """Stop listening, disconnect clients (v5: 0x8B), persist, return from serve()."""
+        self._stop.set()
+
+    async def _open_listeners(self) -> list[tuple[str, list]]:
+        cfg = self.config
+        bound: list[tuple[str, list]] = []
+        try:
+            if cfg.port is not None:
+                group = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+                bound.append(("tcp", group))
+                self.ports["tcp"] = group[0].socket.getsockname()[1]
+            if cfg.ws_port is not None:
+                group = await trio.open_tcp_listeners(cfg.ws_port, host=cfg.host)
+                bound.append(("ws", group))
+                self.ports["ws"] = group[0].socket.getsockname()[1]
+            if cfg.tls_port is not None:
+                ctx = server_ssl_context(cfg.certfile, cfg.keyfile)
+                group = await trio.open_ssl_over_tcp_listeners(cfg.tls_port, ctx, host=cfg.host)
+                bound.append(("tls", group))
+                self.ports["tls"] = group[0].transport_listener.socket.getsockname()[1]
+        except BaseException:
+            for _, group in bound:
+                for listener in group:
+                    await listener.aclose()
+            raise
+        return bound
+
+    async def _accept(self, kind: str, stream) -> None:
+        remote = _peer(stream)
+        try:
+            if kind == "ws":
+                ws = await accept_websocket(stream, self.config.ws_path,
+                                            self.config.max_packet_size + 16)
+                if ws is None:
+                    return
+                stream = ws
+            conn = Connection(self, stream, remote, kind)
+            self.connections.add(conn)
+            try:
+                await conn.handle()
+            finally:
+                self.connections.discard(conn)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        except Exception:
+            log.exception("connection from %s failed", remote)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.state_flush_interval_s)
+            try:
+                self.registry.flush()
+            except Exception:
+                log.exception("writing the MQTT session state failed")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.expiry_check_interval_s)
+            try:
+                self.registry.tick()
+            except Exception:
+                log.exception("session expiry check failed")
+
+    # -- messages -------------------------------------------------------------------------
+
+    def publish_internal(self, msg: MqttMessage, origin: str | None = None) -> None:
+        """Publish a message the server produces (wills, $SYS) through the normal path."""
+        self.link.submit(msg)
+
+    def _on_stored(self, msg: MqttMessage) -> None:
+        if msg.retain:
+            self.retained.set(msg)
+
+    async def load_inflight_message(self, entry: Inflight) -> MqttMessage | None:
+        """The message of an in-flight entry restored after a restart (None if gone)."""
+        if entry.retained_topic is not None:
+            return self.retained.get(entry.retained_topic)
+        if entry.where is None:
+            return None
+        broker, clog = entry.where
+        try:
+            return await self.link.view(broker, clog)
+        except Exception as exc:
+            log.info("in-flight message %s@%d is gone: %r", broker, clog, exc)
+            return None
+
+
+def _peer(stream) -> str:
+    try:
+        sock = getattr(stream, "socket", None)
+        if sock is None:
+            sock = stream.transport_stream.socket
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except Exception:
+        return "?"

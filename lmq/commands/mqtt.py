@@ -1,0 +1,146 @@
+"""`lmq mqtt`: the MQTT gateway alone, and its password file.
+
+    lmq mqtt --namesrv-addr 10.0.0.5:9876 --data-dir ./mqtt-data      # gateway process
+    lmq mqtt passwd ./mqtt.passwd alice                                # add / change a user
+    lmq mqtt passwd ./mqtt.passwd alice --delete
+
+`lmq serve` embeds the same gateway (its `--mqtt-*` flags come from `add_mqtt_options`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import os
+import sys
+
+log = logging.getLogger("lmq")
+
+
+def add_mqtt_options(parser: argparse.ArgumentParser, *, embedded: bool) -> None:
+    """MQTT listener flags (None = keep the config file's / default value)."""
+    prefix = "--mqtt-" if embedded else "--"
+    parser.add_argument(f"{prefix}port", dest="mqtt_port", type=int,
+                        help="MQTT TCP port (default 1883)")
+    parser.add_argument(f"{prefix}ws-port", dest="mqtt_ws_port", type=int,
+                        help="MQTT over WebSocket port (default: off)")
+    parser.add_argument(f"{prefix}tls-port", dest="mqtt_tls_port", type=int,
+                        help="MQTT over TLS port (default: off; needs certfile and keyfile)")
+    parser.add_argument(f"{prefix}certfile", dest="mqtt_certfile", help="TLS certificate (PEM)")
+    parser.add_argument(f"{prefix}keyfile", dest="mqtt_keyfile", help="TLS private key (PEM)")
+    parser.add_argument(f"{prefix}config", dest="mqtt_config", metavar="FILE",
+                        help="MQTT gateway TOML file (keys = MqttConfig fields)")
+    if embedded:
+        parser.add_argument("--no-mqtt", action="store_true", help="do not run the MQTT gateway")
+
+
+def mqtt_config_from_args(args: argparse.Namespace, **extra):
+    from gateway.mqtt.config import load_mqtt_config
+
+    overrides = {
+        "port": args.mqtt_port,
+        "ws_port": args.mqtt_ws_port,
+        "tls_port": args.mqtt_tls_port,
+        "certfile": args.mqtt_certfile,
+        "keyfile": args.mqtt_keyfile,
+    }
+    overrides.update(extra)
+    return load_mqtt_config(args.mqtt_config, overrides)
+
+
+def mqtt_services(args: argparse.Namespace) -> list:
+    """The `EmbeddedServer` services for `lmq serve` (empty with --no-mqtt)."""
+    if getattr(args, "no_mqtt", False):
+        return []
+    from gateway.mqtt.embedded import MqttService
+
+    return [MqttService(mqtt_config_from_args(args, host=args.host))]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "mqtt",
+        help="run the MQTT gateway alone, or manage its password file",
+        description="Run the MQTT 3.1/3.1.1/5.0 gateway against separate brokers "
+        "(or use 'lmq mqtt passwd FILE USER').",
+    )
+    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
+                        help="name server address(es), ';'-separated (default %(default)s)")
+    parser.add_argument("--data-dir", help="gateway state directory (default ./data/mqtt)")
+    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    add_mqtt_options(parser, embedded=False)
+    parser.set_defaults(func=run)
+    sub = parser.add_subparsers(dest="mqtt_command", metavar="passwd")
+    pw = sub.add_parser("passwd", help="add, change or delete a user of a password file")
+    pw.add_argument("file", help="password file (created if missing)")
+    pw.add_argument("user", help="user name")
+    pw.add_argument("--password", help="the password (default: prompt; '-' reads stdin)")
+    pw.add_argument("--delete", action="store_true", help="remove the user")
+    pw.set_defaults(func=passwd)
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio
+
+    from gateway.mqtt.embedded import run_standalone
+    from lmq.commands._broker_args import setup_logging
+
+    setup_logging(args.log_level)
+    try:
+        extra = {"host": args.host, "data_dir": args.data_dir}
+        config = mqtt_config_from_args(args, **extra)
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+
+    async def main() -> None:
+        import signal
+
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                gateway = await nursery.start(run_standalone, config, args.namesrv_addr)
+
+                async def watch() -> None:
+                    async for _ in signals:
+                        gateway.stop()
+                        return
+
+                nursery.start_soon(watch)
+
+    try:
+        trio.run(main)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def passwd(args: argparse.Namespace) -> int:
+    from gateway.mqtt.auth import hash_password, read_password_file, write_password_file
+
+    users = read_password_file(args.file) if os.path.exists(args.file) else {}
+    if ":" in args.user or not args.user.strip():
+        print("a user name must not be empty or contain ':'", file=sys.stderr)
+        return 2
+    if args.delete:
+        if users.pop(args.user, None) is None:
+            print(f"no user {args.user!r} in {args.file}", file=sys.stderr)
+            return 1
+        write_password_file(args.file, users)
+        return 0
+    password = args.password
+    if password == "-":
+        password = sys.stdin.readline().rstrip("\n")
+    elif password is None:
+        password = getpass.getpass(f"password for {args.user}: ")
+        if getpass.getpass("again: ") != password:
+            print("passwords differ", file=sys.stderr)
+            return 1
+    if not password:
+        print("empty password refused", file=sys.stderr)
+        return 2
+    users[args.user] = hash_password(password)
+    write_password_file(args.file, users)
+    return 0
