@@ -38,6 +38,11 @@ def clean_expired(store, now_ms: int) -> int:
     deleted = 0
     prepared = False
     while len(cl.files) > 1 and deleted < cfg.delete_files_per_pass:
+        # Only files wholly before the one being written: a batch may have created files
+        # after it (and been refused), so "not the last file" is not enough.
+        cur = store._cur
+        if cur is None or cl.files[0].end > cur.start:
+            break
         nxt = cl.files[1]
         first = cl.record_at(nxt.start, store._wrote)
         newest_ms = store_timestamp(first) if first is not None else now_ms

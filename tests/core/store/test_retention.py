@@ -97,3 +97,24 @@ def test_unloaded_queue_files_follow(open_store, tmp_path):
     assert len(cold) == 1  # only the last file is kept
     assert again.get("Cold", 0, 0).status is GetStatus.OFFSET_TOO_SMALL
     assert again.max_offset("Cold", 0) == 400
+
+
+def test_file_being_written_survives_a_refused_batch_and_disk_pressure(open_store):
+    """A batch refused for a full disk may leave a freshly created file after the current
+    one; retention must still never delete the file being written."""
+    store = open_store(delete_files_per_pass=100)
+    acked = [store.put(msg(body=b"a" * 300)) for _ in range(150)]  # a few files
+    current_start = store._cur.start
+    store._cfg.disk_full_ratio = -1.0  # the disk is "full" from now on
+    batch = [msg(body=b"b" * 300) for _ in range(200)]  # would span into new files
+    assert not store.put_batch(batch).ok
+    store._cfg.disk_max_used_ratio = 0.0  # and retention is under disk pressure
+    store.clean_expired(FAR_FUTURE)
+    assert store._cur.start == current_start
+    assert store.commitlog.files[0].start == current_start  # older files went, not this
+    store._cfg.disk_full_ratio = 1.0
+    assert store.put(msg(body=b"after")).ok
+    last = acked[-1]
+    g = store.get("T", 0, last.queue_offset, 1)
+    assert g.status is GetStatus.FOUND
+    assert decode_record(g.buffers[0]).body == b"a" * 300
