@@ -253,14 +253,15 @@ class ConsumerManager:
                 self._changed(group)
         return left
 
-    def scan_expired(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Remove members silent for more than `expiry_s`; returns (group, client id)."""
+    def scan_expired(self, now: float | None = None) -> list[tuple[str, str, Any]]:
+        """Remove members silent for more than `expiry_s`; returns (group, client id,
+        connection) so the owner can close the connections, as Java's housekeeping does."""
         now = time.monotonic() if now is None else now
         removed = []
         for group, info in list(self.groups.items()):
             stale = [c for c, ch in info.channels.items() if now - ch.last_update > self.expiry_s]
             for conn in stale:
-                removed.append((group, info.channels.pop(conn).client_id))
+                removed.append((group, info.channels.pop(conn).client_id, conn))
             if stale:
                 if not info.channels:
                     del self.groups[group]
@@ -307,12 +308,13 @@ class ProducerManager:
             if channels.pop(connection, None) is not None and not channels:
                 del self.groups[group]
 
-    def scan_expired(self, now: float | None = None) -> list[tuple[str, str]]:
+    def scan_expired(self, now: float | None = None) -> list[tuple[str, str, Any]]:
+        """Like ConsumerManager.scan_expired: (group, client id, connection) removed."""
         now = time.monotonic() if now is None else now
         removed = []
         for group, channels in list(self.groups.items()):
             for conn in [c for c, ch in channels.items() if now - ch.last_update > self.expiry_s]:
-                removed.append((group, channels.pop(conn).client_id))
+                removed.append((group, channels.pop(conn).client_id, conn))
             if not channels:
                 del self.groups[group]
         return removed

@@ -337,9 +337,12 @@ class BrokerController:
                 log.exception("periodic task %s failed", name)
 
     def _scan_clients(self) -> None:
-        for group, client_id in self.consumer_manager.scan_expired():
-            log.info("consumer %s of group %s expired (no heartbeat)", client_id, group)
-        self.producer_manager.scan_expired()
+        expired = self.consumer_manager.scan_expired() + self.producer_manager.scan_expired()
+        for group, client_id, conn in expired:
+            log.info("client %s of group %s expired (no heartbeat)", client_id, group)
+            # Java's housekeeping closes a silent client's channel: a peer that stopped
+            # heartbeating is gone, or will reconnect and register again.
+            conn.close()
 
     async def _persist_offsets_loop(self) -> None:
         """Java's flushConsumerOffsetInterval: encode on the loop, fsync in a thread."""
@@ -354,8 +357,20 @@ class BrokerController:
             except Exception:
                 log.exception("persisting consumer offsets failed")
 
-    def _clean_expired(self) -> None:
-        self.store.clean_expired()
+    async def _retention_loop(self) -> None:
+        """Retention every clean_interval_s; the fsyncs a deletion needs first run in a
+        worker thread so a pass never stalls the event loop."""
+        store = self.store
+        while True:
+            await trio.sleep(self.config.clean_interval_s)
+            try:
+                now_ms = time.time_ns() // 1_000_000
+                if not store.retention_due(now_ms):
+                    continue
+                await trio.to_thread.run_sync(store.prepare_retention)
+                store.clean_expired(now_ms)
+            except Exception:
+                log.exception("periodic task retention failed")
 
     # ------------------------------------------------------------------ lifetime
     def load(self) -> None:
@@ -396,10 +411,7 @@ class BrokerController:
                         self._every, self.config.client_scan_interval_s, self._scan_clients,
                         "client scan",
                     )
-                    nursery.start_soon(
-                        self._every, self.config.clean_interval_s, self._clean_expired,
-                        "retention",
-                    )
+                    nursery.start_soon(self._retention_loop)
                     # Register before reporting started, so a client that starts with
                     # us finds our routes at once (bounded by register_timeout_s).
                     await self.register_all()

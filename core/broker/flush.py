@@ -27,6 +27,7 @@ class GroupCommitService:
         self._waiters: list[tuple[int, trio.Event]] = []
         self._kick = trio.Event()
         self.flushes = 0
+        self.failing = False
         self._flushed = 0  # CommitLog offset covered by the last completed flush
 
     async def wait_flushed(self, end_offset: int) -> bool:
@@ -34,11 +35,20 @@ class GroupCommitService:
         (the send is then answered FLUSH_DISK_TIMEOUT, code 10)."""
         if self._flushed >= end_offset or self.store.flushed_offset >= end_offset:
             return True
-        event = trio.Event()
-        self._waiters.append((end_offset, event))
+        waiter = (end_offset, trio.Event())
+        self._waiters.append(waiter)
         self._kick.set()
-        with trio.move_on_after(self.timeout_s):
-            await event.wait()
+        try:
+            with trio.move_on_after(self.timeout_s):
+                await waiter[1].wait()
+        finally:
+            if not waiter[1].is_set():
+                # Timed out or cancelled: forget it, or waiters pile up without bound
+                # while fsync keeps failing.
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
         # Not event.is_set(): release_all() wakes waiters at shutdown without a flush.
         return self._flushed >= end_offset
 
@@ -52,10 +62,15 @@ class GroupCommitService:
             try:
                 flushed = await trio.to_thread.run_sync(self.store.flush)
             except Exception:
-                log.exception("sync flush failed")
+                if not self.failing:  # once per outage, not every retry
+                    log.exception("sync flush failed")
+                self.failing = True
                 await trio.sleep(_RETRY_AFTER_ERROR_S)
                 self._kick.set()
                 continue
+            if self.failing:
+                log.info("sync flush works again")
+                self.failing = False
             self.flushes += 1
             self._flushed = max(self._flushed, flushed)
             # Waiters that arrived while the thread flushed are in the list too.

@@ -34,7 +34,7 @@ from core.store.lmq_index import LmqIndex
 from core.store.put_path import PutPath
 from core.store.read_path import ReadPath
 from core.store.recovery import RecoveryReport, recover
-from core.store.retention import clean_expired, disk_used_ratio
+from core.store.retention import clean_expired, deletion_due, disk_used_ratio
 from core.store.stats import StoreStats
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class MessageStore(PutPath, ReadPath):
         self._stats = StoreStats()
         self._tails: dict[str, bytes] = {}  # valid topic -> TOPICLENGTH + TOPIC bytes
         self._tag_codes: dict[str, int] = {}  # TAGS -> tag hash (bounded)
+        self._tag_codes_raw: dict[bytes, int] = {}  # the same by UTF-8 TAGS (batch bodies)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirty: deque = deque()  # CQ files written since their last fdatasync
         self._flush_lock = threading.Lock()
@@ -103,7 +104,7 @@ class MessageStore(PutPath, ReadPath):
             self._kv = KvStore(
                 os.path.join(cfg.store_dir, "lmq"), disable_wal=cfg.kv_disable_wal,
                 write_buffer_mb=cfg.kv_write_buffer_mb, block_cache_mb=cfg.kv_block_cache_mb,
-                batch_max_ops=cfg.kv_batch_max_ops,
+                batch_max_ops=cfg.kv_batch_max_ops, write_thread=cfg.kv_write_thread,
             )
             self._lmq = LmqIndex(self._kv, cfg.lmq_offset_cache_size)
             self._keys = KeyIndex(self._kv, cfg.index_bucket_ms)
@@ -307,6 +308,22 @@ class MessageStore(PutPath, ReadPath):
     # ------------------------------------------------------------------ retention
     def disk_used_ratio(self) -> float:
         return disk_used_ratio(self._cfg.store_dir)
+
+    def retention_due(self, now_ms: int | None = None) -> bool:
+        """Whether `clean_expired(now_ms)` would delete a file (cheap; event loop)."""
+        if not self._running:
+            return False
+        if now_ms is None:
+            now_ms = time.time_ns() // 1_000_000
+        return deletion_due(self, now_ms)
+
+    def prepare_retention(self) -> None:
+        """The slow part of a retention pass that deletes files: fsync everything and
+        persist the LMQ index up to the write position. Safe in a worker thread (like
+        `flush`), so an owner with an event loop keeps it off the loop; `clean_expired`
+        then has little left to sync."""
+        self.flush(force_checkpoint=True)
+        self._kv.flush_memtable()
 
     def clean_expired(self, now_ms: int | None = None) -> int:
         """Retention pass (call periodically, e.g. every 10 s); number of files deleted."""

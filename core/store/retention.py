@@ -30,6 +30,19 @@ def disk_used_ratio(path: str) -> float:
     return usage.used / room if room else 0.0
 
 
+def deletion_due(store, now_ms: int) -> bool:
+    """Whether a retention pass at `now_ms` would delete the oldest CommitLog file."""
+    cfg = store._cfg
+    cl = store.commitlog
+    cur = store._cur
+    if len(cl.files) < 2 or cur is None or cl.files[0].end > cur.start:
+        return False
+    first = cl.record_at(cl.files[1].start, store._wrote)
+    newest_ms = store_timestamp(first) if first is not None else now_ms
+    expire_before = now_ms - int(cfg.file_reserved_hours * 3_600_000)
+    return newest_ms < expire_before or store.disk_used_ratio() > cfg.disk_max_used_ratio
+
+
 def clean_expired(store, now_ms: int) -> int:
     """One retention pass; returns the number of CommitLog files deleted."""
     cfg = store._cfg

@@ -149,3 +149,23 @@ def test_unregister_with_empty_groups(tmp_path):
         assert missing.code == 1 and "clientID" in missing.remark
 
     run_embedded(body, tmp_path)
+
+
+def test_silent_client_expires_and_its_connection_is_closed(tmp_path):
+    """No heartbeat within client_channel_expiry_s: the member is dropped, the group told,
+    and the connection closed, as Java's client housekeeping does."""
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        hb = heartbeat_request("quiet-1", consumers=[cpp_consumer_data("CID_Q", "T")],
+                               producers=["PID_Q"])
+        assert (await client.invoke(addr, hb)).code == 0
+        conn = await client.connection(addr)
+        with trio.fail_after(10):
+            while server.broker.consumer_manager.get("CID_Q") is not None or not conn.closed:
+                await trio.sleep(0.05)
+        assert server.broker.producer_manager.connections_of_group("PID_Q") == []
+        # The client reconnects and registers again.
+        assert (await client.invoke(addr, hb)).code == 0
+        assert consumer_list(await client.invoke(addr, list_request("CID_Q"))) == ["quiet-1"]
+
+    run_embedded(body, tmp_path, client_channel_expiry_s=0.3, client_scan_interval_s=0.1)

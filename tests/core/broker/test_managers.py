@@ -189,7 +189,7 @@ def test_consumer_expiry():
     _register(cm, "G", a, "1")
     _register(cm, "G", b, "2")
     cm.get("G").channels[a].last_update -= 20
-    assert cm.scan_expired() == [("G", "1")]
+    assert [(g, c) for g, c, _ in cm.scan_expired()] == [("G", "1")]
     assert cm.get("G").client_ids() == ["2"]
 
 
@@ -299,5 +299,26 @@ def test_group_commit_timeout():
             store.max_physical_offset = 10
             assert await gc.wait_flushed(10) is False
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_group_commit_forgets_timed_out_waiters_while_fsync_fails():
+    class Broken(FakeStore):
+        def flush(self):
+            self.flush_calls += 1
+            raise OSError(5, "Input/output error")
+
+    async def main():
+        store = Broken()
+        gc = GroupCommitService(store, timeout_s=0.05)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gc.run)
+            store.max_physical_offset = 10
+            for _ in range(20):
+                assert await gc.wait_flushed(10) is False
+            assert gc._waiters == [] and gc.failing
+            nursery.cancel_scope.cancel()
+        assert store.flush_calls >= 1
 
     trio.run(main)

@@ -118,3 +118,22 @@ def test_file_being_written_survives_a_refused_batch_and_disk_pressure(open_stor
     g = store.get("T", 0, last.queue_offset, 1)
     assert g.status is GetStatus.FOUND
     assert decode_record(g.buffers[0]).body == b"a" * 300
+
+
+def test_retention_due_and_prepare_in_a_worker_thread(open_store):
+    """The broker asks `retention_due` on its loop and runs `prepare_retention` (the
+    fsyncs) in a worker thread before `clean_expired`."""
+    import threading
+
+    store = open_store(delete_files_per_pass=100)
+    fill(store)
+    assert not store.retention_due()
+    assert store.retention_due(FAR_FUTURE)
+    worker = threading.Thread(target=store.prepare_retention)
+    worker.start()
+    worker.join()
+    assert store.flushed_offset == store.max_physical_offset
+    nfiles = len(store.commitlog.files)
+    assert store.clean_expired(FAR_FUTURE) == nfiles - 1
+    assert not store.retention_due(FAR_FUTURE)  # only the current file is left
+    assert len(store.commitlog.files) == 1
