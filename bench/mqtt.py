@@ -1,0 +1,511 @@
+"""`lmq bench mqtt`: MQTT gateway throughput, latency and connection cost, beside
+Mosquitto measured in the same run.
+
+Process layout (2 cores are enough; every role has its own interpreter):
+
+* the server under test in a child process: ``lmq serve --mqtt-port`` on free loopback
+  ports in a temporary data directory, or the broker given by ``--target host:port``;
+* with ``--compare-mosquitto``, a ``mosquitto`` child process (minimal config: one
+  loopback listener, anonymous, large queues, no persistence) measured with the same
+  loads in the same run, run by run interleaved with ours; figures are printed as
+  ratios ours / mosquitto;
+* the load generator: worker processes forked per phase (bench/_mqtt_loadgen.py: raw MQTT
+  3.1.1, PUBLISHes pre-encoded with our codec, received bytes scanned, not decoded);
+* bench/_mqtt_sink.py, a server that does nothing but answer: what the generator reaches
+  against it (``gen_ceiling_*``) is the generator's own ceiling, the upper bound of any
+  figure below.
+
+Phases (median of ``--runs``; throughput = messages the subscribers received per second,
+publishers held back by an end-to-end window so that no phase measures a backlog):
+
+=================  ===================================================================
+gen_ceiling_pub    publishers (QoS 0) against the sink                   (messages/s)
+gen_ceiling_sub    one subscriber reading the sink's firehose             (messages/s)
+fanin_qos0/1       ``--publishers`` publishers, one subscriber on a ``+`` wildcard
+fanout10_qos0/1    one publisher, 10 subscribers (deliveries/s)
+fanout100_qos0/1   one publisher, 100 subscribers (deliveries/s)
+latency            one publisher at ``--rate``/s (QoS ``--latency-qos``), one
+                   subscriber; end-to-end latency from each message's due time
+idle               ``--idle-connections`` connected clients doing nothing: resident
+                   memory of the server process per connection (psutil), on a freshly
+                   restarted server process (not possible with ``--target``)
+=================  ===================================================================
+
+Everything is on 127.0.0.1 (unless ``--target`` says otherwise) and each phase is
+bounded by ``--warmup`` + ``--duration`` plus at most a few seconds of set-up and drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
+from bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
+from bench._mqtt_sink import sink_main
+
+__all__ = ["PHASES", "add_arguments", "run"]
+
+PHASES = ("gen_ceiling_pub", "gen_ceiling_sub", "fanin_qos0", "fanin_qos1",
+          "fanout10_qos0", "fanout10_qos1", "fanout100_qos0", "fanout100_qos1",
+          "latency", "idle")
+_CEILINGS = ("gen_ceiling_pub", "gen_ceiling_sub")
+_READY_TIMEOUT_S = 120.0
+_DRAIN_S = 3.0
+_SUBS_PER_PROC = 50
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="short smoke run: 1 run, short phases, few connections")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--duration", type=float, default=None, help="measured seconds per phase (5)")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring (1)")
+    parser.add_argument("--runs", type=int, default=None, help="runs; the median is reported (3)")
+    parser.add_argument("--target", metavar="HOST:PORT",
+                        help="measure this MQTT broker instead of starting `lmq serve`")
+    parser.add_argument("--compare-mosquitto", action="store_true",
+                        help="also measure a mosquitto started here (if installed); print ratios")
+    parser.add_argument("--mosquitto-bin", default=None, help="mosquitto executable")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of: {', '.join(PHASES)}")
+    parser.add_argument("--size", type=int, default=64, help="payload bytes (64)")
+    parser.add_argument("--publishers", type=int, default=None, help="fan-in publishers (16)")
+    parser.add_argument("--pub-procs", type=int, default=1, help="fan-in publisher processes (1)")
+    parser.add_argument("--window", type=int, default=2000,
+                        help="end-to-end window: messages published but not yet received (2000)")
+    parser.add_argument("--rate", type=float, default=None, help="latency phase messages/s (1000)")
+    parser.add_argument("--latency-qos", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--idle-connections", type=int, default=None, help="idle phase (10000)")
+
+
+def _defaults(opts: argparse.Namespace) -> None:
+    quick = opts.quick
+    for name, full, short in (("duration", 5.0, 0.6), ("warmup", 1.0, 0.2), ("runs", 3, 1),
+                              ("publishers", 16, 4), ("rate", 1000.0, 200.0),
+                              ("idle_connections", 10_000, 200)):
+        if getattr(opts, name) is None:
+            setattr(opts, name, short if quick else full)
+
+
+# ------------------------------------------------------------------------ one phase
+@dataclass
+class _Shared:
+    ctx: Any
+    counters: Any
+    ctl: Any
+    results: Any
+    procs: list = field(default_factory=list)
+
+
+def _shared() -> _Shared:
+    ctx = mp.get_context("fork")
+    return _Shared(ctx, ctx.RawArray("q", 256), ctx.RawArray("i", 4), ctx.Queue())
+
+
+def _spawn(sh: _Shared, jobs: list[Job], timeout: float = _READY_TIMEOUT_S) -> dict[str, int]:
+    """Start one process per job; wait until each reports its connections are up."""
+    names = {j.name for j in jobs}
+    for job in jobs:
+        p = sh.ctx.Process(target=worker_main, args=(job, sh.counters, sh.ctl, sh.results),
+                           daemon=True)
+        p.start()
+        sh.procs.append(p)
+    ready: dict[str, int] = {}
+    deadline = time.monotonic() + timeout
+    while names - set(ready):
+        try:
+            msg = sh.results.get(timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - queue.Empty
+            raise RuntimeError(f"workers not ready: {sorted(names - set(ready))}") from None
+        if msg[0] == "ready":
+            ready[msg[1]] = msg[2]
+        elif msg[0] == "error":
+            raise RuntimeError(f"worker {msg[1]} failed: {msg[2]}")
+    return ready
+
+
+def _finish(sh: _Shared) -> list[tuple]:
+    """EXIT every worker, collect what they report, reap them."""
+    sh.ctl[0] = EXIT
+    out = []
+    deadline = time.monotonic() + 15
+    alive = list(sh.procs)
+    while alive and time.monotonic() < deadline:
+        try:
+            out.append(sh.results.get(timeout=0.1))
+        except Exception:  # noqa: BLE001 - queue.Empty
+            pass
+        alive = [p for p in alive if p.is_alive()]
+    for p in sh.procs:
+        if p.is_alive():
+            p.terminate()
+        p.join(5)
+    while True:
+        try:
+            out.append(sh.results.get_nowait())
+        except Exception:  # noqa: BLE001 - queue.Empty
+            break
+    sh.procs.clear()
+    return out
+
+
+def _cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+def _procs_cpu(procs: list) -> float:
+    return sum(_cpu(p.pid) for p in procs)
+
+
+def _sum(counters, slots) -> int:
+    return sum(counters[s] for s in slots)
+
+
+def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job],
+                jobs_pub: list[Job], fanout: int) -> dict[str, Any]:
+    """Run publishers and subscribers: GO, warm up, measure, STOP, drain."""
+    sh = _shared()
+    pub_slots = tuple(j.slot for j in jobs_pub)
+    sub_slots = tuple(j.slot for j in jobs_sub)
+    for j in jobs_pub + jobs_sub:
+        j.pub_slots, j.sub_slots, j.fanout = pub_slots, sub_slots, fanout
+    try:
+        sh.ctl[0] = WAIT
+        if jobs_sub:
+            _spawn(sh, jobs_sub)
+        _spawn(sh, jobs_pub)
+        sh.ctl[0] = GO
+        time.sleep(opts.warmup)
+        s1 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
+              _cpu(pid), _procs_cpu(sh.procs))
+        sh.ctl[1] = 1
+        time.sleep(opts.duration)
+        sh.ctl[1] = 0
+        s2 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
+              _cpu(pid), _procs_cpu(sh.procs))
+        sh.ctl[0] = STOP
+        last, deadline = -1, time.monotonic() + _DRAIN_S
+        while time.monotonic() < deadline:  # let what is in flight arrive
+            got = _sum(sh.counters, sub_slots)
+            if got == last or got >= _sum(sh.counters, pub_slots) * fanout:
+                break
+            last = got
+            time.sleep(0.25)
+        sent, received = _sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots)
+    finally:
+        reports = _finish(sh)
+    errors = [r for r in reports if r[0] == "error"]
+    if errors:
+        raise RuntimeError(f"worker {errors[0][1]} failed: {errors[0][2]}")
+    dt = s2[2] - s1[2]
+    result = {
+        "published_per_s": round((s2[0] - s1[0]) / dt, 1),
+        "delivered_per_s": round((s2[1] - s1[1]) / dt, 1),
+        "server_cpu_pct": round(100 * (s2[3] - s1[3]) / dt, 1),
+        "generator_cpu_pct": round(100 * (s2[4] - s1[4]) / dt, 1),
+        # Deliveries still missing after the drain (QoS 0: dropped; QoS 1: in flight).
+        "missing": max(0, sent * fanout - received) if fanout else 0,
+    }
+    stamps = [s for r in reports if r[0] == "latency" for s in r[2]]
+    if stamps:
+        stamps.sort()
+        result.update(samples=len(stamps), p50_ms=_pct(stamps, 50), p99_ms=_pct(stamps, 99),
+                      max_ms=round(stamps[-1] * 1000, 3))
+    return result
+
+
+def _pct(sorted_s: list[float], p: float) -> float:
+    k = min(len(sorted_s) - 1, max(0, round(p / 100 * (len(sorted_s) - 1))))
+    return round(sorted_s[k] * 1000, 3)
+
+
+def _slot_jobs(role: str, n_conns: int, per_proc: int, first_slot: int, prefix_base: str,
+               **kw: Any) -> list[Job]:
+    """`n_conns` connections of one role spread over processes of `per_proc` each."""
+    jobs = []
+    slot = first_slot
+    left = n_conns
+    while left > 0:
+        take = min(per_proc, left)
+        jobs.append(Job(name=f"{role}{slot}", role=role, slot=slot, conns=take,
+                        client_prefix=f"{prefix_base}-{role}{slot}", **kw))
+        slot += 1
+        left -= take
+    return jobs
+
+
+def run_phase(phase: str, opts, server: MqttServer, tag: str) -> dict[str, Any]:
+    """One measurement of `phase` against `server` (tag keeps topics of runs apart)."""
+    host, port, pid = server.host, server.port, server.pid
+    base = f"bench/{tag}/{phase}"
+    common = dict(host=host, port=port, size=opts.size)
+    if phase == "gen_ceiling_pub":
+        pubs = _slot_jobs("pub", opts.publishers, -(-opts.publishers // opts.pub_procs), 0,
+                          topics=[f"{base}/{i:04d}" for i in range(opts.publishers)],
+                          qos=0, window=0, prefix_base=tag, **common)
+        r = _load_phase(opts, host, port, pid, [], pubs, 0)
+        return {"msgs_per_s": r["published_per_s"], "generator_cpu_pct": r["generator_cpu_pct"]}
+    if phase == "gen_ceiling_sub":
+        subs = [Job(name="sub100", role="sub", slot=100, conns=1, client_prefix=f"{tag}-s",
+                    topic_filter=f"{base}/#", qos=0, **common)]
+        # No publisher: the sink streams on its own once subscribed.
+        sh_result = _load_phase(opts, host, port, pid, subs, [], 1)
+        return {"msgs_per_s": sh_result["delivered_per_s"],
+                "generator_cpu_pct": sh_result["generator_cpu_pct"]}
+    if phase.startswith("fanin_qos"):
+        qos = int(phase[-1])
+        pubs = _slot_jobs("pub", opts.publishers, -(-opts.publishers // opts.pub_procs), 0,
+                          topics=[f"{base}/{i:04d}" for i in range(opts.publishers)],
+                          qos=qos, window=opts.window, inflight=64, prefix_base=tag, **common)
+        subs = [Job(name="sub100", role="sub", slot=100, conns=1, client_prefix=f"{tag}-s",
+                    topic_filter=f"{base}/+", qos=qos, **common)]
+        return _load_phase(opts, host, port, pid, subs, pubs, 1)
+    if phase.startswith("fanout"):
+        n = int(phase[len("fanout"):phase.index("_")])
+        qos = int(phase[-1])
+        subs = _slot_jobs("sub", n, _SUBS_PER_PROC, 100, topic_filter=f"{base}/x", qos=qos,
+                          prefix_base=tag, **common)
+        pubs = [Job(name="pub0", role="pub", slot=0, conns=1, client_prefix=f"{tag}-p",
+                    topics=[f"{base}/x"], qos=qos, window=max(64, opts.window // n),
+                    inflight=64, **common)]
+        r = _load_phase(opts, host, port, pid, subs, pubs, n)
+        r["subscribers"] = n
+        return r
+    if phase == "latency":
+        subs = [Job(name="sub100", role="sub", slot=100, conns=1, client_prefix=f"{tag}-s",
+                    topic_filter=f"{base}/t", qos=opts.latency_qos, record_latency=True, **common)]
+        pubs = [Job(name="pub0", role="latency_pub", slot=0, conns=1, client_prefix=f"{tag}-p",
+                    topics=[f"{base}/t"], qos=opts.latency_qos, rate=opts.rate, **common)]
+        r = _load_phase(opts, host, port, pid, subs, pubs, 1)
+        r.update(rate=opts.rate, qos=opts.latency_qos)
+        return r
+    if phase == "idle":
+        return _idle_phase(opts, server, tag)
+    raise ValueError(f"unknown phase {phase!r}")
+
+
+def _rss(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return None
+
+
+def _idle_phase(opts, server: MqttServer, tag: str) -> dict[str, Any]:
+    n = opts.idle_connections
+    per_proc = -(-n // 2)  # two processes: 5,000 sockets each for 10k (fd limits)
+    jobs = _slot_jobs("idle", n, per_proc, 0, f"{tag}-idle", host=server.host, port=server.port)
+    server.restart()  # a fresh process: the delta is not hidden in a heap grown earlier
+    time.sleep(1.0)
+    sh = _shared()
+    before = _rss(server.pid)
+    t0 = time.monotonic()
+    try:
+        ready = _spawn(sh, jobs, timeout=max(_READY_TIMEOUT_S, n / 100))
+        connect_s = time.monotonic() - t0
+        time.sleep(1.0)  # let the server settle (buffers, session state)
+        after = _rss(server.pid)
+        connected = sum(ready.values())
+    finally:
+        _finish(sh)
+    result: dict[str, Any] = {"connections": connected, "connect_per_s": round(connected / connect_s, 1)}
+    if before is not None and after is not None:
+        result.update(rss_before_mb=round(before / 2**20, 1), rss_after_mb=round(after / 2**20, 1),
+                      kb_per_connection=round((after - before) / 1024 / max(1, connected), 2))
+    return result
+
+
+# ------------------------------------------------------------------------ the report
+_PRIMARY = {"latency": "p99_ms", "idle": "kb_per_connection"}
+
+
+def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        if values:
+            out[key] = round(statistics.median(values), 3)
+        else:
+            out[key] = runs[0][key]
+    return out
+
+
+def _primary(phase: str) -> str:
+    if phase in _CEILINGS:
+        return "msgs_per_s"
+    return _PRIMARY.get(phase, "delivered_per_s")
+
+
+def _ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for phase, r in ours.items():
+        t = theirs.get(phase)
+        if not t:
+            continue
+        keys = ["p50_ms", "p99_ms"] if phase == "latency" else [_primary(phase)]
+        for key in keys:
+            a, b = r.get(key), t.get(key)
+            if isinstance(a, int | float) and isinstance(b, int | float) and b:
+                out[phase if len(keys) == 1 else f"{phase}.{key}"] = round(a / b, 3)
+    return out
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    names = list(report["results"])
+    cols = ["phase", "metric", *names] + (["ratio"] if report.get("ratios") else [])
+    rows = []
+    gen = report["generator"]
+    for phase, r in gen.items():
+        rows.append([phase, "msgs/s", f"{r['msgs_per_s']:,.0f}"] + [""] * (len(cols) - 3))
+    for phase in report["phases"]:
+        if phase in _CEILINGS:
+            continue
+        keys = ["p50_ms", "p99_ms"] if phase == "latency" else [_primary(phase)]
+        for key in keys:
+            row = [phase, key]
+            for name in names:
+                v = report["results"][name].get(phase, {}).get(key)
+                row.append("-" if v is None else f"{v:,.2f}" if key.endswith(("_ms", "connection"))
+                           else f"{v:,.0f}")
+            if report.get("ratios"):
+                rk = phase if len(keys) == 1 else f"{phase}.{key}"
+                ratio = report["ratios"].get(rk)
+                row.append("-" if ratio is None else f"{ratio:.2f}")
+            rows.append(row)
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows, strict=False)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False)))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)))
+    if report.get("ratios"):
+        print("ratio = first server / mosquitto: above 1 is faster for throughput, "
+              "slower (latency) or heavier (kb_per_connection) for the others")
+    for note in report.get("notes", []):
+        print(f"note: {note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = args
+    _defaults(opts)
+    phases = [p.strip() for p in opts.phases.split(",") if p.strip()]
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        print(f"unknown phases: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="lmq-bench-mqtt-")
+    servers: dict[str, MqttServer] = {}
+    sink = None
+    notes: list[str] = []
+    try:
+        ctx = mp.get_context("fork")
+        if any(p in _CEILINGS for p in phases):
+            port_cell = ctx.RawValue("i", 0)
+            sink = ctx.Process(target=sink_main, args=(port_cell, opts.size), daemon=True)
+            sink.start()
+            deadline = time.monotonic() + 30
+            while not port_cell.value and time.monotonic() < deadline:
+                time.sleep(0.02)
+            sink_server = MqttServer("sink", "127.0.0.1", port_cell.value, sink.pid)
+        if opts.target:
+            servers["target"] = target_server(opts.target)
+        else:
+            servers["lmq"] = start_lmq(tmp)
+        if opts.compare_mosquitto:
+            mosq = start_mosquitto(tmp, opts.mosquitto_bin)
+            if mosq is None:
+                notes.append("mosquitto not found: no comparison")
+            else:
+                servers["mosquitto"] = mosq
+        raw: dict[str, dict[str, list]] = {name: {} for name in servers}
+        gen_raw: dict[str, list] = {}
+        for run_i in range(opts.runs):
+            for phase in phases:
+                if phase in _CEILINGS:
+                    gen_raw.setdefault(phase, []).append(
+                        run_phase(phase, opts, sink_server, f"r{run_i}"))
+                    continue
+                for name, server in servers.items():  # interleaved: same conditions
+                    r = run_phase(phase, opts, server, f"r{run_i}{name[:1]}")
+                    raw[name].setdefault(phase, []).append(r)
+                    time.sleep(0.3)
+        results = {name: {ph: _median_of(rs) for ph, rs in per.items()} for name, per in raw.items()}
+        report: dict[str, Any] = {
+            "bench": "mqtt",
+            "config": {k: getattr(opts, k) for k in ("duration", "warmup", "runs", "size",
+                                                      "publishers", "window", "rate",
+                                                      "latency_qos", "idle_connections")},
+            "phases": phases,
+            "servers": {n: {"host": s.host, "port": s.port, "pid": s.pid} for n, s in servers.items()},
+            "generator": {ph: _median_of(rs) for ph, rs in gen_raw.items()},
+            "results": results,
+            "runs": {name: {ph: [r.get(_primary(ph)) for r in rs] for ph, rs in per.items()}
+                     for name, per in raw.items()},
+        }
+        first = next(iter(results))
+        if "mosquitto" in results and first != "mosquitto":
+            report["ratios"] = _ratios(results[first], results["mosquitto"])
+        ceiling = report["generator"].get("gen_ceiling_sub", {}).get("msgs_per_s")
+        if ceiling:
+            for name, per in results.items():
+                for ph, r in per.items():
+                    rate = r.get("delivered_per_s")
+                    if rate and rate > 0.5 * ceiling and not ph.startswith("fanout"):
+                        notes.append(f"{name} {ph}: {rate:,.0f}/s is over half the generator's "
+                                     f"subscriber ceiling ({ceiling:,.0f}/s)")
+        for name, per in results.items():
+            for ph, r in per.items():
+                srv, gen = r.get("server_cpu_pct"), r.get("generator_cpu_pct")
+                if srv is not None and gen is not None and srv < 85 and srv + gen > 150:
+                    # Two cores shared by server and generator: neither was the limit alone.
+                    notes.append(f"{name} {ph}: machine-bound (server {srv:.0f}% + generator "
+                                 f"{gen:.0f}% CPU), a lower bound of the server's capacity")
+        report["notes"] = notes
+        if opts.json:
+            print(json.dumps(report, indent=2))
+        else:
+            _print_table(report)
+        return 0
+    except RuntimeError as exc:
+        print(f"bench mqtt failed: {exc}", file=sys.stderr)
+        for name, server in servers.items():
+            tail = server.log_tail()
+            if tail:
+                print(f"--- {name} log tail ---\n{tail}", file=sys.stderr)
+        return 1
+    finally:
+        for server in servers.values():
+            server.stop()
+        if sink is not None:
+            sink.terminate()
+            sink.join(5)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lmq bench mqtt", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
