@@ -1,5 +1,5 @@
 """Shared parts of `lmq bench produce` and `lmq bench consume`: the server under test, the
-live progress line, percentiles and the report."""
+live progress line, percentiles, medians over runs and the report."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,13 @@ def add_common_arguments(parser) -> None:
     parser.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per phase")
     parser.add_argument("--queues", type=int, default=4, help="queues of the topic (default 4)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline phase")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="repetitions of every phase; medians are reported (default 3, --quick 1)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: one short run (for tests, not for figures)")
+    parser.add_argument("--compare-cpp", action="store_true",
+                        help="also run the same load with the C++ client of the `rocketmq` wheel "
+                             "(in a child process) and print ours / C++")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -105,6 +113,26 @@ def percentile(sorted_values: list[float], p: float) -> float:
 def latency_summary(latencies_s: list[float]) -> dict[str, float]:
     values = sorted(latencies_s)
     return {f"p{p}_ms": round(percentile(values, p) * 1000, 3) for p in (50, 90, 99, 99.9)}
+
+
+def median_of(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Per key, the median of the runs' numbers (nested dicts such as latency: per field);
+    keys no run has are left out."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if not values:
+            continue
+        if isinstance(values[0], dict):
+            out[key] = {f: round(statistics.median(v[f] for v in values), 3) for f in values[0]}
+        else:
+            out[key] = round(statistics.median(values), 3)
+    return out
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    """ours / theirs, or None when either is missing or theirs is zero."""
+    return round(ours / theirs, 3) if ours is not None and theirs else None
 
 
 def report(result: dict[str, Any], as_json: bool, rows: list[tuple[str, str]]) -> None:

@@ -5,10 +5,18 @@ in the same run: raw PULL_MESSAGE loops over the same queues (one task per queue
 messages per pull, records decoded) — what the broker, the transport and decoding cost.
 Then a fresh consumer group reads everything from the first offset with the chosen
 consumer; its rate is printed as a ratio to the baseline (1.00 = the consumer's flow
-control, dispatch, listener calls and offset bookkeeping cost nothing).
+control, dispatch, listener calls and offset bookkeeping cost nothing). A consumer's time
+runs from its start to its last message, so it includes start-up and the first rebalance
+(the time to the first message is printed too).
+
+With ``--compare-cpp`` each run also reads the same messages with the C++ client of the
+`rocketmq` wheel (rocketmq-client-cpp 1.2.3) in a child process: a clustering PushConsumer
+of a fresh group with ``--tasks`` consume threads, counting in its per-message callback.
+Printed: its rate and ours / C++ (``ratio_vs_cpp``). Figures are medians of ``--runs``.
 
     lmq bench consume                              # push consumer, async listener
     lmq bench consume --kind lite --messages 50000 --json
+    lmq bench consume --compare-cpp --runs 3 --messages 50000
 """
 
 from __future__ import annotations
@@ -18,7 +26,15 @@ from typing import Any
 
 import trio
 
-from bench._client_common import Progress, add_common_arguments, report, server_under_test
+from bench._client_common import (
+    Progress,
+    add_common_arguments,
+    median_of,
+    ratio,
+    report,
+    server_under_test,
+)
+from bench._cpp_load import CppLoadError, cpp_consume, cpp_unavailable
 
 KINDS = ("push", "lite")
 
@@ -32,19 +48,42 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    if args.messages < 1 or args.tasks < 1 or args.size < 1 or args.duration <= 0:
-        print("lmq bench consume: --messages, --tasks, --size and --duration must be positive")
+    if args.quick:
+        args.messages, args.runs = min(args.messages, 1000), args.runs or 1
+    args.runs = args.runs or 3
+    if min(args.messages, args.tasks, args.size, args.runs) < 1 or args.duration <= 0:
+        print("lmq bench consume: --messages, --tasks, --size, --runs and --duration must be positive")
         return 2
+    if args.compare_cpp:
+        why = cpp_unavailable() or (None if args.kind == "push" else
+                                    "--compare-cpp compares push consumers (--kind push)")
+        if why:
+            print(f"lmq bench consume: {why}")
+            return 2
     with server_under_test(args.namesrv_addr) as ns:
         result = trio.run(_main, args, ns)
-    rows = [("consumer", f"{args.kind} ({args.tasks} tasks, {args.size} B bodies)"),
-            ("messages", f"{result['messages']:,} of {args.messages:,} in {result['seconds']:.2f} s"),
+    rows = [("consumer", f"{args.kind} ({args.tasks} tasks, {args.size} B bodies), "
+                         f"median of {args.runs} run(s)"),
+            ("messages", f"{result['messages']:,.0f} of {args.messages:,} in {result['seconds']:.2f} s"
+                         f" (first after {_secs(result.get('first_msg_s'))})"),
             ("rate", f"{result['msgs_per_s']:,.0f} msgs/s, {result['mib_per_s']:.2f} MiB/s")]
     if result.get("baseline_msgs_per_s"):
         rows.append(("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw PULL_MESSAGE)"))
         rows.append(("ratio", f"{result['ratio']:.2f} x baseline"))
+    if result.get("cpp_msgs_per_s"):
+        rows.append(("C++ client", f"{result['cpp_msgs_per_s']:,.0f} msgs/s, {result['cpp_messages']:,.0f}"
+                                   f" in {result['cpp_seconds']:.2f} s (first after "
+                                   f"{_secs(result.get('cpp_first_msg_s'))}; PushConsumer, "
+                                   f"{args.tasks} threads, rocketmq wheel)"))
+        rows.append(("vs C++", f"{result['ratio_vs_cpp']:.2f} x the C++ client (ours / C++)"))
+    if result.get("cpp_error"):
+        rows.append(("C++ client", f"failed: {result['cpp_error']}"))
     report(result, args.json, rows)
-    return 0 if result["messages"] >= args.messages else 1
+    return 0 if result["messages"] >= args.messages and not result.get("cpp_error") else 1
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
 
 
 async def _main(args, namesrv: str) -> dict[str, Any]:
@@ -52,19 +91,49 @@ async def _main(args, namesrv: str) -> dict[str, Any]:
 
     async with ClientInstance(namesrv_addr=namesrv, request_timeout=10) as client:
         topic = f"{args.topic}_{int(time.time())}"  # a fresh topic holds exactly our messages
+        # Created up front: the C++ consumer finds its route at start, not at a 30 s poll.
         await AdminClient(client).topic_create(topic, read_queue_nums=args.queues,
                                                write_queue_nums=args.queues)
         while await client.update_route(topic) is None:
             await trio.sleep(0.1)
         await _fill(client, topic, args)
-        result: dict[str, Any] = {"kind": args.kind, "tasks": args.tasks, "size": args.size,
-                                  "topic": topic}
-        if not args.no_baseline:
-            result["baseline_msgs_per_s"] = round(await _baseline(client, topic, args), 1)
-        result.update(await _consume(client, topic, args))
-        if result.get("baseline_msgs_per_s"):
-            result["ratio"] = round(result["msgs_per_s"] / result["baseline_msgs_per_s"], 3)
-        return result
+        runs: list[dict[str, Any]] = []
+        cpp_error = None
+        for _ in range(args.runs):
+            # Every consumer of every run is a fresh group reading the same messages from
+            # offset 0 (a new group starts at 0 while the queue's min offset is 0, §5.3).
+            one: dict[str, Any] = {}
+            if not args.no_baseline:
+                one["baseline_msgs_per_s"] = round(await _baseline(client, topic, args), 1)
+            one.update(await _consume(client, topic, args))
+            if args.compare_cpp and cpp_error is None:
+                try:
+                    cpp = await cpp_consume(namesrv, topic, args.messages, args.tasks, args.duration)
+                except CppLoadError as exc:
+                    cpp_error = str(exc)
+                else:
+                    one.update({"cpp_msgs_per_s": cpp["msgs_per_s"], "cpp_messages": cpp["messages"],
+                                "cpp_seconds": cpp["seconds"], "cpp_first_msg_s": cpp["first_msg_s"]})
+            runs.append(one)
+    result: dict[str, Any] = {"kind": args.kind, "tasks": args.tasks, "size": args.size,
+                              "topic": topic, "runs": args.runs}
+    result.update(median_of(runs, ("messages", "seconds", "msgs_per_s", "mib_per_s", "first_msg_s",
+                                    "baseline_msgs_per_s", "cpp_msgs_per_s", "cpp_messages",
+                                    "cpp_seconds", "cpp_first_msg_s")))
+    if result.get("baseline_msgs_per_s"):
+        result["ratio"] = ratio(result["msgs_per_s"], result["baseline_msgs_per_s"])
+    if args.compare_cpp:
+        if "cpp_msgs_per_s" in result:
+            result["ratio_vs_cpp"] = ratio(result["msgs_per_s"], result["cpp_msgs_per_s"])
+            if result["cpp_messages"] < args.messages:
+                cpp_error = cpp_error or (f"the C++ consumer read {result['cpp_messages']:,.0f} of "
+                                          f"{args.messages:,} messages within {args.duration:g} s")
+        if cpp_error:
+            result["cpp_error"] = cpp_error
+    result["per_run"] = {k: [r.get(k) for r in runs]
+                         for k in ("msgs_per_s", "baseline_msgs_per_s", "cpp_msgs_per_s")
+                         if any(r.get(k) is not None for r in runs)}
+    return result
 
 
 async def _fill(client, topic: str, args) -> None:
@@ -129,10 +198,14 @@ async def _consume(client, topic: str, args) -> dict[str, Any]:
     group = f"BENCH_CG_{time.monotonic_ns()}"
     progress = Progress(f"consume/{args.kind}", args.json)
     all_done = trio.Event()
+    marks: dict[str, float] = {}
 
     def count(n: int) -> None:
+        if n and not progress.count:
+            marks["first"] = time.monotonic()
         progress.count += n
-        if progress.count >= args.messages:
+        if progress.count >= args.messages and not all_done.is_set():
+            marks["last"] = time.monotonic()  # the consumer's shutdown is not consuming
             all_done.set()
 
     start = time.monotonic()
@@ -156,8 +229,9 @@ async def _consume(client, topic: str, args) -> dict[str, Any]:
                     while not all_done.is_set():
                         count(len(await consumer.poll(timeout=1)))
             nursery.cancel_scope.cancel()
-    elapsed = time.monotonic() - start
+    elapsed = marks.get("last", time.monotonic()) - start
     progress.done()
     n = progress.count
     return {"messages": n, "seconds": round(elapsed, 3), "msgs_per_s": round(n / elapsed, 1),
-            "mib_per_s": round(n * args.size / elapsed / (1 << 20), 3)}
+            "mib_per_s": round(n * args.size / elapsed / (1 << 20), 3),
+            "first_msg_s": round(marks["first"] - start, 3) if "first" in marks else None}

@@ -6,8 +6,15 @@ the client's RemotingClient — all that the broker and the transport cost, none
 Producer's own work (validation, queue selection, ids, properties, retries). The Producer's
 rate is printed as a ratio to it: 1.00 means the Producer adds nothing.
 
+With ``--compare-cpp`` each run also drives the same load with the C++ client of the
+`rocketmq` wheel (rocketmq-client-cpp 1.2.3) in a child process: ``--tasks`` Python threads
+each looping on ``send_sync`` (the wheel's ctypes calls release the GIL) of a fresh
+``--size``-byte message to the same topic for ``--duration`` s, counting acknowledged
+sends. Printed: its rate and ours / C++ (``ratio_vs_cpp``). Figures are medians of ``--runs``.
+
     lmq bench produce                       # starts `lmq serve` in a temp dir
     lmq bench produce -n 127.0.0.1:9876 --tasks 32 --size 1024 --mode async --json
+    lmq bench produce --compare-cpp --runs 3 -d 5
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from bench._client_common import (
     Progress,
     add_common_arguments,
     latency_summary,
+    median_of,
+    ratio,
     report,
     server_under_test,
 )
+from bench._cpp_load import CppLoadError, cpp_produce, cpp_unavailable
 
 MODES = ("sync", "async", "oneway", "batch")
 
@@ -36,43 +46,96 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    if args.tasks < 1 or args.size < 1 or args.duration <= 0 or args.batch < 1:
-        print("lmq bench produce: --tasks, --size, --batch and --duration must be positive")
+    if args.quick:
+        args.duration, args.runs = 0.5, args.runs or 1
+    args.runs = args.runs or 3
+    if args.tasks < 1 or args.size < 1 or args.duration <= 0 or args.batch < 1 or args.runs < 1:
+        print("lmq bench produce: --tasks, --size, --batch, --runs and --duration must be positive")
         return 2
+    if args.compare_cpp:
+        why = cpp_unavailable() or (None if args.mode == "sync" else
+                                    "--compare-cpp measures sync sends (--mode sync)")
+        if why:
+            print(f"lmq bench produce: {why}")
+            return 2
     with server_under_test(args.namesrv_addr) as ns:
         result = trio.run(_main, args, ns)
-    rows = [("mode", f"{args.mode} ({args.tasks} tasks, {args.size} B bodies)"),
-            ("messages", f"{result['messages']:,} in {result['seconds']:.1f} s"),
+    rows = [("mode", f"{args.mode} ({args.tasks} tasks, {args.size} B bodies), "
+                     f"median of {args.runs} run(s) x {args.duration:g} s"),
+            ("messages", f"{result['messages']:,.0f} in {result['seconds']:.1f} s"),
             ("producer", f"{result['msgs_per_s']:,.0f} msgs/s, {result['mib_per_s']:.2f} MiB/s"),
             ("errors", str(result["errors"]))]
     if result.get("latency"):
-        lat = result["latency"]
-        rows.append(("latency", f"p50 {lat['p50_ms']} ms, p90 {lat['p90_ms']} ms, "
-                                f"p99 {lat['p99_ms']} ms, p99.9 {lat['p99.9_ms']} ms"))
+        rows.append(("latency", _latency_text(result["latency"])))
     if result.get("baseline_msgs_per_s"):
         rows.append(("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw SEND_MESSAGE_V2)"))
         rows.append(("ratio", f"{result['ratio']:.2f} x baseline"))
+    if result.get("cpp_msgs_per_s"):
+        rows.append(("C++ client", f"{result['cpp_msgs_per_s']:,.0f} msgs/s ({args.tasks} threads "
+                                   f"on send_sync, rocketmq wheel), {result['cpp_errors']} errors"))
+        if result.get("cpp_latency"):
+            rows.append(("C++ latency", _latency_text(result["cpp_latency"])))
+        if result.get("cpp_first_error"):
+            rows.append(("C++ 1st error", result["cpp_first_error"][:160]))
+        rows.append(("vs C++", f"{result['ratio_vs_cpp']:.2f} x the C++ client (ours / C++)"))
+    if result.get("cpp_error"):
+        rows.append(("C++ client", f"failed: {result['cpp_error']}"))
     report(result, args.json, rows)
-    return 0 if result["messages"] else 1
+    return 0 if result["messages"] and not result.get("cpp_error") else 1
+
+
+def _latency_text(lat: dict[str, float]) -> str:
+    return (f"p50 {lat['p50_ms']} ms, p90 {lat['p90_ms']} ms, "
+            f"p99 {lat['p99_ms']} ms, p99.9 {lat['p99.9_ms']} ms")
 
 
 async def _main(args, namesrv: str) -> dict[str, Any]:
     from core.client import AdminClient, ClientInstance
 
+    # Created up front: the C++ producer would otherwise wait for its 30 s route poll.
     async with ClientInstance(namesrv_addr=namesrv, request_timeout=10) as client:
         await AdminClient(client).topic_create(args.topic, read_queue_nums=args.queues,
                                                write_queue_nums=args.queues)
         while await client.update_route(args.topic) is None:
             await trio.sleep(0.1)
-        result: dict[str, Any] = {"mode": args.mode, "tasks": args.tasks, "size": args.size,
-                                  "topic": args.topic}
-        if not args.no_baseline:
-            base = await _baseline(client, args)
-            result["baseline_msgs_per_s"] = round(base, 1)
-        result.update(await _producer_phase(client, args))
-        if result.get("baseline_msgs_per_s"):
-            result["ratio"] = round(result["msgs_per_s"] / result["baseline_msgs_per_s"], 3)
-        return result
+        runs: list[dict[str, Any]] = []
+        cpp_error = None
+        for _ in range(args.runs):
+            # Phases of a run back to back, so machine load drifts alike over all of them.
+            one: dict[str, Any] = {}
+            if not args.no_baseline:
+                one["baseline_msgs_per_s"] = round(await _baseline(client, args), 1)
+            one.update(await _producer_phase(client, args))
+            if args.compare_cpp and cpp_error is None:
+                try:
+                    cpp = await cpp_produce(namesrv, args.topic, args.size, args.tasks, args.duration)
+                except CppLoadError as exc:
+                    cpp_error = str(exc)
+                else:
+                    one.update({"cpp_msgs_per_s": cpp["msgs_per_s"], "cpp_errors": cpp["errors"],
+                                "cpp_latency": cpp.get("latency"),
+                                "cpp_first_error": cpp.get("first_error")})
+            runs.append(one)
+    result: dict[str, Any] = {"mode": args.mode, "tasks": args.tasks, "size": args.size,
+                              "topic": args.topic, "runs": args.runs, "duration": args.duration}
+    result.update(median_of(runs, ("messages", "seconds", "msgs_per_s", "mib_per_s", "latency",
+                                    "baseline_msgs_per_s", "cpp_msgs_per_s", "cpp_latency")))
+    result["errors"] = sum(r["errors"] for r in runs)
+    if result.get("baseline_msgs_per_s"):
+        result["ratio"] = ratio(result["msgs_per_s"], result["baseline_msgs_per_s"])
+    if args.compare_cpp:
+        if "cpp_msgs_per_s" in result:
+            result["cpp_errors"] = sum(r.get("cpp_errors", 0) for r in runs)
+            result["ratio_vs_cpp"] = ratio(result["msgs_per_s"], result["cpp_msgs_per_s"])
+            first = next((r["cpp_first_error"] for r in runs if r.get("cpp_first_error")), None)
+            if first:
+                result["cpp_first_error"] = first
+        if cpp_error:
+            result["cpp_error"] = cpp_error
+    result["per_run"] = {k: [r.get(k) for r in runs]
+                         for k in ("msgs_per_s", "baseline_msgs_per_s", "cpp_msgs_per_s")
+                         if any(r.get(k) is not None for r in runs)}
+    return result
 
 
 async def _baseline(client, args) -> float:
