@@ -233,6 +233,7 @@ class TcpConnection(Connection):
         self._send_ch, self._recv_ch = trio.open_memory_channel[tuple[list, int]](math.inf)
         self._queued_bytes = 0
         self._queued_frames = 0
+        self._drained: trio.Event | None = None  # set when the queue falls below half
         self._inflight = 0
         self._cancel_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
@@ -244,6 +245,24 @@ class TcpConnection(Connection):
     # -- public ---------------------------------------------------------------------
 
     async def send(self, cmd: RemotingCommand) -> None:
+        """Queue `cmd`, waiting while the outbound queue is over its limits.
+
+        Requests this side originates (invoke, invoke_oneway) get backpressure: a fast
+        one-way producer slows down to what the peer reads instead of being cut off.
+        `send_nowait` (responses, pushed replies) keeps the slow-reader cut-off, which
+        protects a server from a client that stops reading."""
+        limits = self._limits
+        while (
+            not self.closed
+            and self._queued_frames
+            and (
+                self._queued_bytes >= limits.max_outbound_bytes // 2
+                or self._queued_frames >= limits.max_outbound_frames // 2
+            )
+        ):
+            if self._drained is None:
+                self._drained = trio.Event()
+            await self._drained.wait()
         self.send_nowait(cmd)
 
     def send_nowait(self, cmd: RemotingCommand) -> None:
@@ -369,9 +388,16 @@ class TcpConnection(Connection):
                 await self._write(batch, nbytes)
                 self._queued_bytes -= nbytes
                 self._queued_frames -= frames
+                if self._drained is not None:
+                    self._drained.set()
+                    self._drained = None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("write to %s failed: %r", self.remote_addr, exc)
             self.close()
+        finally:
+            if self._drained is not None:  # wake senders so they see the closed flag
+                self._drained.set()
+                self._drained = None
 
     async def _write(self, parts: list, nbytes: int) -> None:
         if len(parts) == 1:

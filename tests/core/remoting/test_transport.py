@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -500,3 +501,47 @@ async def test_in_process_invoke_loop_lets_other_tasks_run() -> None:
             assert resp.code == 0
         assert ticks - before >= 100  # the ticker ran during the loop
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_oneway_flood_waits_for_a_slow_reader_instead_of_disconnecting() -> None:
+    """Requests this side originates get backpressure; only replies to a peer that stops
+    reading hit the slow-reader cut-off."""
+    total = 3000
+    received = 0
+    reading = trio.Event()
+
+    async def slow_peer(stream: trio.SocketStream) -> None:
+        nonlocal received
+        await reading.wait()  # read nothing at first: the client's queue fills up
+        decoder = FrameDecoder()
+        while received < total:
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            received += len(decoder.feed(data))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, slow_peer, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        limits = ConnectionLimits(max_outbound_frames=100)
+        async with RemotingClient(limits=limits) as client:
+            addr = f"127.0.0.1:{port}"
+            body = b"x" * 1024
+
+            async def flood() -> None:
+                for i in range(total):
+                    await client.invoke_oneway(addr, RemotingCommand.request(ECHO, {"i": i}, body))
+
+            async with trio.open_nursery() as senders:
+                senders.start_soon(flood)
+                await trio.sleep(0.3)
+                reading.set()
+            with trio.fail_after(10):
+                while received < total:
+                    await trio.sleep(0.01)
+            assert not (await client.connection(addr)).closed
+        nursery.cancel_scope.cancel()
+    assert received == total
