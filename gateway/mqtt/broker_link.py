@@ -56,6 +56,9 @@ DECODED_CACHE = 4096
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
 SEND_TIMEOUT_S = 5.0
+#: Attempts per batch, counting only failures where nothing can have been stored (no
+#: connection, or the broker answered with an error); an unknown outcome is not retried.
+SEND_ATTEMPTS = 2
 CLUSTER_WAIT_S = 30.0
 CLUSTER_REFRESH_S = 30.0
 
@@ -171,6 +174,12 @@ class BrokerLink:
     async def refresh_cluster(self) -> None:
         info = await self.client.api.get_cluster_info()
         masters = info.master_addrs(None)
+        if not masters:
+            # A name server that restarted knows no broker until they register again
+            # (within their 30 s heartbeat): keep what we knew rather than lose every queue.
+            log.warning("cluster info lists no master broker; keeping the %d known",
+                        len(self.brokers))
+            return
         self.client.pin_brokers({n: info.brokers[n].broker_addrs for n in masters})
         for name, addr in sorted(masters.items()):
             if self.brokers.get(name) != addr:
@@ -254,6 +263,11 @@ class BrokerLink:
         self.stats["rounds"] += 1
         queues = self.queues
         nq = len(queues)
+        if not nq:
+            # No broker known (not started, or none ever registered): fail the round
+            # rather than divide by zero; publishers get SEND_FAILED (v5 0x80).
+            self._fail(batch, "no broker is known")
+            return
         groups: dict[tuple[str, int], list[_Request]] = {}
         states = self.states
         touched: list[LmqState] = []
@@ -298,7 +312,10 @@ class BrokerLink:
             if code == STORED:
                 self.stats["stored"] += 1
                 if on_stored is not None:
-                    on_stored(req.msg)
+                    try:
+                        on_stored(req.msg)  # retained: written before the PUBACK below
+                    except Exception:
+                        log.exception("handling a stored message failed")
                 if not req.lmqs:
                     code = NO_MATCHING_SUBSCRIBERS
             else:
@@ -306,6 +323,17 @@ class BrokerLink:
             if req.done is not None:
                 try:
                     req.done(code)
+                except Exception:
+                    log.exception("publish callback failed")
+
+    def _fail(self, batch: list[_Request], why: str) -> None:
+        """Answer every request of a round that could not be sent at all."""
+        log.warning("%d MQTT message(s) not stored: %s", len(batch), why)
+        self.stats["failed"] += len(batch)
+        for req in batch:
+            if req.done is not None:
+                try:
+                    req.done(SEND_FAILED)
                 except Exception:
                     log.exception("publish callback failed")
 
@@ -353,22 +381,39 @@ class BrokerLink:
             ext["m"] = "true"
             batch = True
         err: Exception | None = None
-        for _attempt in range(2):
+        for _attempt in range(SEND_ATTEMPTS):
+            try:
+                addr = self.addr(broker)
+                # Connect apart from the request: a failure here has certainly sent nothing.
+                await self.client.api.remoting.connection(addr)
+            except (MQClientError, RemotingError) as exc:
+                err = exc
+                continue
             try:
                 result = await self.client.api.send_message(
-                    self.addr(broker), mq, ext, body, batch=batch, uniq_id="",
-                    timeout=SEND_TIMEOUT_S)
-                ids = result.offset_msg_id.split(",") if result is not None else []
-                if len(ids) == len(reqs):
-                    for req, msg_id in zip(reqs, ids, strict=True):
-                        # Offset msgId = 8-byte store host + 8-byte commitlog offset (hex).
-                        req.msg.broker = broker
-                        req.msg.commitlog_offset = int(msg_id[-16:], 16)
-                return STORED
-            except Exception as exc:
+                    addr, mq, ext, body, batch=batch, uniq_id="", timeout=SEND_TIMEOUT_S)
+            except MQClientError as exc:
+                # The broker answered with an error (MQBrokerError), or the client refused
+                # the request locally: nothing was stored, sending again is safe.
                 err = exc
-                if getattr(exc, "code", None) == ResponseCode.MESSAGE_ILLEGAL:
+                if exc.code == ResponseCode.MESSAGE_ILLEGAL:
                     break  # retrying won't help
+                continue
+            except Exception as exc:
+                # A timeout or a connection lost with the request sent: the broker may
+                # have stored it. Sending again could store it twice (a QoS 2 message
+                # delivered twice, LMQ tails off by one): fail it, the caller forgets the
+                # predicted tails and readers pull to see what is there.
+                log.warning("store of %d MQTT message(s) on %s has an unknown outcome: %r",
+                            len(reqs), broker, exc)
+                return SEND_FAILED
+            ids = result.offset_msg_id.split(",") if result is not None else []
+            if len(ids) == len(reqs):
+                for req, msg_id in zip(reqs, ids, strict=True):
+                    # Offset msgId = 8-byte store host + 8-byte commitlog offset (hex).
+                    req.msg.broker = broker
+                    req.msg.commitlog_offset = int(msg_id[-16:], 16)
+            return STORED
         log.warning("store of %d MQTT message(s) on %s failed: %r", len(reqs), broker, err)
         illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL
         return QUOTA_EXCEEDED if illegal else SEND_FAILED

@@ -51,7 +51,8 @@ class MqttConfig:
     max_session_lag: int = 100_000
 
     # -- connection limits ------------------------------------------------------------
-    #: Concurrent connections (CONNACK 0x97 Quota exceeded / 3.1.1 "server unavailable").
+    #: Open sockets, counted from accept (a socket that has not sent CONNECT yet counts):
+    #: one more is closed at once, as Mosquitto's max_connections does.
     max_connections: int = 100_000
     #: Largest packet accepted (fixed header included); advertised in CONNACK (v5), 0x95.
     max_packet_size: int = 1024 * 1024
@@ -65,7 +66,8 @@ class MqttConfig:
     #: QoS >= 1 messages in flight towards a client at most (also bounded by the
     #: client's Receive Maximum). Mosquitto's max_inflight_messages is 20.
     max_inflight_out: int = 64
-    #: Bytes queued for a socket before delivery pauses (back pressure on slow readers).
+    #: Bytes queued for a socket before delivery pauses (back pressure on slow readers);
+    #: reading from the client pauses too while that much waits behind a stuck write.
     max_out_buffer: int = 256 * 1024
     #: Topic Alias Maximum we accept from clients (0 = aliases refused).
     topic_alias_maximum: int = 64

@@ -123,8 +123,11 @@ class Connection(PublishHandler):
             self._writing = False
 
     async def wait_drained(self) -> None:
+        """Return once the bytes queued now went to the socket (or the connection closed)."""
         if self.out_bytes and not self.closed:
-            ev = self._drained = trio.Event()
+            ev = self._drained
+            if ev is None or ev.is_set():  # the reader and the pump may both wait on it
+                ev = self._drained = trio.Event()
             if not self._writing:
                 await self.flush()
                 return
@@ -178,7 +181,6 @@ class Connection(PublishHandler):
 
     async def handle(self) -> None:
         gw = self.gw
-        gw.stats.connections += 1
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -187,7 +189,6 @@ class Connection(PublishHandler):
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer went away: an abnormal close (the will is sent)
         finally:
-            gw.stats.connections -= 1
             self.closed = True
             sess = self.session
             if sess is not None:
@@ -258,6 +259,10 @@ class Connection(PublishHandler):
                 return
             if self.out:
                 await self.flush()
+                if self.out_bytes > cfg.max_out_buffer:
+                    # The pump's write is stuck on a client that does not read: stop
+                    # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
+                    await self.wait_drained()
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         log.info("client %r from %s: %s", self.client_id, self.remote, exc)
@@ -289,8 +294,6 @@ class Connection(PublishHandler):
             return self._refuse_connect(0x85, "client identifier too long")
         if v == 5 and props.authentication_method is not None:
             return self._refuse_connect(0x8C, "enhanced authentication is not supported")
-        if gw.stats.clients >= cfg.max_connections:
-            return self._refuse_connect(0x97, f"max_connections ({cfg.max_connections}) reached")
         if gw.stopping:
             return self._refuse_connect(0x8B, "server shutting down")
         rc = gw.auth.authenticate(connect.username, connect.password)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from gateway.mqtt.connection import Connection
     from gateway.mqtt.server import MqttGateway
 
-__all__ = ["Pump", "build_publish"]
+__all__ = ["Pump", "build_publish", "encode_publish"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,11 @@ TURN_BATCHES = 16
 
 def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
                   sub_ids: tuple[int, ...], pid: int | None, dup: bool, now: int) -> Publish:
-    """The PUBLISH for one delivery on `conn` (v5: expiry left, subscription ids, alias)."""
+    """The PUBLISH for one delivery on `conn` (v5: expiry left, subscription ids, alias).
+
+    A new topic alias is only proposed (topic and alias both set): `encode_publish`
+    records it once the packet is encoded, i.e. will really reach the client.
+    """
     topic = msg.topic
     if conn.version != 5:
         return Publish(topic, msg.payload, qos, retain, dup, pid)
@@ -61,13 +65,28 @@ def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
         if alias is not None:
             topic = ""
         elif len(conn.alias_out) < conn.alias_max:
-            alias = conn.alias_out[topic] = len(conn.alias_out) + 1
+            alias = len(conn.alias_out) + 1
     if expiry is not None or sub_ids or alias is not None:
         from dataclasses import replace
 
         props = replace(props, message_expiry_interval=expiry, subscription_identifiers=sub_ids,
                         topic_alias=alias)
     return Publish(topic, msg.payload, qos, retain, dup, pid, props)
+
+
+def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
+                   sub_ids: tuple[int, ...], pid: int | None, dup: bool, now: int) -> bytes:
+    """Encode one delivery on `conn`; raises `PacketTooLarge` (client's Maximum Packet Size).
+
+    A new outbound topic alias is recorded only after a successful encode: a discarded
+    packet must not leave an alias the client never saw (the next PUBLISH would carry an
+    empty topic with it, a protocol error on the client's side, v5 §3.3.2.3.4).
+    """
+    packet = build_publish(conn, msg, qos, retain, sub_ids, pid, dup, now)
+    data = conn.codec.encode(packet)
+    if packet.topic and packet.properties.topic_alias is not None:
+        conn.alias_out[packet.topic] = packet.properties.topic_alias
+    return data
 
 
 class Pump:
@@ -379,7 +398,7 @@ class Pump:
             for c, offset in refs:
                 c.unacked.add(offset)
         try:
-            data = conn.codec.encode(build_publish(conn, msg, qos, retain, sub_ids, pid, False, now))
+            data = encode_publish(conn, msg, qos, retain, sub_ids, pid, False, now)
         except PacketTooLarge:
             # MQTT-3.1.2-25: discard as if sent (the client could not take it).
             if entry is not None:
@@ -422,8 +441,8 @@ class Pump:
                     continue
                 entry.msg = msg
             try:
-                data = conn.codec.encode(
-                    build_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid, True, now))
+                data = encode_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid,
+                                      True, now)
             except PacketTooLarge:
                 sess.inflight.pop(pid, None)
                 sess.release(entry)

@@ -103,7 +103,9 @@ class SessionRegistry:
                    expiry: int | None, will: Will | None) -> tuple[Session, bool]:
         """Attach `conn` to a new or resumed session; returns (session, session present)."""
         old = self.sessions.get(client_id)
-        if old is not None and old.conn is not None:
+        # Loop: another CONNECT with this id may have waited on the same kick and attached
+        # first; it is taken over in turn, so one connection holds the id (MQTT-3.1.4-3).
+        while old is not None and old.conn is not None:
             await old.conn.kick(0x8E)  # Session taken over
             old = self.sessions.get(client_id)
         if old is not None and (clean_start or old.ended):

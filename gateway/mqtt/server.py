@@ -47,7 +47,7 @@ SHUTDOWN_GRACE_S = 3.0
 class Stats:
     """Live counters, published under `$SYS/broker/...`."""
 
-    connections: int = 0  # open sockets
+    connections: int = 0  # open sockets, counted from accept (max_connections)
     clients: int = 0  # connected MQTT clients
     msgs_in: int = 0
     msgs_out: int = 0
@@ -152,6 +152,16 @@ class MqttGateway:
 
     async def _accept(self, kind: str, stream) -> None:
         remote = _peer(stream)
+        stats = self.stats
+        if stats.connections >= self.config.max_connections:
+            # Counted from accept: a socket that has not sent CONNECT yet holds buffers too
+            # (up to max_packet_size for connect_timeout_s). Mosquitto's max_connections
+            # also closes the new socket at accept; MQTT has no refusal before CONNECT.
+            log.info("connection from %s refused: max_connections (%d) reached", remote,
+                     self.config.max_connections)
+            await trio.aclose_forcefully(stream)
+            return
+        stats.connections += 1
         try:
             if kind == "ws":
                 ws = await accept_websocket(stream, self.config.ws_path,
@@ -169,6 +179,8 @@ class MqttGateway:
             pass
         except Exception:
             log.exception("connection from %s failed", remote)
+        finally:
+            stats.connections -= 1
 
     async def _flush_loop(self) -> None:
         while True:

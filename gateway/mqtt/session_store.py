@@ -133,7 +133,10 @@ class SessionStore:
         return self._scan(P_RETAINED)
 
     def put_retained(self, topic: str, record: list | None) -> None:
-        self.stage(P_RETAINED, topic, record)
+        """Write (None = delete) a retained message at once: the dispatcher calls this
+        before the publisher's PUBACK / PUBREC goes out, so an acknowledged retained
+        publish survives a kill -9 (the WAL has it)."""
+        self._write_now(_key(P_RETAINED, topic), record)
 
     # -- names and groups -------------------------------------------------------------
 
