@@ -1,5 +1,6 @@
 """Message model: what a producer sends (`Message`), what the store keeps and a consumer
-receives (`MessageExt`), and what the broker hands to the store (`InnerMessage`)."""
+receives (`MessageExt`), and what the broker hands to the store (`InnerMessage`, or
+`MessageBatch` for a batch send)."""
 
 from __future__ import annotations
 
@@ -119,3 +120,25 @@ class InnerMessage:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
     tags_code: int | None = None
+
+
+@dataclass(slots=True)
+class MessageBatch:
+    """A batch send (protocol doc §7.7) handed to `MessageStore.put_batch` as it arrived:
+    the sub-messages stay encoded in `body`, so a batch costs no object per message.
+
+    Each sub-message is stored as one record with its own FLAG, BODY and properties, the
+    header fields below, and consecutive queue offsets. Its properties are stored as Java
+    stores them: the sub-message's own string (minus WAIT pairs), a \\x02 if it does not
+    end with one, then the batch-level `properties` (the broker adds CLUSTER there).
+    """
+
+    topic: str
+    queue_id: int
+    body: bytes  # the concatenated sub-messages, uncompressed
+    properties: str = ""  # batch-level properties string, appended to every sub-message's
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
+    store_host: bytes = b"\x7f\x00\x00\x01\x00\x00\x00\x00"
+    reconsume_times: int = 0

@@ -95,3 +95,52 @@ def validate_property_name_value(name: str, value: str) -> str | None:
     if not name:
         return "property name must not be empty"
     return None
+
+
+# ----------------------------------------------------------------- encoded strings
+# The store keeps the property strings of batch sub-messages as the producer encoded them
+# (as Java's broker does, §7.7), so it reads single values out of the bytes instead of
+# decoding the whole string into a dict. Both helpers agree with `decode_properties`.
+
+
+def find_property(raw: bytes, marker: bytes) -> bytes | None:
+    """The value `decode_properties` would give for a name in the encoded string `raw`:
+    the last pair with that name and a non-empty value. `marker` is the UTF-8 name
+    followed by \\x01 (e.g. ``b"TAGS\\x01"``)."""
+    m = len(marker)
+    end = len(raw)
+    while True:
+        i = raw.rfind(marker, 0, end)
+        if i < 0:
+            return None
+        if i == 0 or raw[i - 1] == 2:  # a pair starts here (not inside a value)
+            j = i + m
+            k = raw.find(b"\x02", j)
+            value = raw[j:] if k < 0 else raw[j:k]
+            if value:
+                return value
+        end = i + m - 1
+
+
+def drop_property(raw: bytes, marker: bytes) -> bytes:
+    """`raw` without the pairs whose name is `marker` (name + \\x01); the other pairs stay
+    byte for byte."""
+    parts = []
+    start = 0
+    m = len(marker)
+    i = raw.find(marker)
+    while i >= 0:
+        if i == 0 or raw[i - 1] == 2:
+            parts.append(raw[start:i])
+            k = raw.find(b"\x02", i + m)
+            if k < 0:
+                start = len(raw)
+                break
+            start = k + 1
+            i = raw.find(marker, start)
+        else:
+            i = raw.find(marker, i + 1)
+    if not parts:
+        return raw
+    parts.append(raw[start:])
+    return b"".join(parts)

@@ -38,8 +38,10 @@ class StoreConfig:
     max_lmq_consume_queue_num: int = 10_000_000
     # LMQ and key-index writes are staged and written as one sorted RocksDB WriteBatch when
     # this many are staged (or 1 MiB of CommitLog passed), before any LMQ/key read, and at
-    # shutdown. Bigger is slightly faster; smaller keeps each write's pause short.
-    kv_batch_max_ops: int = 1024
+    # shutdown. Bigger is faster (RocksDB inserts neighbouring keys cheaply: with 4 LMQs per
+    # message, 8192 costs 12 % less CPU per put than 1024); smaller keeps each write's pause
+    # short (8192 operations: ~3 ms on a 2-core VM).
+    kv_batch_max_ops: int = 8192
     # RocksDB WAL: off by default; the CommitLog is the log (see kv.py, "Durability").
     kv_disable_wal: bool = True
     kv_write_buffer_mb: int = 32  # RocksDB memtable size

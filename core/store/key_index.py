@@ -22,10 +22,19 @@ KEYS_PREFIX = b"k"
 UNIQ_PREFIX = b"q"
 _MAX_KEY_BYTES = 1024  # longer topic#key strings are not indexed (named limit)
 _BUCKET = struct.Struct(">i")
-_BUCKET_LEN = struct.Struct(">iH")
 _LEN = struct.Struct(">H")
 _TAIL = struct.Struct(">qq")
 _SIZE = struct.Struct(">i")
+_ENTRIES: dict[int, struct.Struct] = {}  # whole key by topic#key length (one pack per key)
+
+
+def _entry(n: int) -> struct.Struct:
+    """Struct of a whole key with an n-byte topic#key: prefix, bucket, n, topic#key, store
+    ms, phys (n <= _MAX_KEY_BYTES, so at most that many)."""
+    s = _ENTRIES.get(n)
+    if s is None:
+        s = _ENTRIES[n] = struct.Struct(f">ciH{n}sqq")
+    return s
 
 
 class KeyIndex:
@@ -41,9 +50,20 @@ class KeyIndex:
         if n > _MAX_KEY_BYTES:
             return
         self._kv.pending.append((
-            prefix + _BUCKET_LEN.pack(store_ms // self.bucket_ms, n) + tk + _TAIL.pack(store_ms, phys),
+            _entry(n).pack(prefix, store_ms // self.bucket_ms, n, tk, store_ms, phys),
             _SIZE.pack(size),
         ))
+
+    def add_many(self, store_ms: int, entries: list[tuple[bytes, bytes, int, int]]) -> None:
+        """Stage entries (prefix, b"topic#key", phys, size) of records stored at
+        `store_ms` (a batch)."""
+        bucket = store_ms // self.bucket_ms
+        append = self._kv.pending.append
+        pack_size = _SIZE.pack
+        for prefix, tk, phys, size in entries:
+            n = len(tk)
+            if n <= _MAX_KEY_BYTES:
+                append((_entry(n).pack(prefix, bucket, n, tk, store_ms, phys), pack_size(size)))
 
     def lookup(
         self, prefix: bytes, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int,

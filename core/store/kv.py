@@ -16,10 +16,10 @@ b"k"|b"q" int32 bucket uint16 len topic#key int64 store ms int64 phys -> int32 s
 LMQ names are topic names (`[%|a-zA-Z0-9_-]`), so the 0x00 after the name keeps one queue's
 units contiguous and apart from any queue whose name extends it.
 
-Durability. Writes are staged in a list and written, sorted, as one WriteBatch when
-`kv_batch_max_ops` operations or 1 MiB of CommitLog have accumulated, before any LMQ or key
-read, and at shutdown; the marker is part of every batch. RocksDB persists memtables in
-order, so whatever survives a crash is a prefix of the batches, and the marker says how far
+Durability. Writes are staged (key-index entries in a list, LMQ units grouped by queue in
+the LMQ index) and written in key order as one WriteBatch when `kv_batch_max_ops`
+operations or 1 MiB of CommitLog have accumulated, before any LMQ or key read, and at
+shutdown; the marker is part of every batch. RocksDB persists memtables in order, so whatever survives a crash is a prefix of the batches, and the marker says how far
 it reaches. Recovery re-dispatches the CommitLog from the marker, and re-dispatch is
 idempotent (same keys, same values). That is why the WAL is off by default
 (`kv_disable_wal`): the CommitLog already is the write-ahead log. A RocksDB WAL would write
@@ -28,7 +28,7 @@ every unit twice more (WAL, then SST) — with 4 LMQs and a UNIQ_KEY per message
 anyway: a crash loses at most the memtable, and the flusher forces a memtable flush once the
 durable marker lags by more than `kv_max_replay_bytes` of CommitLog, so a restart
 re-dispatches at most that much. With `kv_disable_wal=False` a crash loses only the staged
-list (RocksDB replays its own WAL) and the restart re-dispatches at most 1 MiB.
+operations (RocksDB replays its own WAL) and the restart re-dispatches at most 1 MiB.
 Power loss: the marker and the CommitLog may disagree either way; recovery takes the
 smaller of marker and checkpoint, and drops LMQ units past the recovered CommitLog end.
 """
@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from typing import Protocol
 
 from rocksdict import (
     BlockBasedOptions,
@@ -54,12 +55,14 @@ LMQ_COUNT_KEY = b"\x00lmqcount"
 INT64 = struct.Struct(">q")
 
 
-
 class KvStore:
     """One RocksDB instance with a write-behind batch owned by the writer thread.
 
-    `put` only stages; `commit(marker)` writes the staged pairs in one WriteBatch. `flush_memtable` may run
-    in the flusher thread (RocksDB is thread-safe and rocksdict releases the GIL there).
+    Writes only stage: `pending` holds (key, value) pairs, and `sources` (the LMQ index)
+    keep their own staged items in whatever form is cheapest to build, counting them in
+    `staged_ops`. `commit(marker)` writes everything staged in one WriteBatch.
+    `flush_memtable` may run in the flusher thread (RocksDB is thread-safe and rocksdict
+    releases the GIL there).
     """
 
     def __init__(
@@ -88,39 +91,52 @@ class KvStore:
         # Staged (key, value) pairs, written sorted: RocksDB's skiplist inserts keys that
         # follow the previous one much faster (measured ~2x for LMQ units).
         self.pending: list[tuple[bytes, bytes]] = []
+        self.staged_ops = 0  # operations staged by `sources`
         self.batch_max_ops = batch_max_ops
         raw = self.db.get(MARKER_KEY)
         self.marker = INT64.unpack(raw)[0] if raw else -1  # last committed marker
         self.durable_marker = self.marker  # marker known to be on disk
-        # Called before each commit to add derived keys (LMQ max offsets, counters).
+        # Called before each commit to add derived keys (LMQ counters).
         self.stagers: list[Callable[[], None]] = []
+        self.sources: list[StagedSource] = []
 
     # ------------------------------------------------------------------ writes
     @property
     def ops(self) -> int:
-        return len(self.pending)
+        """Operations staged and not yet handed to RocksDB."""
+        return len(self.pending) + self.staged_ops
 
     def put(self, key: bytes, value: bytes) -> None:
         self.pending.append((key, value))
 
     def commit(self, marker: int) -> None:
-        """Write the staged pairs with `marker` (the CommitLog offset they reach)."""
+        """Write the staged operations with `marker` (the CommitLog offset they reach).
+        Raises when RocksDB refuses the write: nothing is lost, it stays staged."""
         for stage in self.stagers:
             stage()
         pending = self.pending
-        if not pending and marker == self.marker:
+        if not pending and not self.staged_ops and marker == self.marker:
             return
         self.pending = []
+        self.staged_ops = 0
+        snaps = [src.take_staged() for src in self.sources]
         pending.sort()
         batch = WriteBatch(raw_mode=True)
         put = batch.put
+        put(MARKER_KEY, INT64.pack(marker))
         for k, v in pending:
             put(k, v)
-        put(MARKER_KEY, INT64.pack(marker))
+        for src, snap in zip(self.sources, snaps, strict=True):
+            if snap is not None:
+                src.write_staged(snap, put)
         try:
             self.db.write(batch, self._wo)
         except BaseException:
-            self.pending = pending + self.pending  # nothing was written: keep it staged
+            # Nothing was written: stage it again, ahead of anything staged since.
+            self.pending = pending + self.pending
+            for src, snap in zip(self.sources, snaps, strict=True):
+                if snap is not None:
+                    self.staged_ops += src.restage(snap)
             raise
         self.marker = marker
         if not self.disable_wal:
@@ -130,6 +146,13 @@ class KvStore:
     def delete_range(self, begin: bytes, end: bytes) -> None:
         """Delete keys in [begin, end) now (callers commit the batch first)."""
         self.db.delete_range(begin, end)
+
+    def put_now(self, key: bytes, value: bytes) -> None:
+        """Write one key now, outside the staged batch (callers commit first)."""
+        self.db.put(key, value)
+
+    def delete_now(self, key: bytes) -> None:
+        self.db.delete(key)
 
     def flush_memtable(self) -> None:
         """Persist the memtable (GIL released). Safe from the flusher thread."""
@@ -145,7 +168,7 @@ class KvStore:
         return self.db.get(keys)
 
     def get_int(self, key: bytes, default: int = 0) -> int:
-        raw = self.db.get(key)
+        raw = self.get(key)
         return INT64.unpack(raw)[0] if raw else default
 
     def scan(
@@ -180,3 +203,18 @@ class KvStore:
         to commit first."""
         self.db.close()
         self.db = None  # type: ignore[assignment]
+
+
+class StagedSource(Protocol):
+    """Something that stages KV writes in its own structure (LmqIndex). The KvStore
+    detaches them at commit and hands them back if RocksDB refused the write."""
+
+    def take_staged(self) -> object | None:
+        """Detach what is staged (None: nothing)."""
+
+    def write_staged(self, snapshot: object, put: Callable[[bytes, bytes], None]) -> None:
+        """Put the detached items into the write batch."""
+
+    def restage(self, snapshot: object) -> int:
+        """Stage a refused snapshot again, ahead of anything staged since; return its
+        number of operations."""

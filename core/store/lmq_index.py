@@ -9,7 +9,7 @@ one reverse seek. Storing it would add a write per LMQ per commit (measured: +30
 writes for 4 LMQs per message over 1000 LMQs) to save a seek on the rarer cache miss. When
 retention removes every unit of an LMQ, its `n` (min offset) key keeps the offset.
 
-Offsets changed since the last commit are also kept in `_pending` (bounded by the commit
+Units staged since the last commit are kept here, grouped by queue (bounded by the commit
 threshold), so an evicted entry never falls back to a stale value in RocksDB.
 
 The read interface mirrors ConsumeQueue: max offset, min offset, units, one unit.
@@ -27,6 +27,7 @@ from core.store.kv import INT64, LMQ_COUNT_KEY, KvStore
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
 LMQ_UNIT = struct.Struct(">qiqq")
 _EMPTY_UNIT = (0, 0, 0)
+_PREFIX_CACHE = 8192  # unit key prefixes kept between commits (hot queues)
 
 
 def unit_prefix(name: str) -> bytes:
@@ -34,18 +35,24 @@ def unit_prefix(name: str) -> bytes:
 
 
 class LmqIndex:
-    """LMQ units and offsets. Writes go to the KvStore batch; reads need it committed
-    (the store commits before every LMQ read)."""
+    """LMQ units and offsets. Writes are staged here and handed to the KvStore batch at
+    commit; reads need it committed (the store commits before every LMQ read)."""
 
     def __init__(self, kv: KvStore, cache_size: int) -> None:
         self._kv = kv
         # name -> next offset; the put path reads it directly (never writes it).
         self.cache: dict[str, int] = {}
-        self._pending: dict[str, int] = {}  # names whose next offset is not committed yet
+        # Units staged since the last commit, by queue: name -> [offset, value, offset,
+        # value, ...] in staging order. Grouping by queue at staging time is what makes the
+        # commit cheap: keys are built once per queue prefix, and only the names need
+        # sorting (a queue's units arrive in offset order), not every key.
+        self._staged: dict[str, list] = {}
+        self._prefixes: dict[str, bytes] = {}  # name -> b"u" name b"\x00" (bounded)
         self._cap = cache_size
         self.count = kv.get_int(LMQ_COUNT_KEY)
         self._count_dirty = False
         kv.stagers.append(self._stage)
+        kv.sources.append(self)
 
     # ------------------------------------------------------------------ offsets
     def next_offset(self, name: str) -> int:
@@ -65,8 +72,14 @@ class LmqIndex:
         return self._kv.get_int(b"n" + nb)
 
     def _load(self, name: str) -> int:
-        v = self._pending.get(name)
-        if v is None:
+        staged = self._staged.get(name)
+        if staged:
+            # Not committed yet (the entry was evicted since): the staged units know.
+            v = max(staged[0::2]) + 1
+            stored = self._stored_max(name)
+            if stored > v:
+                v = stored
+        else:
             v = self._stored_max(name)
         cache = self.cache
         cache[name] = v
@@ -90,52 +103,101 @@ class LmqIndex:
             return None
         return validate_lmq(name)
 
+    def _stage_unit(self, name: str, offset: int, value: bytes) -> None:
+        units = self._staged.get(name)
+        if units is None:
+            self._staged[name] = [offset, value]
+        else:
+            units.append(offset)
+            units.append(value)
+        self._kv.staged_ops += 1
+
     def add(self, name: str, offset: int, value: bytes) -> None:
         """Stage unit `offset` of `name` (value = LMQ_UNIT bytes). Idempotent."""
-        self._kv.pending.append((b"u" + name.encode() + b"\x00" + INT64.pack(offset), value))
         prev = self.cache.get(name)
         if prev is None:
             prev = self._load(name)
+        self._stage_unit(name, offset, value)
         if offset >= prev:
             if prev == 0:
                 self.count += 1
                 self._count_dirty = True
             self.cache[name] = offset + 1
-            self._pending[name] = offset + 1
 
     def add_planned(self, targets: list[tuple[str, int]], value: bytes) -> None:
         """Stage units planned by the put path: each offset is the queue's next offset (or
         beyond it, inside a batch), so no comparison with the current max is needed."""
-        add = self._kv.pending.append
+        staged = self._staged
+        get = staged.get
         cache = self.cache
-        pending = self._pending
-        pack = INT64.pack
         for name, off in targets:
-            add((b"u" + name.encode() + b"\x00" + pack(off), value))
-            cache[name] = pending[name] = off + 1
+            units = get(name)
+            if units is None:
+                staged[name] = [off, value]
+            else:
+                units.append(off)  # two appends: cheaper than += (off, value)
+                units.append(value)
+            cache[name] = off + 1
             if off == 0:
                 self.count += 1
                 self._count_dirty = True
+        self._kv.staged_ops += len(targets)
 
     def add_planned_many(self, items: list[tuple[str, int, bytes]]) -> None:
         """add_planned for (name, offset, value) triples (a whole batch at once)."""
-        add = self._kv.pending.append
+        staged = self._staged
+        get = staged.get
         cache = self.cache
-        pending = self._pending
-        pack = INT64.pack
         for name, off, value in items:
-            add((b"u" + name.encode() + b"\x00" + pack(off), value))
-            cache[name] = pending[name] = off + 1
+            units = get(name)
+            if units is None:
+                staged[name] = [off, value]
+            else:
+                units.append(off)  # two appends: cheaper than += (off, value)
+                units.append(value)
+            cache[name] = off + 1
             if off == 0:
                 self.count += 1
                 self._count_dirty = True
+        self._kv.staged_ops += len(items)
 
     def _stage(self) -> None:
-        """At commit: the staged units become readable from RocksDB; add the count."""
-        self._pending.clear()
+        """Before a commit: stage the LMQ count with the units."""
         if self._count_dirty:
             self._kv.put(LMQ_COUNT_KEY, INT64.pack(self.count))
             self._count_dirty = False
+
+    # --------------------------------------------------- KvStore staged source
+    def take_staged(self) -> dict[str, list] | None:
+        staged = self._staged
+        if not staged:
+            return None
+        self._staged = {}
+        return staged
+
+    def write_staged(self, snapshot: dict[str, list], put) -> None:
+        """Units in key order: names sorted (LMQ names are ASCII, so str order is byte
+        order), each queue's units in staging order (ascending offsets)."""
+        prefixes = self._prefixes
+        if len(prefixes) > _PREFIX_CACHE:
+            prefixes.clear()
+        pack = INT64.pack
+        for name in sorted(snapshot):
+            prefix = prefixes.get(name)
+            if prefix is None:
+                prefix = prefixes[name] = b"u" + name.encode() + b"\x00"
+            pairs = iter(snapshot[name])
+            for offset, value in zip(pairs, pairs, strict=False):
+                put(prefix + pack(offset), value)
+
+    def restage(self, snapshot: dict[str, list]) -> int:
+        staged = self._staged
+        n = 0
+        for name, units in snapshot.items():
+            later = staged.get(name)
+            staged[name] = units + later if later else units
+            n += len(units) // 2
+        return n
 
     def min_offset(self, name: str, commitlog_min: int) -> int:
         """First offset whose record still exists. Retention does not touch LMQs; their
@@ -160,7 +222,7 @@ class LmqIndex:
                 lo = mid + 1
         prefix = b"u" + nb + b"\x00"
         self._kv.delete_range(prefix + INT64.pack(old), prefix + INT64.pack(lo))
-        self._kv.db.put(b"n" + nb, INT64.pack(lo))
+        self._kv.put_now(b"n" + nb, INT64.pack(lo))
         return lo
 
     # ------------------------------------------------------------------ units
@@ -187,9 +249,11 @@ class LmqIndex:
         existed = self.next_offset(name) > 0
         nb = name.encode()
         self.cache.pop(name, None)
-        self._pending.pop(name, None)
+        units = self._staged.pop(name, None)
+        if units:
+            self._kv.staged_ops -= len(units) // 2
         self._kv.delete_range(b"u" + nb + b"\x00", b"u" + nb + b"\x01")
-        self._kv.db.delete(b"n" + nb)
+        self._kv.delete_now(b"n" + nb)
         if existed:
             self.count -= 1
             self._count_dirty = True
@@ -209,11 +273,10 @@ class LmqIndex:
                 name = key[1:sep].decode()
                 off = INT64.unpack(key[sep + 1 :])[0]
                 lowest[name] = min(off, lowest.get(name, off))
-                self._kv.db.delete(key)
+                self._kv.delete_now(key)
                 dropped += 1
         for name in lowest:
             self.cache.pop(name, None)
-            self._pending.pop(name, None)
             if self._stored_max(name) == 0:
                 self.count -= 1
                 self._count_dirty = True

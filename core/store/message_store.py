@@ -1,8 +1,8 @@
 """MessageStore: the store as a library — lifecycle, flush, retention, admin, statistics.
 
-The put path lives in put_path.py and the read path in read_path.py (mixins over the same
-state). Threading: every call comes from one thread (the broker's event loop), except
-`flush()`, which may run in a worker thread while puts go on (see flush()).
+The put path lives in put_path.py and put_batch.py, the read path in read_path.py (mixins
+over the same state). Threading: every call comes from one thread (the broker's event
+loop), except `flush()`, which may run in a worker thread while puts go on (see flush()).
 
 Layout of `store_dir`:
 ```
@@ -31,7 +31,7 @@ from core.store.consume_queue import ConsumeQueue
 from core.store.key_index import KeyIndex
 from core.store.kv import KvStore
 from core.store.lmq_index import LmqIndex
-from core.store.put_path import PutPath
+from core.store.put_batch import BatchPutPath
 from core.store.read_path import ReadPath
 from core.store.recovery import RecoveryReport, recover
 from core.store.retention import clean_expired, deletion_due, disk_used_ratio
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _CHECKPOINT_MAX_LAG = 64 << 20
 
 
-class MessageStore(PutPath, ReadPath):
+class MessageStore(BatchPutPath, ReadPath):
     """CommitLog + ConsumeQueues + LMQ index + key index (notes/store_api.md)."""
 
     def __init__(self, config: StoreConfig, *, store_host: bytes = b"\x7f\0\0\1\0\0\0\0") -> None:
@@ -65,6 +65,7 @@ class MessageStore(PutPath, ReadPath):
         self._tails: dict[str, bytes] = {}  # valid topic -> TOPICLENGTH + TOPIC bytes
         self._tag_codes: dict[str, int] = {}  # TAGS -> tag hash (bounded)
         self._tag_codes_raw: dict[bytes, int] = {}  # the same by UTF-8 TAGS (batch bodies)
+        self._multi_names: dict[str, list[str]] = {}  # INNER_MULTI_DISPATCH -> names (bounded)
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirty: deque = deque()  # CQ files written since their last fdatasync
         self._flush_lock = threading.Lock()
@@ -104,7 +105,7 @@ class MessageStore(PutPath, ReadPath):
             self._kv = KvStore(
                 os.path.join(cfg.store_dir, "lmq"), disable_wal=cfg.kv_disable_wal,
                 write_buffer_mb=cfg.kv_write_buffer_mb, block_cache_mb=cfg.kv_block_cache_mb,
-                batch_max_ops=cfg.kv_batch_max_ops, write_thread=cfg.kv_write_thread,
+                batch_max_ops=cfg.kv_batch_max_ops,
             )
             self._lmq = LmqIndex(self._kv, cfg.lmq_offset_cache_size)
             self._keys = KeyIndex(self._kv, cfg.index_bucket_ms)

@@ -3,7 +3,7 @@ then dispatch it (ConsumeQueue unit, LMQ units, key index) — all on the writer
 
 This is the hot path of the whole project, so it is written for CPython: one pass, local
 variables, precompiled structs, records packed straight into the mapping, no per-message
-objects beyond the result. `put_batch` validates every message before writing any.
+objects beyond the result. `put_batch` is in put_batch.py.
 
 Multi-dispatch (protocol doc §10.2): with `enable_multi_dispatch`, a message whose
 INNER_MULTI_DISPATCH lists queues gets INNER_MULTI_QUEUE_OFFSET (same order, assigned
@@ -24,6 +24,7 @@ from core.common.properties import MessageConst
 from core.common.sysflag import MessageSysFlag
 from core.common.taghash import tag_hash
 from core.store.commitlog import END_FILE_MIN_BLANK
+from core.store.key_index import KEYS_PREFIX, UNIQ_PREFIX
 from core.store.lmq_index import LMQ_UNIT
 from core.store.results import PutResult, PutStatus
 
@@ -34,11 +35,16 @@ _TAGS = MessageConst.TAGS
 _KEYS = MessageConst.KEYS
 _UNIQ = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
+# (name, value) -> "name\x01value": the properties text is "\x02".join(map(_PAIR, items)),
+# the same text as properties.encode_properties without a Python frame per pair.
+_PAIR = "\x01".join
 # "%d,%d,...": formatting a tuple is twice as fast as ",".join(map(str, ...)); by count
 # (at most max_lmq_per_message entries).
 _OFFSET_FORMATS: dict[int, str] = {}
 _NO_V6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
 _KV_COMMIT_BYTES = 1 << 20  # commit the RocksDB batch at least every MiB of CommitLog
+_TAG_CODES_MAX = 4096  # bounded caches of tag hashes: tags are client-chosen strings
+_MULTI_NAMES_MAX = 4096  # bounded cache of split INNER_MULTI_DISPATCH lists
 
 
 class _Reject(Exception):
@@ -85,14 +91,49 @@ class PutPath:
         """Offsets for INNER_MULTI_DISPATCH (in name order) and the dispatch targets, one per
         distinct queue: [(lmq name, offset)] and [(ConsumeQueue, offset)]. `bump` holds the
         offsets already taken by earlier messages of the same batch."""
-        names = multi.split(",")
-        if len(names) > self._cfg.max_lmq_per_message:
-            raise _Reject(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"INNER_MULTI_DISPATCH lists {len(names)} queues, limit {self._cfg.max_lmq_per_message}",
-            )
         lmq = self._lmq
         lmq_on = self._lmq_on
+        # Lists without duplicates and within the limit, by INNER_MULTI_DISPATCH text: the
+        # same lists come back (an MQTT topic maps to the same subscriptions).
+        names = self._multi_names.get(multi)
+        if names is None:
+            names = multi.split(",")
+            n = len(names)
+            if n > self._cfg.max_lmq_per_message:
+                raise _Reject(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"INNER_MULTI_DISPATCH lists {n} queues, limit {self._cfg.max_lmq_per_message}",
+                )
+            if n == 1 or len(set(names)) == n:
+                if len(self._multi_names) >= _MULTI_NAMES_MAX:
+                    self._multi_names.clear()
+                self._multi_names[multi] = names
+        elif lmq_on:
+            # The usual case in one pass: every name a known LMQ (cached names are valid
+            # ones), none twice, none the message's own topic. Same result as the loop below.
+            cache = lmq.cache
+            try:
+                offsets = [cache[name] for name in names]
+            except KeyError:
+                pass
+            else:
+                # (All names are cached LMQs, so the topic is one of them only if cached.)
+                if topic not in cache:
+                    if bump is not None:
+                        for i, name in enumerate(names):
+                            extra = bump.get(name, 0)
+                            bump[name] = extra + 1
+                            offsets[i] += extra
+                    new = offsets.count(0)
+                    if new:
+                        if bump is not None:
+                            new = bump[None] = bump.get(None, 0) + new
+                        if lmq.count + new > self._cfg.max_lmq_consume_queue_num:
+                            raise _Reject(
+                                PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
+                                f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
+                            )
+                    return offsets, list(zip(names, offsets, strict=False)), []  # same length
         cached = lmq.cache.get
         offsets: list[int] = []
         lmqs: list[tuple[str, int]] = []
@@ -147,9 +188,8 @@ class PutPath:
             )
         return offsets, lmqs, cqs
 
-    def _encode_props(self, msg: InnerMessage, topic: str, qid: int, qoff: int, bump):
+    def _encode_props(self, props: dict, tags_code, topic: str, qid: int, qoff: int, bump):
         """(properties bytes, tag code, multi offsets, dispatch targets) of one message."""
-        props = msg.properties
         offsets = targets = None
         if props:
             multi = props.get(_MULTI) if self._multi_on else None
@@ -161,36 +201,47 @@ class PutPath:
                 fmt = _OFFSET_FORMATS.get(n)
                 if fmt is None:
                     fmt = _OFFSET_FORMATS[n] = ",".join(["%d"] * n)
-                text = "\x02".join([
-                    k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
-                ]) + _OFFSETS_PAIR + fmt % tuple(offsets)
+                if _WAIT in props or _MULTI_OFFSETS in props:
+                    text = "\x02".join([
+                        k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
+                    ])
+                else:
+                    text = "\x02".join(map(_PAIR, props.items()))
+                text += _OFFSETS_PAIR + fmt % tuple(offsets)
             else:
-                text = "\x02".join([k + "\x01" + v for k, v in props.items()])
+                text = "\x02".join(map(_PAIR, props.items()))
             pb = text.encode()
             if len(pb) > self._max_props:
                 raise _Reject(
                     PutStatus.PROPERTIES_SIZE_EXCEEDED,
                     f"properties size {len(pb)} exceeds {self._max_props}",
                 )
-            tags = props.get(_TAGS)
+            if tags_code is None:
+                tags = props.get(_TAGS)
+                if tags:
+                    tags_code = self._tag_codes.get(tags)
+                    if tags_code is None:
+                        tags_code = self._tag_code(tags)
+                else:
+                    tags_code = 0
         else:
             pb = b""
-            tags = None
-        tc = msg.tags_code
-        if tc is None:
-            if tags:
-                tc = self._tag_codes.get(tags)
-                if tc is None:
-                    tc = self._tag_code(tags)
-            else:
-                tc = 0
-        return pb, tc, offsets, targets, props
+            if tags_code is None:
+                tags_code = 0
+        return pb, tags_code, offsets, targets
 
     def _tag_code(self, tags: str) -> int:
         codes = self._tag_codes
-        if len(codes) >= 4096:  # bounded: tags are client-chosen strings
+        if len(codes) >= _TAG_CODES_MAX:
             codes.clear()
         tc = codes[tags] = tag_hash(tags)
+        return tc
+
+    def _tag_code_raw(self, tags: bytes) -> int:
+        codes = self._tag_codes_raw
+        if len(codes) >= _TAG_CODES_MAX:
+            codes.clear()
+        tc = codes[tags] = tag_hash(tags.decode())
         return tc
 
     def _reserve(self, mf, upto: int) -> str | None:
@@ -236,13 +287,13 @@ class PutPath:
                     return err
         return None
 
-    def _check_common(self, msg: InnerMessage) -> None:
-        if len(msg.body) > self._max_body:
+    def _check_common(self, body, born) -> None:
+        if len(body) > self._max_body:
             raise _Reject(
                 PutStatus.MESSAGE_ILLEGAL,
-                f"message body size {len(msg.body)} exceeds {self._max_body}",
+                f"message body size {len(body)} exceeds {self._max_body}",
             )
-        if len(msg.born_host) != 8 or type(msg.born_host) is not bytes:
+        if len(born) != 8 or type(born) is not bytes:
             raise _Reject(PutStatus.MESSAGE_ILLEGAL, "born_host must be 8 bytes (IPv4 + port)")
 
     def _main_queue(self, topic: str, qid: int):
@@ -267,10 +318,10 @@ class PutPath:
         if keys:
             for key in keys.split(" "):
                 if key:
-                    self._keys.add(b"k", topic, key, store_ms, phys, size)
+                    self._keys.add(KEYS_PREFIX, topic, key, store_ms, phys, size)
         uniq = props.get(_UNIQ)
         if uniq:
-            self._keys.add(b"q", topic, uniq, store_ms, phys, size)
+            self._keys.add(UNIQ_PREFIX, topic, uniq, store_ms, phys, size)
 
     def _dispatch_multi(self, targets: tuple, phys: int, total: int, tc: int, store_ms: int) -> None:
         lmqs, cqs = targets
@@ -302,18 +353,38 @@ class PutPath:
         tail = self._tails.get(topic)
         # A loaded ConsumeQueue implies a valid topic and queue id: skip their checks.
         cq = self._cqs.get((topic, qid)) if tail is not None else None
+        props = msg.properties
         try:
             if tail is None:
                 tail = self._topic_tail(topic)
             born = msg.born_host
             if blen > self._max_body or len(born) != 8 or type(born) is not bytes:
-                self._check_common(msg)
+                self._check_common(body, born)
             crc = zlib.crc32(body) & 0x7FFFFFFF  # also rejects a body that is not bytes-like
             if cq is None:
                 cq, qoff = self._main_queue(topic, qid)
             else:
                 qoff = cq.max_offset
-            pb, tc, offsets, targets, props = self._encode_props(msg, topic, qid, qoff, None)
+            tc = msg.tags_code
+            if props and (not self._multi_on or _MULTI not in props):
+                # _encode_props without multi-dispatch, inlined (the usual message).
+                offsets = targets = None
+                pb = "\x02".join(map(_PAIR, props.items())).encode()
+                if len(pb) > self._max_props:
+                    raise _Reject(
+                        PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                        f"properties size {len(pb)} exceeds {self._max_props}",
+                    )
+                if tc is None:
+                    tags = props.get(_TAGS)
+                    if tags:
+                        tc = self._tag_codes.get(tags)
+                        if tc is None:
+                            tc = self._tag_code(tags)
+                    else:
+                        tc = 0
+            else:
+                pb, tc, offsets, targets = self._encode_props(props, tc, topic, qid, qoff, None)
         except _Reject as rej:
             return self._reject(rej.status, rej.remark)
         except (TypeError, ValueError, AttributeError) as exc:  # malformed fields
@@ -338,19 +409,28 @@ class PutPath:
         phys = mf.start + pos
         store_ms = time_ns() // 1_000_000
         mm = mf.mm
-        HEADER.pack_into(
-            mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
-            msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
-            msg.reconsume_times, msg.prepared_transaction_offset, blen,
-        )
-        p = pos + HEADER_SIZE
-        mm[p : p + blen] = body
-        p += blen
-        mm[p : p + tlen] = tail
-        p += tlen
-        INT16.pack_into(mm, p, plen)
-        p += 2
-        mm[p : p + plen] = pb
+        if blen < 2048:
+            # One copy into the mapping: a slice assignment into an mmap costs more than
+            # joining a small record first.
+            mm[pos : pos + total] = b"".join((HEADER.pack(
+                total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
+                msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
+                msg.reconsume_times, msg.prepared_transaction_offset, blen,
+            ), body, tail, INT16.pack(plen), pb))
+        else:
+            HEADER.pack_into(
+                mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
+                msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
+                msg.reconsume_times, msg.prepared_transaction_offset, blen,
+            )
+            p = pos + HEADER_SIZE
+            mm[p : p + blen] = body
+            p += blen
+            mm[p : p + tlen] = tail
+            p += tlen
+            INT16.pack_into(mm, p, plen)
+            p += 2
+            mm[p : p + plen] = pb
         end = phys + total
         self._wpos = pos + total
         listener = self.dispatch_listener
@@ -366,11 +446,15 @@ class PutPath:
         if targets:
             self._dispatch_multi(targets, phys, total, tc, store_ms)
         if self._index_on and props:
-            self._index(props, topic, store_ms, phys, total)
+            uniq = props.get(_UNIQ)
+            if uniq and _KEYS not in props:
+                self._keys.add(UNIQ_PREFIX, topic, uniq, store_ms, phys, total)
+            else:
+                self._index(props, topic, store_ms, phys, total)
         self._wrote = end
         self._last_store_ms = store_ms
         kv = self._kv
-        if len(kv.pending) >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
+        if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
             self._commit_kv()
         st = self._stats
         st.put_calls += 1
@@ -382,148 +466,4 @@ class PutPath:
         return PutResult(
             PutStatus.OK, None, phys, total, qoff, [f"{self._host_hex}{phys:016X}"],
             store_ms, end, offsets if offsets is not None else [],
-        )
-
-    def put_batch(self, msgs: list[InnerMessage]) -> PutResult:
-        """Append messages of one topic and queue with consecutive queue offsets (a batch
-        send). All are validated first: one bad message rejects the batch, nothing written."""
-        t0 = perf_counter_ns()
-        if not self._running or self._kv_error is not None:
-            refused = self._not_available()
-            if refused is not None:
-                return refused
-        if not msgs:
-            return self._reject(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        topic = msgs[0].topic
-        qid = msgs[0].queue_id
-        fs = self._fs
-        max_body = self._max_body
-        # Pass 1: validate and encode everything, plan sizes and offsets.
-        bump: dict = {}
-        plan = []
-        add_plan = plan.append
-        encode = self._encode_props
-        crc32 = zlib.crc32
-        try:
-            tail = self._tails.get(topic) or self._topic_tail(topic)
-            cq, qoff = self._main_queue(topic, qid)
-            fixed = FIXED_SIZE + len(tail) - 1
-            for msg in msgs:
-                if msg.topic != topic or msg.queue_id != qid:
-                    raise _Reject(PutStatus.MESSAGE_ILLEGAL, "a batch must target one topic and queue")
-                born = msg.born_host
-                if len(msg.body) > max_body or len(born) != 8 or type(born) is not bytes:
-                    self._check_common(msg)
-                crc = crc32(msg.body) & 0x7FFFFFFF
-                pb, tc, offsets, targets, props = encode(msg, topic, qid, qoff, bump)
-                total = fixed + len(msg.body) + len(pb)
-                if total + END_FILE_MIN_BLANK > fs:
-                    raise _Reject(PutStatus.MESSAGE_ILLEGAL, "record larger than a CommitLog file")
-                add_plan((msg, pb, tc, targets, props, total, offsets, crc))
-                qoff += 1
-        except _Reject as rej:
-            return self._reject(rej.status, rej.remark)
-        except (TypeError, ValueError, AttributeError) as exc:  # malformed fields
-            return self._reject(PutStatus.MESSAGE_ILLEGAL, f"malformed message: {exc}")
-        err = self._prepare_space([item[5] for item in plan])
-        if err is not None:
-            return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
-        # Pass 2: write and dispatch.
-        mf = self._cur
-        mm = mf.mm
-        base = mf.start
-        pos = self._wpos
-        host = self._host
-        store_ms = time_ns() // 1_000_000
-        index = self._index if self._index_on else None
-        pack_header = HEADER.pack_into
-        pack16 = INT16.pack_into
-        hexhost = self._host_hex
-        tlen = len(tail)
-        ids = []
-        add_id = ids.append
-        first_phys = -1
-        wrote = 0
-        qoff0 = qoff = qoff - len(plan)
-        lmq_units: list[tuple[str, int, bytes]] = []
-        pack_unit = LMQ_UNIT.pack
-        for msg, pb, tc, targets, props, total, _offsets, crc in plan:
-            if pos + total + END_FILE_MIN_BLANK > fs:
-                self._wpos = pos
-                mf = self._roll()
-                mm = mf.mm
-                base = mf.start
-                pos = 0
-            phys = base + pos
-            body = msg.body
-            blen = len(body)
-            pack_header(
-                mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
-                msg.sys_flag & _NO_V6, msg.born_timestamp, msg.born_host, store_ms, host,
-                msg.reconsume_times, msg.prepared_transaction_offset, blen,
-            )
-            p = pos + HEADER_SIZE
-            mm[p : p + blen] = body
-            p += blen
-            mm[p : p + tlen] = tail
-            p += tlen
-            plen = len(pb)
-            pack16(mm, p, plen)
-            mm[p + 2 : p + 2 + plen] = pb
-            pos += total
-            wrote += total
-            unit = None
-            if cq is not None:
-                cq.append(phys, total, tc)
-            else:
-                unit = pack_unit(phys, total, tc, store_ms)
-                lmq_units.append((topic, qoff, unit))
-            if targets:
-                lmqs, cqs = targets
-                if lmqs:
-                    if unit is None:
-                        unit = pack_unit(phys, total, tc, store_ms)
-                    for name, off in lmqs:
-                        lmq_units.append((name, off, unit))
-                for tcq, _off in cqs:
-                    tcq.append(phys, total, tc)
-            if index is not None and props:
-                index(props, topic, store_ms, phys, total)
-            if first_phys < 0:
-                first_phys = phys
-            add_id(f"{hexhost}{phys:016X}")
-            qoff += 1
-        self._wpos = pos
-        if lmq_units:
-            self._lmq.add_planned_many(lmq_units)
-            self._stats.lmq_dispatches += len(lmq_units)
-        end = base + pos
-        self._wrote = end
-        self._last_store_ms = store_ms
-        listener = self.dispatch_listener
-        if listener is not None:
-            listener(topic, qid if cq is not None else 0, qoff)
-            # Multi-dispatch queues: one wake-up per queue, with its final max offset.
-            woken = {}
-            for plan_item in plan:
-                targets = plan_item[3]
-                if targets:
-                    for name, off in targets[0]:
-                        woken[(name, 0)] = off + 1
-                    for tcq, off in targets[1]:
-                        woken[(tcq.topic, tcq.queue_id)] = off + 1
-            for (name, q), mx in woken.items():
-                listener(name, q, mx)
-        kv = self._kv
-        if len(kv.pending) >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
-            self._commit_kv()
-        st = self._stats
-        st.put_calls += 1
-        st.put_msgs += len(plan)
-        st.put_bytes += wrote
-        st.put_latency.record(perf_counter_ns() - t0)
-        first_offsets = plan[0][6]
-        return PutResult(
-            PutStatus.OK, None, first_phys, wrote, qoff0, ids, store_ms, end,
-            first_offsets if first_offsets is not None else [],
         )

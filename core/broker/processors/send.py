@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from core.broker.topic_config import TopicConfig
 from core.common import names
 from core.common.codec import RecordError, decode_batch
-from core.common.message import InnerMessage
-from core.common.properties import MessageConst, decode_properties
+from core.common.message import InnerMessage, MessageBatch
+from core.common.properties import MessageConst, decode_properties, encode_properties
 from core.common.sysflag import MessageSysFlag, PermName, TopicSysFlag
 from core.remoting.codec import RemotingCommand
-from core.remoting.codes import MQVersion, RequestCode, ResponseCode
+from core.remoting.codes import FLAG_RESPONSE, MQVersion, RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
+from core.store.results import PutStatus
 
 from .common import error
 
@@ -92,29 +93,86 @@ def _str(ext: dict, name: str) -> str:
     return value if type(value) is str else str(value)
 
 
+# Field names by naming: index 0 for code 10 (long names), 1 for 310/320 (letters).
+_NAMES = tuple(
+    tuple(f[i] for f in (
+        _F_GROUP, _F_TOPIC, _F_DEFAULT_TOPIC, _F_DEFAULT_QUEUES, _F_QUEUE_ID, _F_SYS_FLAG,
+        _F_BORN, _F_FLAG, _F_PROPS, _F_RECONSUME, _F_UNIT, _F_MAX_RECONSUME, _F_BATCH,
+    ))
+    for i in (0, 1)
+)
+_I32_MIN, _I32_MAX = _I32
+_I64_MIN, _I64_MAX = _I64
+
+
+def _flag(cmd: RemotingCommand, ext: dict, name: str) -> bool:
+    """A boolean ext field, default False: `ext_bool` without its work for the usual
+    spellings."""
+    value = ext.get(name)
+    if value is None or value == "" or value == "false" or value == "0":
+        return False
+    if value == "true" or value == "1":
+        return True
+    return bool(cmd.ext_bool(name, False))
+
+
 def decode_send_header(cmd: RemotingCommand) -> SendHeader:
     """Read the header of any of the three send codes; HeaderError names a bad field."""
     i = 0 if cmd.code == RequestCode.SEND_MESSAGE else 1
     ext = cmd.ext_fields or {}
-    batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or bool(
-        cmd.ext_bool(_F_BATCH[i], False)
-    )
-    props = ext.get(_F_PROPS[i])
-    max_reconsume = ext.get(_F_MAX_RECONSUME[i])
+    n = _NAMES[i]
+    batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or _flag(cmd, ext, n[12])
+    # Fast path: the fields every client sends, as strings in range. Anything else (a
+    # missing field, a number out of range, a non-string) takes the checked path below,
+    # which parses the same way and names the bad field.
+    try:
+        group = ext[n[0]]
+        topic = ext[n[1]]
+        default_topic = ext[n[2]]
+        queue_nums = int(ext[n[3]])
+        queue_id = int(ext[n[4]])
+        sys_flag = int(ext[n[5]])
+        born = int(ext[n[6]])
+        flag = int(ext[n[7]])
+        reconsume = ext.get(n[9])
+        reconsume = 0 if reconsume is None or reconsume == "" else int(reconsume)
+        max_reconsume = ext.get(n[11])
+        if max_reconsume is not None and max_reconsume != "":
+            max_reconsume = int(max_reconsume)
+            if not _I32_MIN <= max_reconsume <= _I32_MAX:
+                raise ValueError
+        else:
+            max_reconsume = None
+        if (
+            type(group) is str and type(topic) is str and type(default_topic) is str
+            and _I32_MIN <= queue_nums <= _I32_MAX and _I32_MIN <= queue_id <= _I32_MAX
+            and _I32_MIN <= sys_flag <= _I32_MAX and _I64_MIN <= born <= _I64_MAX
+            and _I32_MIN <= flag <= _I32_MAX and _I32_MIN <= reconsume <= _I32_MAX
+        ):
+            props = ext.get(n[8])
+            return SendHeader(
+                group, topic, default_topic, queue_nums, queue_id, sys_flag, born, flag,
+                None if props is None else str(props), reconsume, _flag(cmd, ext, n[10]),
+                max_reconsume, batch,
+            )
+    except (KeyError, TypeError, ValueError):
+        pass
+    props = ext.get(n[8])
+    max_reconsume = ext.get(n[11])
     return SendHeader(
-        producer_group=_str(ext, _F_GROUP[i]),
-        topic=_str(ext, _F_TOPIC[i]),
-        default_topic=_str(ext, _F_DEFAULT_TOPIC[i]),
-        default_topic_queue_nums=_int(ext, _F_DEFAULT_QUEUES[i], _I32),
-        queue_id=_int(ext, _F_QUEUE_ID[i], _I32),
-        sys_flag=_int(ext, _F_SYS_FLAG[i], _I32),
-        born_timestamp=_int(ext, _F_BORN[i], _I64),
-        flag=_int(ext, _F_FLAG[i], _I32),
+        producer_group=_str(ext, n[0]),
+        topic=_str(ext, n[1]),
+        default_topic=_str(ext, n[2]),
+        default_topic_queue_nums=_int(ext, n[3], _I32),
+        queue_id=_int(ext, n[4], _I32),
+        sys_flag=_int(ext, n[5], _I32),
+        born_timestamp=_int(ext, n[6], _I64),
+        flag=_int(ext, n[7], _I32),
         properties=None if props is None else str(props),
-        reconsume_times=_int(ext, _F_RECONSUME[i], _I32, 0),
-        unit_mode=bool(cmd.ext_bool(_F_UNIT[i], False)),
+        reconsume_times=_int(ext, n[9], _I32, 0),
+        unit_mode=bool(cmd.ext_bool(n[10], False)),
         max_reconsume_times=(
-            None if max_reconsume in (None, "") else _int(ext, _F_MAX_RECONSUME[i], _I32)
+            None if max_reconsume in (None, "") else _int(ext, n[11], _I32)
         ),
         batch=batch,
     )
@@ -136,12 +194,21 @@ def _status_code(status_name: str) -> int:
     return _PUT_CODES.get(status_name, ResponseCode.SYSTEM_ERROR)
 
 
+# The same by status, for the hot path (Enum.name is a property lookup).
+_CODE_BY_STATUS = {st: _status_code(st.name) for st in PutStatus}
+# Names that passed the per-name checks of §5.1 step 1 (bounded: names come from clients).
+_SENDABLE_MAX = 4096
+# A batch body needs the per-sub-message DELAY check only if this occurs in it.
+_DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
+
+
 class SendProcessor:
     """Validates, builds the stored message(s) and appends them through the broker."""
 
     def __init__(self, broker) -> None:
         self.broker = broker
         self.config = broker.config
+        self._sendable: set[str] = set()
 
     # ------------------------------------------------------------------ checks
     def _check(self, cmd: RemotingCommand, h: SendHeader, remote: str):
@@ -152,20 +219,10 @@ class SendProcessor:
                 cmd, ResponseCode.NO_PERMISSION,
                 f"the broker[{broker.broker_addr}] sending message is forbidden",
             )
-        reason = names.validate_topic(h.topic)
-        if reason is not None:
-            return error(cmd, ResponseCode.SYSTEM_ERROR, reason)
-        if h.topic in names.NOT_ALLOWED_SEND_TOPICS:
-            return error(
-                cmd, ResponseCode.NO_PERMISSION, f"Sending message to topic[{h.topic}] is forbidden."
-            )
-        if names.is_lmq(h.topic):
-            # LMQs are written through INNER_MULTI_DISPATCH of a normal topic (§10.2).
-            return error(
-                cmd, ResponseCode.NO_PERMISSION,
-                f"Sending message to topic[{h.topic}] is forbidden: LMQs are filled through "
-                f"the {MessageConst.INNER_MULTI_DISPATCH} property",
-            )
+        if h.topic not in self._sendable:
+            refused = self._check_name(cmd, h.topic)
+            if refused is not None:
+                return refused
         tcm = broker.topic_config_manager
         tc: TopicConfig | None = tcm.get(h.topic)
         if tc is None:
@@ -189,7 +246,7 @@ class SendProcessor:
                 f"the topic[{h.topic}] sending message is forbidden",
             )
         queue_id = h.queue_id
-        if queue_id >= tc.queue_nums:
+        if queue_id >= tc.read_queue_nums and queue_id >= tc.write_queue_nums:  # queue_nums
             return error(
                 cmd, ResponseCode.SYSTEM_ERROR,
                 f"request queueId[{queue_id}] is illegal, topic:[{h.topic}] "
@@ -199,6 +256,27 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = _rng.randrange(max(1, tc.write_queue_nums))
         return tc, queue_id
+
+    def _check_name(self, cmd: RemotingCommand, topic: str):
+        """The checks of §5.1 step 1 that depend on the name only (remembered when passed)."""
+        reason = names.validate_topic(topic)
+        if reason is not None:
+            return error(cmd, ResponseCode.SYSTEM_ERROR, reason)
+        if topic in names.NOT_ALLOWED_SEND_TOPICS:
+            return error(
+                cmd, ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
+            )
+        if names.is_lmq(topic):
+            # LMQs are written through INNER_MULTI_DISPATCH of a normal topic (§10.2).
+            return error(
+                cmd, ResponseCode.NO_PERMISSION,
+                f"Sending message to topic[{topic}] is forbidden: LMQs are filled through "
+                f"the {MessageConst.INNER_MULTI_DISPATCH} property",
+            )
+        if len(self._sendable) >= _SENDABLE_MAX:
+            self._sendable.clear()
+        self._sendable.add(topic)
+        return None
 
     def _retry_or_dlq(self, cmd: RemotingCommand, h: SendHeader, inner: InnerMessage):
         """§5.1 step 4: a %RETRY% message consumed too often goes to %DLQ%<group>.
@@ -248,29 +326,22 @@ class SendProcessor:
                 f"the message body size over max value, MAX: {self.config.max_message_size}",
             )
         broker = self.broker
+        props = self._base_properties(h)
         inner = InnerMessage(
-            topic=h.topic,
-            body=body,
-            queue_id=queue_id,
-            flag=h.flag,
-            properties=self._base_properties(h),
-            sys_flag=h.sys_flag,
-            born_timestamp=h.born_timestamp,
-            born_host=broker.encode_client_host(remote),
-            store_host=broker.store_host,
-            reconsume_times=h.reconsume_times,
+            h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
+            broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
         )
-        failed = self._retry_or_dlq(cmd, h, inner)
-        if failed is not None:
-            return failed
+        if h.topic.startswith(names.RETRY_GROUP_TOPIC_PREFIX):
+            failed = self._retry_or_dlq(cmd, h, inner)
+            if failed is not None:
+                return failed
         response_queue_id = inner.queue_id
-        props = inner.properties
-        delayed = _positive_int(props.get(MessageConst.DELAY_TIME_LEVEL))
+        delay = props.get(MessageConst.DELAY_TIME_LEVEL)
+        delayed = _positive_int(delay) if delay else False
+        tran = props.get(MessageConst.TRANSACTION_PREPARED)
         # Java: a re-consumed transactional message coming back with a delay (the retry of
         # old clients) is an ordinary scheduled message, not a new half message.
-        if props.get(MessageConst.TRANSACTION_PREPARED, "").lower() == "true" and not (
-            inner.reconsume_times > 0 and delayed
-        ):
+        if tran and tran.lower() == "true" and not (inner.reconsume_times > 0 and delayed):
             service = broker.transaction_service
             if service is None:
                 return error(
@@ -279,10 +350,10 @@ class SendProcessor:
                 )
             service.prepare(inner)
         elif (
-            broker.schedule_service is not None
+            delayed
+            and broker.schedule_service is not None
             and MessageSysFlag.transaction_value(inner.sys_flag)
             in (MessageSysFlag.TRANSACTION_NOT_TYPE, MessageSysFlag.TRANSACTION_COMMIT_TYPE)
-            and delayed
         ):
             broker.schedule_service.divert(inner)
         result = await broker.put_message(inner)
@@ -317,14 +388,23 @@ class SendProcessor:
                 cmd, ResponseCode.MESSAGE_ILLEGAL,
                 f"the message body size over max value, MAX: {limit}",
             )
+        broker = self.broker
+        batch_props = self._base_properties(h)
+        if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
+            # No DELAY anywhere (the usual case): the store splits the body itself, with no
+            # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
+            result = await broker.put_messages(MessageBatch(
+                h.topic, queue_id, body, encode_properties(batch_props), sys_flag,
+                h.born_timestamp, broker.encode_client_host(remote), broker.store_host,
+                h.reconsume_times,
+            ))
+            return self._response(cmd, result, queue_id)
         try:
             items = decode_batch(body)
         except RecordError as exc:
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}")
         if not items:
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-        broker = self.broker
-        batch_props = self._base_properties(h)
         if _positive_int(batch_props.get(MessageConst.DELAY_TIME_LEVEL)):
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
         born_host = broker.encode_client_host(remote)
@@ -356,18 +436,24 @@ class SendProcessor:
         return self._response(cmd, result, queue_id)
 
     def _response(self, cmd: RemotingCommand, result, queue_id: int) -> RemotingCommand:
-        code = _status_code(result.status.name)
-        if code not in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT):
+        code = _CODE_BY_STATUS.get(result.status)
+        if code is None:
+            code = _status_code(result.status.name)
+        if code and code != ResponseCode.FLUSH_DISK_TIMEOUT:
             return error(cmd, code, result.remark or f"put message failed: {result.status.name}")
+        ids = result.msg_ids
         # Every value a JSON string: the C++ decoder reads numbers as 0 (§1.4 rule 3).
         ext = {
-            "msgId": ",".join(result.msg_ids),
+            "msgId": ids[0] if len(ids) == 1 else ",".join(ids),
             "queueId": str(queue_id),
             "queueOffset": str(result.queue_offset),
             "MSG_REGION": REGION_DEFAULT,
             "TRACE_ON": "true",
         }
-        return cmd.make_response(code, result.remark if code else None, ext)
+        return RemotingCommand(
+            code, opaque=cmd.opaque, flag=FLAG_RESPONSE, remark=result.remark if code else None,
+            ext_fields=ext, serialize_type=cmd.serialize_type,
+        )
 
 
 def _positive_int(value: str | None) -> bool:
