@@ -48,7 +48,7 @@ from core.store import MessageStore, PutResult, PutStatus, StoreConfig
 
 log = logging.getLogger(__name__)
 
-# Processor modules, A's and B's (notes/broker_layout.md); each has register(table, broker).
+# Processor modules; each has register(table, broker).
 PROCESSOR_MODULES = (
     "send",
     "pull",
@@ -75,8 +75,10 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
 
 
 class BrokerController:
-    """A master broker. Attributes named in notes/broker_layout.md are the contract with
-    the broker services (schedule, transactions, locks)."""
+    """A master broker: the store, the managers (topics, groups, offsets, clients), the
+    services (delay levels, transactions, queue locks) and the processor table. The
+    services and processors reach everything through the attributes set in __init__;
+    every writer goes through `put_message(s)` so the flush mode holds."""
 
     def __init__(self, config: BrokerConfig) -> None:
         if config.port == 0:

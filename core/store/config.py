@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class StoreConfig:
     """Configuration of a `MessageStore`.
 
-    The first block is the contract with the broker (notes/store_api.md); the second block
+    The first block is the contract with the broker (docs/store-api.md); the second block
     holds store-internal knobs. Defaults follow RocketMQ 4.9 where it has an equivalent.
     """
 

@@ -44,7 +44,7 @@ _CHECKPOINT_MAX_LAG = 64 << 20
 
 
 class MessageStore(BatchPutPath, ReadPath):
-    """CommitLog + ConsumeQueues + LMQ index + key index (notes/store_api.md)."""
+    """CommitLog + ConsumeQueues + LMQ index + key index (docs/store-api.md)."""
 
     def __init__(self, config: StoreConfig, *, store_host: bytes = b"\x7f\0\0\1\0\0\0\0") -> None:
         if len(store_host) != 8:

@@ -1,4 +1,4 @@
-"""Results of store calls and the filter protocol (notes/store_api.md)."""
+"""Results of store calls and the filter protocol (docs/store-api.md)."""
 
 from __future__ import annotations
 
