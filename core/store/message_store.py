@@ -204,6 +204,12 @@ class MessageStore(BatchPutPath, ReadPath):
             if self._lmq.check_name(topic) is None:
                 self._commit_kv()
                 self._lmq.delete(topic)
+                # With the RocksDB WAL off, an unflushed range delete would be lost in a
+                # crash while recovery re-dispatches the LMQ's units from an older marker.
+                # Persist the deletion with a marker at the write position (admin op: one
+                # memtable flush).
+                self._commit_kv()
+                self._kv.flush_memtable()
             return
         if validate_topic(topic) is not None:
             return

@@ -174,3 +174,40 @@ def test_rocksdb_write_failure_refuses_puts_until_it_works(open_store):
     r = store.put(lmq_msg(["%LMQ%f"], body=b"c"))
     assert r.ok and r.lmq_offsets == [1]
     assert _bodies(store.get("%LMQ%f", 0, 0)) == [b"a", b"c"]
+
+
+def test_deleted_lmq_stays_deleted_after_kill_9(tmp_path):
+    """DELETE_TOPIC on an LMQ survives a crash right after it (RocksDB WAL off)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from core.store import MessageStore, StoreConfig
+
+    from .conftest import SMALL
+
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from core.common.message import InnerMessage
+        from core.store import MessageStore, StoreConfig
+        store = MessageStore(StoreConfig({str(tmp_path / "s")!r}, **{SMALL!r}))
+        store.start()
+        for i in range(50):
+            store.put(InnerMessage(topic="T", body=b"m%d" % i, properties={{
+                "INNER_MULTI_DISPATCH": "%LMQ%gone,%LMQ%kept"}}))
+        store.delete_topic("%LMQ%gone")
+        print("deleted", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL and "deleted" in proc.stdout, proc.stderr
+    store = MessageStore(StoreConfig(str(tmp_path / "s"), **SMALL))
+    store.start()
+    try:
+        assert store.max_offset("%LMQ%gone", 0) == 0
+        assert store.max_offset("%LMQ%kept", 0) == 50
+        assert store.stats()["lmq_count"] == 1
+    finally:
+        store.shutdown()
