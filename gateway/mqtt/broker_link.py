@@ -144,6 +144,10 @@ class BrokerLink:
         self._decoded: dict[tuple[str, int], MqttMessage] = {}
         self._queue: list[_Request] = []
         self._work = trio.Event()
+        # Retained publishes submitted but not yet answered by the broker: a SUBSCRIBE
+        # waits for them before reading the retained table (see retained_settled).
+        self.retained_inflight = 0
+        self._retained_settled: trio.Event | None = None
         self._space = trio.Event()
         self._in_round = False
         self._late: list[LmqState] = []
@@ -234,8 +238,28 @@ class BrokerLink:
 
     def submit(self, msg: MqttMessage, done: PublishDone | None = None) -> None:
         """Queue `msg` for storage; `done(reason)` runs once the broker answered."""
+        if msg.retain:
+            self.retained_inflight += 1
         self._queue.append(_Request(msg, done))
         self._work.set()
+
+    def _retained_answered(self, req: _Request) -> None:
+        if req.msg.retain:
+            self.retained_inflight -= 1
+            if not self.retained_inflight and self._retained_settled is not None:
+                self._retained_settled.set()
+                self._retained_settled = None
+
+    async def retained_settled(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until every retained publish submitted so far was
+        answered. A subscription added to the trie before this call gets later publishes
+        live; one dispatched earlier but stored after the retained table was read would
+        otherwise reach the new subscriber neither way."""
+        with trio.move_on_after(timeout_s):
+            while self.retained_inflight:
+                if self._retained_settled is None:
+                    self._retained_settled = trio.Event()
+                await self._retained_settled.wait()
 
     async def wait_for_space(self) -> None:
         """Back pressure: return once the queue is below `max_pending_publishes`."""
@@ -320,6 +344,7 @@ class BrokerLink:
                     code = NO_MATCHING_SUBSCRIBERS
             else:
                 self.stats["failed"] += 1
+            self._retained_answered(req)
             if req.done is not None:
                 try:
                     req.done(code)
@@ -331,6 +356,7 @@ class BrokerLink:
         log.warning("%d MQTT message(s) not stored: %s", len(batch), why)
         self.stats["failed"] += len(batch)
         for req in batch:
+            self._retained_answered(req)
             if req.done is not None:
                 try:
                     req.done(SEND_FAILED)

@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 READ_SIZE = 65536
 #: Time allowed to write a final DISCONNECT / CONNACK and close.
 CLOSE_GRACE_S = 1.0
+# A SUBSCRIBE waits at most this long for retained publishes still in flight to the broker
+# before it reads the retained table (BrokerLink.retained_settled).
+RETAINED_SETTLE_TIMEOUT_S = 2.0
 NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
 
 
@@ -441,6 +444,10 @@ class Connection(PublishHandler):
             codes.append(granted)
             added.append((sub, existed))
         self.send(Suback(p.packet_id, tuple(codes)))
+        if gw.link.retained_inflight and any(
+            sub.group is None and sub.retain_handling != 2 for sub, _ in added
+        ):
+            await gw.link.retained_settled(RETAINED_SETTLE_TIMEOUT_S)
         for sub, existed in added:
             if sub.group is not None or sub.retain_handling == 2:
                 continue

@@ -184,3 +184,21 @@ def test_will_properties_forwarded(server):
     assert m.properties.UserProperty == [("k", "v")]
     watcher.disconnect()
     assert PahoProperties and PacketTypes  # imported for symmetry with the other modules
+
+
+def test_subscribe_racing_a_retained_publish_still_gets_it():
+    """A retained publish still on its way to the broker when a SUBSCRIBE arrives reaches
+    the new subscriber (live or from the retained table), never neither."""
+    from tests.gateway.mqtt.server_harness import Client, GatewayServer
+
+    with GatewayServer() as srv:
+        pub = Client(srv.port, "race-pub", 4)
+        for i in range(20):
+            topic = f"race/{i}"
+            pub.publish(topic, b"v%d" % i, 0, True)  # QoS 0: no wait for the broker
+            sub = Client(srv.port, f"race-sub-{i}", 4)
+            sub.subscribe(topic, 0)
+            msg = sub.get(timeout=5)
+            assert (msg.topic, msg.payload) == (topic, b"v%d" % i)
+            sub.disconnect()
+        pub.disconnect()
