@@ -22,6 +22,7 @@ from itertools import islice
 
 from core.common.names import validate_lmq
 from core.store.kv import INT64, LMQ_COUNT_KEY, KvStore
+from core.store.speedups import stage_units, write_units
 
 # Unit value: phys int64 | size int32 | tag code int64 | store timestamp int64 (28 bytes,
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
@@ -127,20 +128,10 @@ class LmqIndex:
     def add_planned(self, targets: list[tuple[str, int]], value: bytes) -> None:
         """Stage units planned by the put path: each offset is the queue's next offset (or
         beyond it, inside a batch), so no comparison with the current max is needed."""
-        staged = self._staged
-        get = staged.get
-        cache = self.cache
-        for name, off in targets:
-            units = get(name)
-            if units is None:
-                staged[name] = [off, value]
-            else:
-                units.append(off)  # two appends: cheaper than += (off, value)
-                units.append(value)
-            cache[name] = off + 1
-            if off == 0:
-                self.count += 1
-                self._count_dirty = True
+        created = stage_units(self._staged, self.cache, targets, value)
+        if created:
+            self.count += created
+            self._count_dirty = True
         self._kv.staged_ops += len(targets)
 
     def add_planned_many(self, items: list[tuple[str, int, bytes]]) -> None:
@@ -181,14 +172,7 @@ class LmqIndex:
         prefixes = self._prefixes
         if len(prefixes) > _PREFIX_CACHE:
             prefixes.clear()
-        pack = INT64.pack
-        for name in sorted(snapshot):
-            prefix = prefixes.get(name)
-            if prefix is None:
-                prefix = prefixes[name] = b"u" + name.encode() + b"\x00"
-            pairs = iter(snapshot[name])
-            for offset, value in zip(pairs, pairs, strict=False):
-                put(prefix + pack(offset), value)
+        write_units(snapshot, put, prefixes)
 
     def restage(self, snapshot: dict[str, list]) -> int:
         staged = self._staged

@@ -14,10 +14,9 @@ the message's own queue id. As in RocketMQ, WAIT is dropped from such messages.
 
 from __future__ import annotations
 
-import zlib
 from time import perf_counter_ns, time_ns
 
-from core.common.codec import FIXED_SIZE, HEADER, HEADER_SIZE, INT16, MAGIC_V1
+from core.common.codec import FIXED_SIZE
 from core.common.message import InnerMessage
 from core.common.names import LMQ_PREFIX, validate_lmq, validate_topic
 from core.common.properties import MessageConst
@@ -27,20 +26,16 @@ from core.store.commitlog import END_FILE_MIN_BLANK
 from core.store.key_index import KEYS_PREFIX, UNIQ_PREFIX
 from core.store.lmq_index import LMQ_UNIT
 from core.store.results import PutResult, PutStatus
+from core.store.speedups import encode_props, write_record
 
 _MULTI = MessageConst.INNER_MULTI_DISPATCH
-_MULTI_OFFSETS = MessageConst.INNER_MULTI_QUEUE_OFFSET
 _WAIT = MessageConst.WAIT_STORE_MSG_OK
 _TAGS = MessageConst.TAGS
 _KEYS = MessageConst.KEYS
 _UNIQ = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-_OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
 # (name, value) -> "name\x01value": the properties text is "\x02".join(map(_PAIR, items)),
 # the same text as properties.encode_properties without a Python frame per pair.
 _PAIR = "\x01".join
-# "%d,%d,...": formatting a tuple is twice as fast as ",".join(map(str, ...)); by count
-# (at most max_lmq_per_message entries).
-_OFFSET_FORMATS: dict[int, str] = {}
 _NO_V6 = ~(MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6)
 _KV_COMMIT_BYTES = 1 << 20  # commit the RocksDB batch at least every MiB of CommitLog
 _TAG_CODES_MAX = 4096  # bounded caches of tag hashes: tags are client-chosen strings
@@ -193,24 +188,10 @@ class PutPath:
         offsets = targets = None
         if props:
             multi = props.get(_MULTI) if self._multi_on else None
-            # Same text as properties.encode_properties, inlined for the hot path.
             if multi:
                 offsets, lmqs, cqs = self._plan_multi(multi, topic, qid, qoff, bump)
                 targets = (lmqs, cqs)
-                n = len(offsets)
-                fmt = _OFFSET_FORMATS.get(n)
-                if fmt is None:
-                    fmt = _OFFSET_FORMATS[n] = ",".join(["%d"] * n)
-                if _WAIT in props or _MULTI_OFFSETS in props:
-                    text = "\x02".join([
-                        k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
-                    ])
-                else:
-                    text = "\x02".join(map(_PAIR, props.items()))
-                text += _OFFSETS_PAIR + fmt % tuple(offsets)
-            else:
-                text = "\x02".join(map(_PAIR, props.items()))
-            pb = text.encode()
+            pb = encode_props(props, offsets)
             if len(pb) > self._max_props:
                 raise _Reject(
                     PutStatus.PROPERTIES_SIZE_EXCEEDED,
@@ -360,7 +341,8 @@ class PutPath:
             born = msg.born_host
             if blen > self._max_body or len(born) != 8 or type(born) is not bytes:
                 self._check_common(body, born)
-            crc = zlib.crc32(body) & 0x7FFFFFFF  # also rejects a body that is not bytes-like
+            if type(body) is not bytes:
+                memoryview(body)  # rejects a body that is not bytes-like
             if cq is None:
                 cq, qoff = self._main_queue(topic, qid)
             else:
@@ -369,7 +351,7 @@ class PutPath:
             if props and (not self._multi_on or _MULTI not in props):
                 # _encode_props without multi-dispatch, inlined (the usual message).
                 offsets = targets = None
-                pb = "\x02".join(map(_PAIR, props.items())).encode()
+                pb = encode_props(props, None)
                 if len(pb) > self._max_props:
                     raise _Reject(
                         PutStatus.PROPERTIES_SIZE_EXCEEDED,
@@ -408,29 +390,11 @@ class PutPath:
                 return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
         phys = mf.start + pos
         store_ms = time_ns() // 1_000_000
-        mm = mf.mm
-        if blen < 2048:
-            # One copy into the mapping: a slice assignment into an mmap costs more than
-            # joining a small record first.
-            mm[pos : pos + total] = b"".join((HEADER.pack(
-                total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
-                msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
-                msg.reconsume_times, msg.prepared_transaction_offset, blen,
-            ), body, tail, INT16.pack(plen), pb))
-        else:
-            HEADER.pack_into(
-                mm, pos, total, MAGIC_V1, crc, qid, msg.flag, qoff, phys,
-                msg.sys_flag & _NO_V6, msg.born_timestamp, born, store_ms, self._host,
-                msg.reconsume_times, msg.prepared_transaction_offset, blen,
-            )
-            p = pos + HEADER_SIZE
-            mm[p : p + blen] = body
-            p += blen
-            mm[p : p + tlen] = tail
-            p += tlen
-            INT16.pack_into(mm, p, plen)
-            p += 2
-            mm[p : p + plen] = pb
+        write_record(
+            mf.mm, pos, total, qid, msg.flag, qoff, phys, msg.sys_flag & _NO_V6,
+            msg.born_timestamp, born, store_ms, self._host, msg.reconsume_times,
+            msg.prepared_transaction_offset, body, tail, pb,
+        )
         end = phys + total
         self._wpos = pos + total
         listener = self.dispatch_listener
