@@ -418,6 +418,393 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ batch sends */
+/* Java's String.hashCode of ASCII bytes, sign-extended (taghash.py). */
+static long long java_hash_ascii(const unsigned char *p, Py_ssize_t n)
+{
+    uint32_t h = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = 31 * h + p[i];
+    return (long long)(int32_t)h;
+}
+
+/* Value of the last pair named `name` with a non-empty value in props[0:n] (pairs are
+ * name \x01 value, separated by \x02), as decode_properties would give it. */
+static int last_value(const unsigned char *p, Py_ssize_t n, const char *name, Py_ssize_t nl,
+                      const unsigned char **val, Py_ssize_t *vl)
+{
+    int found = 0;
+    Py_ssize_t s = 0;
+    while (s <= n) {
+        const unsigned char *sep = memchr(p + s, 2, n - s);
+        Py_ssize_t e = sep ? sep - p : n;
+        if (e - s > nl && p[s + nl] == 1 && memcmp(p + s, name, nl) == 0 && e - s - nl - 1 > 0) {
+            *val = p + s + nl + 1;
+            *vl = e - s - nl - 1;
+            found = 1;
+        }
+        if (!sep)
+            break;
+        s = e + 1;
+    }
+    return found;
+}
+
+static PyObject *reject(const char *status, PyObject *remark)
+{
+    if (!remark)
+        return NULL;
+    return Py_BuildValue("(sN)", status, remark);
+}
+
+/* split_batch(body, extra, fixed, max_record, max_body, max_props, x_tc, want_keys,
+ *             want_uniq, multi_check)
+ * Pass 1 of a MessageBatch put (put_batch.py _plan_encoded, same checks in the same order):
+ * every sub-message of the batch body validated and planned. Returns a list of items
+ *   (flag, body start, body length, properties bytes, tag code, record size, body CRC,
+ *    KEYS value or None, UNIQ_KEY value or None)
+ * or (status name, remark) for a message the store refuses, or None when a sub-message
+ * needs the general Python path (non-ASCII properties, or INNER_MULTI_DISPATCH with
+ * multi_check). Properties are the sub-message's own minus WAIT pairs, a \x02 when it does
+ * not end with one and `extra` is not empty, then `extra`. */
+static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "split_batch(body: bytes, extra: bytes, ...9 more)");
+        return NULL;
+    }
+    const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    const unsigned char *extra = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t xl = PyBytes_GET_SIZE(args[1]);
+    long long fixed, max_record, max_body, max_props, x_tc = 0;
+    if (as_i64(args[2], &fixed) < 0 || as_i64(args[3], &max_record) < 0 ||
+        as_i64(args[4], &max_body) < 0 || as_i64(args[5], &max_props) < 0)
+        return NULL;
+    int have_x_tc = args[6] != Py_None;
+    if (have_x_tc && as_i64(args[6], &x_tc) < 0)
+        return NULL;
+    int want_keys = PyObject_IsTrue(args[7]), want_uniq = PyObject_IsTrue(args[8]);
+    int multi_check = PyObject_IsTrue(args[9]);
+    if (want_keys < 0 || want_uniq < 0 || multi_check < 0)
+        return NULL;
+    PyObject *items = PyList_New(0);
+    if (!items)
+        return NULL;
+    unsigned char *own = NULL;  /* scratch: one sub-message's properties */
+    Py_ssize_t own_cap = 0;
+    Py_ssize_t pos = 0;
+    while (pos < n) {
+        if (pos + 20 > n) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: truncated batch sub-message header"));
+        }
+        int32_t size = (int32_t)get_u32(body + pos);
+        int32_t flag = (int32_t)get_u32(body + pos + 12);
+        int32_t blen = (int32_t)get_u32(body + pos + 16);
+        Py_ssize_t b0 = pos + 20, end = pos + (Py_ssize_t)size;
+        if (blen < 0 || (long long)size < 22 + (long long)blen || end > n) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message size"));
+        }
+        Py_ssize_t p0 = b0 + blen;
+        int16_t plen = (int16_t)((body[p0] << 8) | body[p0 + 1]);
+        p0 += 2;
+        if (plen < 0 || p0 + plen != end) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message properties length"));
+        }
+        if (blen > max_body) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromFormat("message body size %d exceeds %lld", (int)blen, max_body));
+        }
+        const unsigned char *src = body + p0;
+        for (Py_ssize_t i = 0; i < plen; i++) {
+            if (src[i] & 0x80)
+                goto slow;
+        }
+        if (multi_check && plen >= 21) {
+            for (Py_ssize_t i = 0; i + 21 <= plen; i++) {
+                if (src[i] == 'I' && memcmp(src + i, "INNER_MULTI_DISPATCH\x01", 21) == 0)
+                    goto slow;
+            }
+        }
+        /* own minus WAIT pairs */
+        if (own_cap < plen + 1) {
+            PyMem_Free(own);
+            own_cap = plen + 64;
+            own = PyMem_Malloc(own_cap);
+            if (!own) {
+                Py_DECREF(items);
+                return PyErr_NoMemory();
+            }
+        }
+        Py_ssize_t ol = 0, s = 0;
+        while (s < plen) {
+            const unsigned char *sep = memchr(src + s, 2, plen - s);
+            Py_ssize_t e = sep ? sep - src : plen;
+            Py_ssize_t seg_end = sep ? e + 1 : e;  /* with its \x02 */
+            if (!(e - s >= 5 && memcmp(src + s, "WAIT\x01", 5) == 0)) {
+                memcpy(own + ol, src + s, seg_end - s);
+                ol += seg_end - s;
+            }
+            s = seg_end;
+        }
+        if (ol && xl && own[ol - 1] != 2)
+            own[ol++] = 2;
+        Py_ssize_t pbl = ol + xl;
+        if (pbl > max_props) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("PROPERTIES_SIZE_EXCEEDED", PyUnicode_FromFormat("properties size %zd exceeds %lld", pbl, max_props));
+        }
+        long long total = fixed + blen + pbl;
+        if (total > max_record) {
+            Py_DECREF(items);
+            PyMem_Free(own);
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("record larger than a CommitLog file"));
+        }
+        PyObject *pb = PyBytes_FromStringAndSize(NULL, pbl);
+        if (!pb)
+            goto fail;
+        memcpy(PyBytes_AS_STRING(pb), own, ol);
+        memcpy(PyBytes_AS_STRING(pb) + ol, extra, xl);
+        const unsigned char *v;
+        Py_ssize_t vl;
+        long long tc = x_tc;
+        if (!have_x_tc)
+            tc = last_value(own, ol, "TAGS", 4, &v, &vl) ? java_hash_ascii(v, vl) : 0;
+        PyObject *keys = Py_None, *uniq = Py_None;
+        Py_INCREF(Py_None);
+        Py_INCREF(Py_None);
+        if (want_keys && last_value(own, ol, "KEYS", 4, &v, &vl)) {
+            Py_DECREF(keys);
+            keys = PyBytes_FromStringAndSize((const char *)v, vl);
+        }
+        if (want_uniq && last_value(own, ol, "UNIQ_KEY", 8, &v, &vl)) {
+            Py_DECREF(uniq);
+            uniq = PyBytes_FromStringAndSize((const char *)v, vl);
+        }
+        if (!keys || !uniq) {
+            Py_XDECREF(keys);
+            Py_XDECREF(uniq);
+            Py_DECREF(pb);
+            goto fail;
+        }
+        uint32_t crc = crc32_buf(body + b0, blen) & 0x7FFFFFFFu;
+        PyObject *item = Py_BuildValue("(innNLLkNN)", (int)flag, b0, (Py_ssize_t)blen, pb, tc,
+                                       total, (unsigned long)crc, keys, uniq);
+        if (!item || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        pos = end;
+    }
+    PyMem_Free(own);
+    return items;
+slow:
+    PyMem_Free(own);
+    Py_DECREF(items);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(own);
+    Py_DECREF(items);
+    return NULL;
+}
+
+static int add_key_entry(PyObject *pending, char prefix, int32_t bucket, PyObject *topic_hash,
+                         const char *key, Py_ssize_t kl, long long store_ms, long long phys,
+                         long long total)
+{
+    Py_ssize_t tl = PyBytes_GET_SIZE(topic_hash);
+    Py_ssize_t tk = tl + kl;
+    if (tk > 1024)  /* key_index._MAX_KEY_BYTES: not indexed */
+        return 0;
+    PyObject *k = PyBytes_FromStringAndSize(NULL, 1 + 4 + 2 + tk + 16);
+    PyObject *val = PyBytes_FromStringAndSize(NULL, 4);
+    if (!k || !val) {
+        Py_XDECREF(k);
+        Py_XDECREF(val);
+        return -1;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(k);
+    p[0] = prefix;
+    put_u32(p + 1, (uint32_t)bucket);
+    put_u16(p + 5, (uint32_t)tk);
+    memcpy(p + 7, PyBytes_AS_STRING(topic_hash), tl);
+    memcpy(p + 7 + tl, key, kl);
+    put_u64(p + 7 + tk, (uint64_t)store_ms);
+    put_u64(p + 15 + tk, (uint64_t)phys);
+    put_u32((unsigned char *)PyBytes_AS_STRING(val), (uint32_t)total);
+    PyObject *pair = PyTuple_Pack(2, k, val);
+    Py_DECREF(k);
+    Py_DECREF(val);
+    if (!pair)
+        return -1;
+    int r = PyList_Append(pending, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
+/* write_batch(mm, pos, limit, items, i, queue_id, queue_offset, base, sys_flag, born_ts,
+ *             born_host, store_ms, store_host, reconsume, body, tail, hex_host, ids,
+ *             cq_units, pending, topic_hash, bucket, x_keys, x_uniq) -> (i, pos)
+ * Pass 2 of a MessageBatch put: records of items[i:] (split_batch items; the first item
+ * of the batch has queue offset `queue_offset`, item i has queue_offset + i) packed into
+ * `mm` from `pos` while they end at or before `limit`. For each: its offset msgId
+ * (hex_host + %016X of base + pos) appended to `ids`, its ConsumeQueue unit (phys int64,
+ * size int32, tag code int64) to the bytearray `cq_units`, and, when `pending` is a list,
+ * its key-index entries (key_index.py layout; `topic_hash` is topic + "#"; x_keys /
+ * x_uniq, when not None, are batch-level values that replace the item's). Returns where
+ * it stopped: the next item and position (the caller rolls to a new file and goes on). */
+static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 24) {
+        PyErr_SetString(PyExc_TypeError, "write_batch takes 24 arguments");
+        return NULL;
+    }
+    long long pos, limit, i0, qid, qoff, base, sys_flag, born_ts, store_ms, reconsume, bucket;
+    if (as_i64(args[1], &pos) < 0 || as_i64(args[2], &limit) < 0 || as_i64(args[4], &i0) < 0 ||
+        as_i32(args[5], &qid, "queue id") < 0 || as_i64(args[6], &qoff) < 0 ||
+        as_i64(args[7], &base) < 0 || as_i32(args[8], &sys_flag, "sys flag") < 0 ||
+        as_i64(args[9], &born_ts) < 0 || as_i64(args[11], &store_ms) < 0 ||
+        as_i32(args[13], &reconsume, "reconsume times") < 0 || as_i64(args[21], &bucket) < 0)
+        return NULL;
+    PyObject *items = args[3], *born = args[10], *host = args[12], *body = args[14];
+    PyObject *tail = args[15], *hexhost = args[16], *ids = args[17], *cq_units = args[18];
+    PyObject *pending = args[19], *topic_hash = args[20], *x_keys = args[22], *x_uniq = args[23];
+    if (!PyList_Check(items) || !PyBytes_Check(born) || PyBytes_GET_SIZE(born) != 8 ||
+        !PyBytes_Check(host) || PyBytes_GET_SIZE(host) != 8 || !PyBytes_Check(body) ||
+        !PyBytes_Check(tail) || !PyUnicode_Check(hexhost) || !PyList_Check(ids) ||
+        !PyByteArray_Check(cq_units) || (pending != Py_None && !PyList_Check(pending)) ||
+        !PyBytes_Check(topic_hash) || (x_keys != Py_None && !PyList_Check(x_keys)) ||
+        (x_uniq != Py_None && !PyBytes_Check(x_uniq))) {
+        PyErr_SetString(PyExc_TypeError, "write_batch: bad argument types");
+        return NULL;
+    }
+    Py_ssize_t hl;
+    const char *hexs = PyUnicode_AsUTF8AndSize(hexhost, &hl);
+    if (!hexs || hl > 64)
+        return hexs ? (PyErr_SetString(PyExc_ValueError, "hex host too long"), NULL) : NULL;
+    Py_buffer mm;
+    if (PyObject_GetBuffer(args[0], &mm, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (limit > mm.len)
+        limit = mm.len;
+    const char *bsrc = PyBytes_AS_STRING(body);
+    Py_ssize_t bn = PyBytes_GET_SIZE(body);
+    Py_ssize_t tlen = PyBytes_GET_SIZE(tail);
+    Py_ssize_t i = (Py_ssize_t)i0;
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    char idbuf[96];
+    memcpy(idbuf, hexs, hl);
+    for (; i < count; i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 9) {
+            PyErr_SetString(PyExc_TypeError, "write_batch: bad item");
+            goto fail;
+        }
+        long long flag, b0, blen, tc, total, crc;
+        PyObject *pb = PyTuple_GET_ITEM(it, 3);
+        if (as_i64(PyTuple_GET_ITEM(it, 0), &flag) < 0 || as_i64(PyTuple_GET_ITEM(it, 1), &b0) < 0 ||
+            as_i64(PyTuple_GET_ITEM(it, 2), &blen) < 0 || as_i64(PyTuple_GET_ITEM(it, 4), &tc) < 0 ||
+            as_i64(PyTuple_GET_ITEM(it, 5), &total) < 0 || as_i64(PyTuple_GET_ITEM(it, 6), &crc) < 0)
+            goto fail;
+        if (!PyBytes_Check(pb) || b0 < 0 || blen < 0 || b0 + blen > bn ||
+            total != 88 + blen + tlen + 2 + PyBytes_GET_SIZE(pb)) {
+            PyErr_SetString(PyExc_ValueError, "write_batch: inconsistent item");
+            goto fail;
+        }
+        if (pos + total > limit)
+            break;
+        Py_ssize_t plen = PyBytes_GET_SIZE(pb);
+        long long phys = base + pos;
+        unsigned char *p = (unsigned char *)mm.buf + pos;
+        put_u32(p, (uint32_t)total);
+        put_u32(p + 4, 0xDAA320A7u);
+        put_u32(p + 8, (uint32_t)crc);
+        put_u32(p + 12, (uint32_t)qid);
+        put_u32(p + 16, (uint32_t)flag);
+        put_u64(p + 20, (uint64_t)(qoff + i));
+        put_u64(p + 28, (uint64_t)phys);
+        put_u32(p + 36, (uint32_t)sys_flag);
+        put_u64(p + 40, (uint64_t)born_ts);
+        memcpy(p + 48, PyBytes_AS_STRING(born), 8);
+        put_u64(p + 56, (uint64_t)store_ms);
+        memcpy(p + 64, PyBytes_AS_STRING(host), 8);
+        put_u32(p + 72, (uint32_t)reconsume);
+        put_u64(p + 76, 0);
+        put_u32(p + 84, (uint32_t)blen);
+        p += 88;
+        memcpy(p, bsrc + b0, blen);
+        p += blen;
+        memcpy(p, PyBytes_AS_STRING(tail), tlen);
+        p += tlen;
+        put_u16(p, (uint32_t)plen);
+        memcpy(p + 2, PyBytes_AS_STRING(pb), plen);
+        pos += total;
+        /* offset msgId */
+        int dl = snprintf(idbuf + hl, sizeof idbuf - hl, "%016llX", (unsigned long long)phys);
+        PyObject *id = PyUnicode_FromStringAndSize(idbuf, hl + dl);
+        if (!id || PyList_Append(ids, id) < 0) {
+            Py_XDECREF(id);
+            goto fail;
+        }
+        Py_DECREF(id);
+        /* ConsumeQueue unit */
+        unsigned char unit[20];
+        put_u64(unit, (uint64_t)phys);
+        put_u32(unit + 8, (uint32_t)total);
+        put_u64(unit + 12, (uint64_t)tc);
+        Py_ssize_t ul = PyByteArray_GET_SIZE(cq_units);
+        if (PyByteArray_Resize(cq_units, ul + 20) < 0)
+            goto fail;
+        memcpy(PyByteArray_AS_STRING(cq_units) + ul, unit, 20);
+        if (pending == Py_None)
+            continue;
+        /* key index: KEYS (space-separated), then UNIQ_KEY */
+        if (x_keys != Py_None) {
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(x_keys); k++) {
+                PyObject *key = PyList_GET_ITEM(x_keys, k);
+                if (!PyBytes_Check(key)) {
+                    PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+                    goto fail;
+                }
+                if (add_key_entry(pending, 'k', (int32_t)bucket, topic_hash, PyBytes_AS_STRING(key),
+                                  PyBytes_GET_SIZE(key), store_ms, phys, total) < 0)
+                    goto fail;
+            }
+        } else if (PyTuple_GET_ITEM(it, 7) != Py_None) {
+            PyObject *kv = PyTuple_GET_ITEM(it, 7);
+            const char *ks = PyBytes_AS_STRING(kv);
+            Py_ssize_t kn = PyBytes_GET_SIZE(kv), s = 0;
+            while (s < kn) {
+                const char *sp = memchr(ks + s, ' ', kn - s);
+                Py_ssize_t e = sp ? sp - ks : kn;
+                if (e > s && add_key_entry(pending, 'k', (int32_t)bucket, topic_hash, ks + s, e - s,
+                                           store_ms, phys, total) < 0)
+                    goto fail;
+                s = e + 1;
+            }
+        }
+        PyObject *uq = x_uniq != Py_None ? x_uniq : PyTuple_GET_ITEM(it, 8);
+        if (uq != Py_None && PyBytes_GET_SIZE(uq) &&
+            add_key_entry(pending, 'q', (int32_t)bucket, topic_hash, PyBytes_AS_STRING(uq),
+                          PyBytes_GET_SIZE(uq), store_ms, phys, total) < 0)
+            goto fail;
+    }
+    PyBuffer_Release(&mm);
+    return Py_BuildValue("(nL)", i, pos);
+fail:
+    PyBuffer_Release(&mm);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"crc32", sp_crc32, METH_O, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object."},
@@ -429,6 +816,10 @@ static PyMethodDef methods[] = {
      "stage_units(staged, cache, targets, unit) -> int: stage LMQ units; new LMQ count."},
     {"write_units", (PyCFunction)(void (*)(void))sp_write_units, METH_FASTCALL,
      "write_units(snapshot, put, prefixes) -> int: staged LMQ units into a write batch."},
+    {"split_batch", (PyCFunction)(void (*)(void))sp_split_batch, METH_FASTCALL,
+     "split_batch(body, extra, ...) -> items | (status, remark) | None: batch pass 1."},
+    {"write_batch", (PyCFunction)(void (*)(void))sp_write_batch, METH_FASTCALL,
+     "write_batch(mm, pos, limit, items, i, ...) -> (i, pos): batch pass 2."},
     {NULL, NULL, 0, NULL},
 };
 

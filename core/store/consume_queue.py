@@ -142,6 +142,27 @@ class ConsumeQueue:
             self._dirty.append(last)
         return off
 
+    def append_packed(self, units: bytes) -> None:
+        """append() for consecutive units already packed (UNIT layout, a batch): one copy
+        per file they span."""
+        n = len(units) // UNIT_SIZE
+        done = 0
+        while done < n:
+            off = self.max_offset
+            idx = off - self._last_base
+            last = self._last
+            if last is None or idx >= self.upf:
+                self._select_last()
+                idx = off - self._last_base
+                last = self._last
+            k = min(n - done, self.upf - idx)
+            last.mm[idx * UNIT_SIZE : (idx + k) * UNIT_SIZE] = units[done * UNIT_SIZE : (done + k) * UNIT_SIZE]
+            self.max_offset = off + k
+            done += k
+            if not last.dirty:
+                last.dirty = True
+                self._dirty.append(last)
+
     def put_at(self, offset: int, phys: int, size: int, tags_code: int) -> None:
         """Idempotent write at `offset` (CommitLog re-dispatch at recovery). An existing unit
         for the same record is kept as is, so a tag code the broker chose survives."""

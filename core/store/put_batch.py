@@ -34,6 +34,7 @@ from core.store.put_path import (
     _Reject,
 )
 from core.store.results import PutResult, PutStatus
+from core.store.speedups import split_batch, write_batch
 
 # Markers (name + \x01) for reading encoded property strings, and their lengths.
 _M_WAIT = _WAIT.encode() + b"\x01"
@@ -67,6 +68,10 @@ class BatchPutPath(PutPath):
                 return refused
         try:
             if type(msgs) is MessageBatch:
+                if split_batch is not None:
+                    native = self._plan_native(msgs)
+                    if native is not None:
+                        return self._put_native(msgs, native, t0)
                 topic, qid, plan, tail, cq, qoff = self._plan_encoded(msgs)
                 host_fields = (msgs.sys_flag & _NO_V6, msgs.born_timestamp, msgs.born_host,
                                msgs.reconsume_times)
@@ -202,6 +207,102 @@ class BatchPutPath(PutPath):
         return PutResult(
             PutStatus.OK, None, first_phys, wrote, qoff0, ids, store_ms, end,
             first_offsets if first_offsets is not None else [],
+        )
+
+    # ------------------------------------------------------------------ native batch
+    # A MessageBatch for a topic with a ConsumeQueue, when core._speedups is built: both
+    # passes run in C (speedups.split_batch / write_batch), the same checks and bytes as
+    # _plan_encoded + the loop of put_batch. Sub-messages that need the general path
+    # (non-ASCII properties, INNER_MULTI_DISPATCH) send the whole batch there.
+
+    def _plan_native(self, batch: MessageBatch):
+        """(items, tail, ConsumeQueue, first queue offset, batch KEYS, batch UNIQ_KEY), or
+        None for the Python path. Raises _Reject like _plan_encoded."""
+        topic = batch.topic
+        born = batch.born_host
+        if len(born) != 8 or type(born) is not bytes:
+            raise _Reject(PutStatus.MESSAGE_ILLEGAL, "born_host must be 8 bytes (IPv4 + port)")
+        body = batch.body
+        if type(body) is not bytes:
+            body = batch.body = bytes(body)
+        if not body:
+            raise _Reject(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        tail = self._tails.get(topic) or self._topic_tail(topic)
+        cq, qoff = self._main_queue(topic, batch.queue_id)
+        if cq is None:
+            return None  # an LMQ topic: units go to the LMQ index
+        extra_text = batch.properties or ""
+        x_tc = x_keys = x_uniq = None
+        if extra_text:
+            xprops = decode_properties(extra_text)
+            if self._multi_on and xprops.get(_MULTI):
+                return None
+            x_tags = xprops.get(_TAGS)
+            if x_tags:
+                x_tc = self._tag_codes.get(x_tags) or self._tag_code(x_tags)
+            x_keys, x_uniq = _index_keys(xprops)
+        index_on = self._index_on
+        items = split_batch(
+            body, extra_text.encode(), FIXED_SIZE + len(tail) - 1, self._fs - END_FILE_MIN_BLANK,
+            self._max_body, self._max_props, x_tc, index_on and x_keys is None,
+            index_on and x_uniq is None, self._multi_on,
+        )
+        if type(items) is tuple:
+            raise _Reject(PutStatus[items[0]], items[1])
+        if items is None:
+            return None
+        return items, tail, cq, qoff, x_keys, x_uniq
+
+    def _put_native(self, batch: MessageBatch, native: tuple, t0: int) -> PutResult:
+        items, tail, cq, qoff, x_keys, x_uniq = native
+        err = self._prepare_space([item[5] for item in items])
+        if err is not None:
+            return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
+        store_ms = time_ns() // 1_000_000
+        ids: list[str] = []
+        units = bytearray()
+        index_on = self._index_on
+        pending = self._kv.pending if index_on else None
+        bucket = store_ms // self._keys.bucket_ms if index_on else 0
+        topic_hash = tail[1:] + b"#"
+        limit = self._fs - END_FILE_MIN_BLANK
+        sys_flag = batch.sys_flag & _NO_V6
+        qid = batch.queue_id
+        mf = self._cur
+        pos = start = self._wpos
+        wrote = 0
+        i = 0
+        n = len(items)
+        while True:
+            i, pos = write_batch(
+                mf.mm, pos, limit, items, i, qid, qoff, mf.start, sys_flag,
+                batch.born_timestamp, batch.born_host, store_ms, self._host,
+                batch.reconsume_times, batch.body, tail, self._host_hex, ids, units, pending,
+                topic_hash, bucket, x_keys, x_uniq,
+            )
+            wrote += pos - start
+            self._wpos = pos
+            if i == n:
+                break
+            mf = self._roll()
+            pos = start = 0
+        cq.append_packed(units)
+        end = mf.start + pos
+        self._wrote = end
+        self._last_store_ms = store_ms
+        listener = self.dispatch_listener
+        if listener is not None:
+            listener(batch.topic, qid, qoff + n)
+        kv = self._kv
+        if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
+            self._commit_kv()
+        st = self._stats
+        st.put_calls += 1
+        st.put_msgs += n
+        st.put_bytes += wrote
+        st.put_latency.record(perf_counter_ns() - t0)
+        return PutResult(
+            PutStatus.OK, None, int(ids[0][-16:], 16), wrote, qoff, ids, store_ms, end, [],
         )
 
     # ------------------------------------------------------------------ batch pass 1

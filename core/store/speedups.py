@@ -107,13 +107,20 @@ def write_units(snapshot: dict, put, prefixes: dict) -> int:
     return n
 
 
+# Batch sends (put_batch.py): C only; without the extension put_batch takes its general
+# Python path, which is the reference these are tested against.
+split_batch = None
+write_batch = None
+
 NATIVE = False
 if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
     try:
         from core._speedups import (  # noqa: F401, F811
             crc32,
             encode_props,
+            split_batch,
             stage_units,
+            write_batch,
             write_record,
             write_units,
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+import core.store.put_batch as put_batch_mod
 from core.common.codec import BatchItem, RecordError, decode_batch, decode_record, encode_batch
 from core.common.message import InnerMessage, MessageBatch
 from core.common.properties import decode_properties, encode_properties
@@ -182,3 +185,55 @@ def test_invalid_utf8_properties_are_replaced(open_store, tmp_path):
     assert r.ok
     [m] = _records(store, r)
     assert m.properties == {"TAGS": "AB", "K": "\ufffd\ufffd", "CLUSTER": "C"}
+
+
+def _stamp_free(raw) -> bytes:
+    b = bytearray(raw)
+    b[56:64] = bytes(8)  # the store timestamp differs between two stores
+    return bytes(b)
+
+
+@pytest.mark.skipif(put_batch_mod.split_batch is None, reason="core._speedups not built")
+def test_native_batch_path_writes_the_python_path_bytes(open_store, tmp_path, monkeypatch):
+    """The C passes (speedups.split_batch / write_batch) against the Python passes, byte for
+    byte: records, ConsumeQueue units, key index, results and refusals; across file rolls."""
+    native = open_store(tmp_path / "native", commitlog_file_size=16 * 1024)
+    python = open_store(tmp_path / "python", commitlog_file_size=16 * 1024)
+    rng = random.Random(11)
+    batches = []
+    for i in range(60):
+        items = _random_items(rng, rng.randrange(1, 25))
+        # ASCII-only mostly, and no multi-dispatch, so C takes them
+        items = [BatchItem(it.flag, it.body, it.properties.replace("标签", "TagZ").replace(
+            "INNER_MULTI_DISPATCH", "X")) if rng.random() < 0.9 else it for it in items]
+        props = rng.choice([BATCH_PROPS, {}, {"CLUSTER": "C", "TAGS": "BT"},
+                            {"KEYS": "bk1 bk2", "UNIQ_KEY": "BU", "CLUSTER": "C"}])
+        batches.append(_batch(items, queue_id=i % 3, props=props))
+    # and refusals
+    good = encode_batch([BatchItem(0, b"ok", "TAGS\x01A")])
+    batches.append(MessageBatch("T", 0, good + good[:25], "CLUSTER\x01C", born_host=BORN))
+    batches.append(MessageBatch("T", 0, encode_batch([BatchItem(0, b"x", "A\x01" + "v" * 32760)]),
+                                "CLUSTER\x01C", born_host=BORN))
+    batches.append(MessageBatch("T", 0, encode_batch([BatchItem(0, b"x" * 20000, "A\x01b")]),
+                                "", born_host=BORN))
+    results = []
+    for b in batches:
+        results.append(native.put_batch(b))
+    monkeypatch.setattr(put_batch_mod, "split_batch", None)
+    for b, a in zip(batches, results, strict=True):
+        r = python.put_batch(b)
+        assert (a.status, a.remark, a.queue_offset, a.msg_ids, a.wrote_bytes, a.physical_offset) == \
+               (r.status, r.remark, r.queue_offset, r.msg_ids, r.wrote_bytes, r.physical_offset)
+        for mid in a.msg_ids:
+            off = int(mid[16:], 16)
+            assert _stamp_free(native.read_record(off)) == _stamp_free(python.read_record(off))
+    assert native.max_physical_offset == python.max_physical_offset
+    for q in range(3):
+        n = native.max_offset("T", q)
+        assert n == python.max_offset("T", q) > 0
+        assert native.units("T", q, 0, n) == python.units("T", q, 0, n)
+    for key in ("k1", "k2", "k3", "k4", "bk1", "bk2"):
+        a = native.query_by_key("T", key, 1000)
+        assert a, key
+        assert sorted(map(_stamp_free, a)) == sorted(map(_stamp_free, python.query_by_key("T", key, 1000)))
+    assert len(native.query_by_uniq_key("T", "BU")) == len(python.query_by_uniq_key("T", "BU")) > 0
