@@ -450,11 +450,57 @@ static int last_value(const unsigned char *p, Py_ssize_t n, const char *name, Py
     return found;
 }
 
-static PyObject *reject(const char *status, PyObject *remark)
+static PyObject *reject(const char *status, PyObject *remark, PyObject *items)
 {
-    if (!remark)
+    if (!remark) {
+        Py_DECREF(items);
         return NULL;
-    return Py_BuildValue("(sN)", status, remark);
+    }
+    return Py_BuildValue("(sNN)", status, remark, items);
+}
+
+/* When the properties string p[0:n] is canonical -- pairs name \x01 value, both non-empty,
+ * no empty pair, no trailing \x02, no name twice, no WAIT or INNER_MULTI_QUEUE_OFFSET --
+ * decoding it into a dict and encoding that again gives the same bytes. Returns the
+ * INNER_MULTI_DISPATCH value of such a string (a new str), Py_True when the string is not
+ * canonical or has no INNER_MULTI_DISPATCH pair (the caller takes the dict path), or NULL
+ * with an exception set. */
+#define MAX_CANON_PAIRS 32
+static PyObject *canonical_multi(const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t ns[MAX_CANON_PAIRS], nl[MAX_CANON_PAIRS];
+    int pairs = 0;
+    const unsigned char *mv = NULL;
+    Py_ssize_t mvl = 0;
+    Py_ssize_t s = 0;
+    if (n == 0 || p[n - 1] == 2)
+        Py_RETURN_TRUE;
+    while (s < n) {
+        const unsigned char *sep = memchr(p + s, 2, n - s);
+        Py_ssize_t e = sep ? sep - p : n;
+        const unsigned char *eq = memchr(p + s, 1, e - s);
+        if (!eq || eq == p + s || eq + 1 == p + e || pairs == MAX_CANON_PAIRS)
+            Py_RETURN_TRUE;  /* no separator, empty name or value, too many pairs */
+        Py_ssize_t l = eq - (p + s);
+        for (int k = 0; k < pairs; k++) {
+            if (nl[k] == l && memcmp(p + ns[k], p + s, l) == 0)
+                Py_RETURN_TRUE;
+        }
+        if ((l == 4 && memcmp(p + s, "WAIT", 4) == 0) ||
+            (l == 24 && memcmp(p + s, "INNER_MULTI_QUEUE_OFFSET", 24) == 0))
+            Py_RETURN_TRUE;
+        if (l == 20 && memcmp(p + s, "INNER_MULTI_DISPATCH", 20) == 0) {
+            mv = eq + 1;
+            mvl = (p + e) - mv;
+        }
+        ns[pairs] = s;
+        nl[pairs] = l;
+        pairs++;
+        s = e + 1;
+    }
+    if (!mv)
+        Py_RETURN_TRUE;
+    return PyUnicode_FromStringAndSize((const char *)mv, mvl);
 }
 
 /* split_batch(body, extra, fixed, max_record, max_body, max_props, x_tc, want_keys,
@@ -462,11 +508,15 @@ static PyObject *reject(const char *status, PyObject *remark)
  * Pass 1 of a MessageBatch put (put_batch.py _plan_encoded, same checks in the same order):
  * every sub-message of the batch body validated and planned. Returns a list of items
  *   (flag, body start, body length, properties bytes, tag code, record size, body CRC,
- *    KEYS value or None, UNIQ_KEY value or None)
- * or (status name, remark) for a message the store refuses, or None when a sub-message
- * needs the general Python path (non-ASCII properties, or INNER_MULTI_DISPATCH with
- * multi_check). Properties are the sub-message's own minus WAIT pairs, a \x02 when it does
- * not end with one and `extra` is not empty, then `extra`. */
+ *    KEYS value or None, UNIQ_KEY value or None, needs the dict path)
+ * or (status name, remark, the items before it) for a message the store refuses, or None when a sub-message
+ * needs the general Python path (non-ASCII properties). Properties are the sub-message's
+ * own minus WAIT pairs, a \x02 when it does not end with one and `extra` is not empty, then
+ * `extra`. The last field says how the caller finishes the properties: False, they are
+ * final; with multi_check, for properties that mention INNER_MULTI_DISPATCH, the value of
+ * that pair (a str) when the string is canonical (see canonical_multi: the caller appends
+ * INNER_MULTI_QUEUE_OFFSET), else True (the caller re-encodes them from a dict). Either
+ * way the size checks of such an item are the caller's. */
 static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
@@ -496,41 +546,40 @@ static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_
     Py_ssize_t pos = 0;
     while (pos < n) {
         if (pos + 20 > n) {
-            Py_DECREF(items);
             PyMem_Free(own);
-            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: truncated batch sub-message header"));
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: truncated batch sub-message header"), items);
         }
         int32_t size = (int32_t)get_u32(body + pos);
         int32_t flag = (int32_t)get_u32(body + pos + 12);
         int32_t blen = (int32_t)get_u32(body + pos + 16);
         Py_ssize_t b0 = pos + 20, end = pos + (Py_ssize_t)size;
         if (blen < 0 || (long long)size < 22 + (long long)blen || end > n) {
-            Py_DECREF(items);
             PyMem_Free(own);
-            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message size"));
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message size"), items);
         }
         Py_ssize_t p0 = b0 + blen;
         int16_t plen = (int16_t)((body[p0] << 8) | body[p0 + 1]);
         p0 += 2;
         if (plen < 0 || p0 + plen != end) {
-            Py_DECREF(items);
             PyMem_Free(own);
-            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message properties length"));
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("bad batch body: bad batch sub-message properties length"), items);
         }
         if (blen > max_body) {
-            Py_DECREF(items);
             PyMem_Free(own);
-            return reject("MESSAGE_ILLEGAL", PyUnicode_FromFormat("message body size %d exceeds %lld", (int)blen, max_body));
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromFormat("message body size %d exceeds %lld", (int)blen, max_body), items);
         }
         const unsigned char *src = body + p0;
         for (Py_ssize_t i = 0; i < plen; i++) {
             if (src[i] & 0x80)
                 goto slow;
         }
+        int need_dict = 0;
         if (multi_check && plen >= 21) {
             for (Py_ssize_t i = 0; i + 21 <= plen; i++) {
-                if (src[i] == 'I' && memcmp(src + i, "INNER_MULTI_DISPATCH\x01", 21) == 0)
-                    goto slow;
+                if (src[i] == 'I' && memcmp(src + i, "INNER_MULTI_DISPATCH\x01", 21) == 0) {
+                    need_dict = 1;
+                    break;
+                }
             }
         }
         /* own minus WAIT pairs */
@@ -557,16 +606,14 @@ static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_
         if (ol && xl && own[ol - 1] != 2)
             own[ol++] = 2;
         Py_ssize_t pbl = ol + xl;
-        if (pbl > max_props) {
-            Py_DECREF(items);
+        if (!need_dict && pbl > max_props) {
             PyMem_Free(own);
-            return reject("PROPERTIES_SIZE_EXCEEDED", PyUnicode_FromFormat("properties size %zd exceeds %lld", pbl, max_props));
+            return reject("PROPERTIES_SIZE_EXCEEDED", PyUnicode_FromFormat("properties size %zd exceeds %lld", pbl, max_props), items);
         }
         long long total = fixed + blen + pbl;
-        if (total > max_record) {
-            Py_DECREF(items);
+        if (!need_dict && total > max_record) {
             PyMem_Free(own);
-            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("record larger than a CommitLog file"));
+            return reject("MESSAGE_ILLEGAL", PyUnicode_FromString("record larger than a CommitLog file"), items);
         }
         PyObject *pb = PyBytes_FromStringAndSize(NULL, pbl);
         if (!pb)
@@ -596,8 +643,19 @@ static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_
             goto fail;
         }
         uint32_t crc = crc32_buf(body + b0, blen) & 0x7FFFFFFFu;
-        PyObject *item = Py_BuildValue("(innNLLkNN)", (int)flag, b0, (Py_ssize_t)blen, pb, tc,
-                                       total, (unsigned long)crc, keys, uniq);
+        PyObject *how = Py_NewRef(Py_False);
+        if (need_dict) {
+            Py_DECREF(how);
+            how = canonical_multi((const unsigned char *)PyBytes_AS_STRING(pb), pbl);
+            if (!how) {
+                Py_DECREF(pb);
+                Py_DECREF(keys);
+                Py_DECREF(uniq);
+                goto fail;
+            }
+        }
+        PyObject *item = Py_BuildValue("(innNLLkNNN)", (int)flag, b0, (Py_ssize_t)blen, pb, tc,
+                                       total, (unsigned long)crc, keys, uniq, how);
         if (!item || PyList_Append(items, item) < 0) {
             Py_XDECREF(item);
             goto fail;
@@ -705,7 +763,7 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
     memcpy(idbuf, hexs, hl);
     for (; i < count; i++) {
         PyObject *it = PyList_GET_ITEM(items, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 9) {
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 10) {
             PyErr_SetString(PyExc_TypeError, "write_batch: bad item");
             goto fail;
         }

@@ -17,7 +17,12 @@ from time import perf_counter_ns, time_ns
 
 from core.common.codec import BATCH_HEAD, FIXED_SIZE, HEADER, INT16, MAGIC_V1
 from core.common.message import InnerMessage, MessageBatch
-from core.common.properties import decode_properties, drop_property, find_property
+from core.common.properties import (
+    MessageConst,
+    decode_properties,
+    drop_property,
+    find_property,
+)
 from core.store.commitlog import END_FILE_MIN_BLANK
 from core.store.key_index import KEYS_PREFIX, UNIQ_PREFIX
 from core.store.lmq_index import LMQ_UNIT
@@ -46,6 +51,7 @@ _L_WAIT = len(_M_WAIT)
 _L_TAGS = len(_M_TAGS)
 _L_UNIQ = len(_M_UNIQ)
 _SUB_HEAD = BATCH_HEAD.size  # 20
+_OFFSETS_PAIR = ("\x02" + MessageConst.INNER_MULTI_QUEUE_OFFSET + "\x01").encode()
 _COPY_BYTES = 256 << 10  # records are packed and copied into the mapping by this much at most
 
 
@@ -247,14 +253,54 @@ class BatchPutPath(PutPath):
             self._max_body, self._max_props, x_tc, index_on and x_keys is None,
             index_on and x_uniq is None, self._multi_on,
         )
-        if type(items) is tuple:
-            raise _Reject(PutStatus[items[0]], items[1])
         if items is None:
             return None
-        return items, tail, cq, qoff, x_keys, x_uniq
+        if type(items) is tuple:
+            status, remark, before = items
+            self._plan_dicts(before, batch.topic, batch.queue_id, qoff, len(tail))
+            raise _Reject(PutStatus[status], remark)
+        multi = self._plan_dicts(items, batch.topic, batch.queue_id, qoff, len(tail)) \
+            if self._multi_on else None
+        return items, tail, cq, qoff, x_keys, x_uniq, multi
+
+    def _plan_dicts(self, items: list, topic: str, qid: int, qoff: int, tlen: int):
+        """Items flagged by split_batch (their properties mention INNER_MULTI_DISPATCH) get
+        the dict path of _plan_encoded: properties re-encoded with the multi-dispatch
+        offsets, then the size checks. Returns [(item index, offsets, targets)] or None."""
+        out = None
+        bump: dict = {}
+        fixed = FIXED_SIZE + tlen - 1
+        limit = self._fs - END_FILE_MIN_BLANK
+        for i, item in enumerate(items):
+            how = item[9]
+            if not how:
+                continue
+            tc = item[4]
+            if how is True:
+                props = decode_properties(item[3].decode())
+                pb, tc, offsets, targets = self._encode_props(props, tc, topic, qid, qoff + i, bump)
+            else:
+                # Canonical properties (split_batch checked): the dict path would give the
+                # same bytes, so only the offsets pair is appended.
+                offsets, lmqs, cqs = self._plan_multi(how, topic, qid, qoff + i, bump)
+                targets = (lmqs, cqs)
+                pb = item[3] + _OFFSETS_PAIR + ",".join(map(str, offsets)).encode()
+                if len(pb) > self._max_props:
+                    raise _Reject(
+                        PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                        f"properties size {len(pb)} exceeds {self._max_props}",
+                    )
+            total = fixed + item[2] + len(pb)
+            if total > limit:
+                raise _Reject(PutStatus.MESSAGE_ILLEGAL, "record larger than a CommitLog file")
+            items[i] = (item[0], item[1], item[2], pb, tc, total, item[6], item[7], item[8], False)
+            if out is None:
+                out = []
+            out.append((i, offsets, targets))
+        return out
 
     def _put_native(self, batch: MessageBatch, native: tuple, t0: int) -> PutResult:
-        items, tail, cq, qoff, x_keys, x_uniq = native
+        items, tail, cq, qoff, x_keys, x_uniq, multi = native
         err = self._prepare_space([item[5] for item in items])
         if err is not None:
             return self._reject(PutStatus.SERVICE_NOT_AVAILABLE, err)
@@ -293,6 +339,9 @@ class BatchPutPath(PutPath):
         listener = self.dispatch_listener
         if listener is not None:
             listener(batch.topic, qid, qoff + n)
+        first_offsets = None
+        if multi is not None:
+            first_offsets = self._dispatch_native(multi, items, ids, store_ms)
         kv = self._kv
         if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
             self._commit_kv()
@@ -302,8 +351,40 @@ class BatchPutPath(PutPath):
         st.put_bytes += wrote
         st.put_latency.record(perf_counter_ns() - t0)
         return PutResult(
-            PutStatus.OK, None, int(ids[0][-16:], 16), wrote, qoff, ids, store_ms, end, [],
+            PutStatus.OK, None, int(ids[0][-16:], 16), wrote, qoff, ids, store_ms, end,
+            first_offsets if first_offsets is not None else [],
         )
+
+    def _dispatch_native(self, multi: list, items: list, ids: list[str], store_ms: int):
+        """Multi-dispatch units of a native batch (LMQ units staged, other queues appended,
+        one wake-up per queue); returns the first record's offsets (None if it had none)."""
+        lmq_units: list[tuple[str, int, bytes]] = []
+        woken: dict = {}
+        pack_unit = LMQ_UNIT.pack
+        for i, _offsets, targets in multi:
+            if not targets:
+                continue
+            lmqs, cqs = targets
+            item = items[i]
+            phys = int(ids[i][-16:], 16)
+            total = item[5]
+            tc = item[4]
+            if lmqs:
+                unit = pack_unit(phys, total, tc, store_ms)
+                for name, off in lmqs:
+                    lmq_units.append((name, off, unit))
+                    woken[(name, 0)] = off + 1
+            for tcq, off in cqs:
+                tcq.append(phys, total, tc)
+                woken[(tcq.topic, tcq.queue_id)] = off + 1
+        if lmq_units:
+            self._lmq.add_planned_many(lmq_units)
+            self._stats.lmq_dispatches += len(lmq_units)
+        listener = self.dispatch_listener
+        if listener is not None:
+            for (name, q), mx in woken.items():
+                listener(name, q, mx)
+        return multi[0][1] if multi[0][0] == 0 else None
 
     # ------------------------------------------------------------------ batch pass 1
     # Both planners return (topic, queue id, plan, topic tail, ConsumeQueue or None, first

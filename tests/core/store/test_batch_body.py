@@ -203,9 +203,11 @@ def test_native_batch_path_writes_the_python_path_bytes(open_store, tmp_path, mo
     batches = []
     for i in range(60):
         items = _random_items(rng, rng.randrange(1, 25))
-        # ASCII-only mostly, and no multi-dispatch, so C takes them
-        items = [BatchItem(it.flag, it.body, it.properties.replace("标签", "TagZ").replace(
-            "INNER_MULTI_DISPATCH", "X")) if rng.random() < 0.9 else it for it in items]
+        # ASCII-only mostly, so C takes them (non-ASCII sends the batch to Python)
+        items = [BatchItem(it.flag, it.body, it.properties.replace("标签", "TagZ"))
+                 if rng.random() < 0.9 else it for it in items]
+        if rng.random() < 0.2:  # a dict-path item whose properties shrink when re-encoded
+            items.append(BatchItem(0, b"d", "TAGS\x01a\x02TAGS\x01b\x02INNER_MULTI_DISPATCH\x01"))
         props = rng.choice([BATCH_PROPS, {}, {"CLUSTER": "C", "TAGS": "BT"},
                             {"KEYS": "bk1 bk2", "UNIQ_KEY": "BU", "CLUSTER": "C"}])
         batches.append(_batch(items, queue_id=i % 3, props=props))
@@ -216,14 +218,20 @@ def test_native_batch_path_writes_the_python_path_bytes(open_store, tmp_path, mo
                                 "CLUSTER\x01C", born_host=BORN))
     batches.append(MessageBatch("T", 0, encode_batch([BatchItem(0, b"x" * 20000, "A\x01b")]),
                                 "", born_host=BORN))
+    # a refused multi-dispatch item before a malformed one: the first refusal is reported
+    bad_lmq = encode_batch([BatchItem(0, b"x", "INNER_MULTI_DISPATCH\x01%LMQ%bad name")])
+    batches.append(MessageBatch("T", 0, bad_lmq + good[:25], "", born_host=BORN))
+    batches.append(MessageBatch("T", 0, good + bad_lmq, "", born_host=BORN))
     results = []
     for b in batches:
         results.append(native.put_batch(b))
     monkeypatch.setattr(put_batch_mod, "split_batch", None)
     for b, a in zip(batches, results, strict=True):
         r = python.put_batch(b)
-        assert (a.status, a.remark, a.queue_offset, a.msg_ids, a.wrote_bytes, a.physical_offset) == \
-               (r.status, r.remark, r.queue_offset, r.msg_ids, r.wrote_bytes, r.physical_offset)
+        assert (a.status, a.remark, a.queue_offset, a.msg_ids, a.wrote_bytes, a.physical_offset,
+                a.lmq_offsets) == \
+               (r.status, r.remark, r.queue_offset, r.msg_ids, r.wrote_bytes, r.physical_offset,
+                r.lmq_offsets)
         for mid in a.msg_ids:
             off = int(mid[16:], 16)
             assert _stamp_free(native.read_record(off)) == _stamp_free(python.read_record(off))
@@ -237,3 +245,7 @@ def test_native_batch_path_writes_the_python_path_bytes(open_store, tmp_path, mo
         assert a, key
         assert sorted(map(_stamp_free, a)) == sorted(map(_stamp_free, python.query_by_key("T", key, 1000)))
     assert len(native.query_by_uniq_key("T", "BU")) == len(python.query_by_uniq_key("T", "BU")) > 0
+    for lmq in ("%LMQ%a", "%LMQ%b"):
+        n = native.max_offset(lmq, 0)
+        assert n == python.max_offset(lmq, 0) > 0
+        assert native.units(lmq, 0, 0, n) == python.units(lmq, 0, 0, n)
