@@ -94,6 +94,24 @@ static int as_i32(PyObject *o, long long *out, const char *what)
     return 0;
 }
 
+/* Decimal text of v at p (at most 20 bytes); returns its length. */
+static Py_ssize_t format_i64(char *p, long long v)
+{
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    Py_ssize_t len = 0;
+    if (v < 0)
+        p[len++] = '-';
+    while (n)
+        p[len++] = tmp[--n];
+    return len;
+}
+
 static PyObject *S_WAIT, *S_MULTI_OFFSETS;
 static const char OFFSETS_PAIR[] = "\x02INNER_MULTI_QUEUE_OFFSET\x01";
 #define OFFSETS_PAIR_LEN (sizeof(OFFSETS_PAIR) - 1)
@@ -147,21 +165,36 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
         total += kl + vl + 1 + (npairs ? 1 : 0);
         npairs++;
     }
-    char digits[32];
-    Py_ssize_t noff = 0;
+    /* The offsets text, formatted once into a small buffer (or the heap past it). */
+    char small[512];
+    char *otext = small;
+    Py_ssize_t olen = 0;
     if (multi) {
-        noff = PyList_GET_SIZE(offsets);
-        total += OFFSETS_PAIR_LEN;
+        Py_ssize_t noff = PyList_GET_SIZE(offsets);
+        if (noff * 21 > (Py_ssize_t)sizeof small) {
+            otext = PyMem_Malloc(noff * 21);
+            if (!otext)
+                return PyErr_NoMemory();
+        }
         for (Py_ssize_t i = 0; i < noff; i++) {
             long long o;
-            if (as_i64(PyList_GET_ITEM(offsets, i), &o) < 0)
+            if (as_i64(PyList_GET_ITEM(offsets, i), &o) < 0) {
+                if (otext != small)
+                    PyMem_Free(otext);
                 return NULL;
-            total += snprintf(digits, sizeof digits, "%lld", o) + (i ? 1 : 0);
+            }
+            if (i)
+                otext[olen++] = ',';
+            olen += format_i64(otext + olen, o);
         }
+        total += OFFSETS_PAIR_LEN + olen;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (!out)
+    if (!out) {
+        if (otext != small)
+            PyMem_Free(otext);
         return NULL;
+    }
     char *w = PyBytes_AS_STRING(out);
     pos = 0;
     npairs = 0;
@@ -181,15 +214,9 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
     }
     if (multi) {
         memcpy(w, OFFSETS_PAIR, OFFSETS_PAIR_LEN);
-        w += OFFSETS_PAIR_LEN;
-        for (Py_ssize_t i = 0; i < noff; i++) {
-            long long o = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
-            if (i)
-                *w++ = ',';
-            int n = snprintf(digits, sizeof digits, "%lld", o);
-            memcpy(w, digits, n);
-            w += n;
-        }
+        memcpy(w + OFFSETS_PAIR_LEN, otext, olen);
+        if (otext != small)
+            PyMem_Free(otext);
     }
     return out;
 }
@@ -274,6 +301,52 @@ done:
     PyBuffer_Release(&mm);
     PyBuffer_Release(&body);
     return ret;
+}
+
+/* ------------------------------------------------------------------ plan_lmqs
+ * plan_lmqs(names: list[str], cache: dict[str, int], topic: str)
+ *   -> (offsets: list[int], targets: list[tuple[str, int]], new LMQs: int) | None
+ * The put path's usual multi-dispatch plan: every name a cached LMQ (so valid, known to be
+ * distinct by the caller) and none the message's own topic; offsets are the cached next
+ * offsets. None when that does not hold (the caller's general loop decides). */
+static PyObject *sp_plan_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "plan_lmqs(names: list, cache: dict, topic)");
+        return NULL;
+    }
+    PyObject *names = args[0], *cache = args[1];
+    int has = PyDict_Contains(cache, args[2]);
+    if (has != 0)
+        return has < 0 ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    PyObject *offsets = PyList_New(n);
+    PyObject *targets = offsets ? PyList_New(n) : NULL;
+    if (!targets) {
+        Py_XDECREF(offsets);
+        return NULL;
+    }
+    long created = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        PyObject *off = PyDict_GetItemWithError(cache, name);
+        if (!off) {
+            Py_DECREF(offsets);
+            Py_DECREF(targets);
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        }
+        PyObject *t = PyTuple_Pack(2, name, off);
+        if (!t) {
+            Py_DECREF(offsets);
+            Py_DECREF(targets);
+            return NULL;
+        }
+        PyList_SET_ITEM(offsets, i, Py_NewRef(off));
+        PyList_SET_ITEM(targets, i, t);
+        if (PyLong_Check(off) && PyLong_AsLongLong(off) == 0)
+            created++;
+    }
+    return Py_BuildValue("(NNl)", offsets, targets, created);
 }
 
 /* ------------------------------------------------------------------ stage_units
@@ -870,6 +943,8 @@ static PyMethodDef methods[] = {
      "encode_props(props, offsets) -> bytes: the stored properties string."},
     {"write_record", (PyCFunction)(void (*)(void))sp_write_record, METH_FASTCALL,
      "write_record(mm, pos, total, ...): pack one record into a writable buffer."},
+    {"plan_lmqs", (PyCFunction)(void (*)(void))sp_plan_lmqs, METH_FASTCALL,
+     "plan_lmqs(names, cache, topic) -> (offsets, targets, new) | None: a usual LMQ plan."},
     {"stage_units", (PyCFunction)(void (*)(void))sp_stage_units, METH_FASTCALL,
      "stage_units(staged, cache, targets, unit) -> int: stage LMQ units; new LMQ count."},
     {"write_units", (PyCFunction)(void (*)(void))sp_write_units, METH_FASTCALL,

@@ -26,7 +26,7 @@ from core.store.commitlog import END_FILE_MIN_BLANK
 from core.store.key_index import KEYS_PREFIX, UNIQ_PREFIX
 from core.store.lmq_index import LMQ_UNIT
 from core.store.results import PutResult, PutStatus
-from core.store.speedups import encode_props, write_record
+from core.store.speedups import encode_props, plan_lmqs, write_record
 
 _MULTI = MessageConst.INNER_MULTI_DISPATCH
 _WAIT = MessageConst.WAIT_STORE_MSG_OK
@@ -103,9 +103,20 @@ class PutPath:
                 if len(self._multi_names) >= _MULTI_NAMES_MAX:
                     self._multi_names.clear()
                 self._multi_names[multi] = names
+        elif lmq_on and bump is None:
+            # The usual case of a put: every name a known LMQ (cached names are valid ones),
+            # none twice, none the message's own topic. Same result as the loop below.
+            planned = plan_lmqs(names, lmq.cache, topic)
+            if planned is not None:
+                offsets, lmqs, new = planned
+                if new and lmq.count + new > self._cfg.max_lmq_consume_queue_num:
+                    raise _Reject(
+                        PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
+                        f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
+                    )
+                return offsets, lmqs, []
         elif lmq_on:
-            # The usual case in one pass: every name a known LMQ (cached names are valid
-            # ones), none twice, none the message's own topic. Same result as the loop below.
+            # The same inside a batch, with the offsets taken by earlier messages.
             cache = lmq.cache
             try:
                 offsets = [cache[name] for name in names]
@@ -114,15 +125,13 @@ class PutPath:
             else:
                 # (All names are cached LMQs, so the topic is one of them only if cached.)
                 if topic not in cache:
-                    if bump is not None:
-                        for i, name in enumerate(names):
-                            extra = bump.get(name, 0)
-                            bump[name] = extra + 1
-                            offsets[i] += extra
+                    for i, name in enumerate(names):
+                        extra = bump.get(name, 0)
+                        bump[name] = extra + 1
+                        offsets[i] += extra
                     new = offsets.count(0)
                     if new:
-                        if bump is not None:
-                            new = bump[None] = bump.get(None, 0) + new
+                        new = bump[None] = bump.get(None, 0) + new
                         if lmq.count + new > self._cfg.max_lmq_consume_queue_num:
                             raise _Reject(
                                 PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,

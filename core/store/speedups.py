@@ -14,6 +14,8 @@ LMQ_PURE_PYTHON=1 to use them anyway.
 - write_record(mm, pos, total, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
   born_host, store_ms, store_host, reconsume, prepared_offset, body, tail, pb): one v1
   record (§7.1) packed into `mm` at `pos`, body CRC computed here.
+- plan_lmqs(names, cache, topic) -> (offsets, targets, new LMQs) | None: the usual
+  multi-dispatch plan of a put (every name a cached LMQ, none the message's topic).
 - stage_units(staged, cache, targets, unit) -> int: LmqIndex staging of (name, offset)
   targets; returns the number of new LMQs (offset 0).
 - write_units(snapshot, put, prefixes) -> int: staged LMQ units as RocksDB puts in key order.
@@ -77,6 +79,16 @@ def write_record(
     ), body, tail, INT16.pack(len(pb)), pb))
 
 
+def plan_lmqs(names: list, cache: dict, topic: str):
+    if topic in cache:
+        return None
+    try:
+        offsets = [cache[name] for name in names]
+    except KeyError:
+        return None
+    return offsets, list(zip(names, offsets, strict=True)), offsets.count(0)
+
+
 def stage_units(staged: dict, cache: dict, targets: list, unit: bytes) -> int:
     created = 0
     get = staged.get
@@ -118,6 +130,7 @@ if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
         from core._speedups import (  # noqa: F401, F811
             crc32,
             encode_props,
+            plan_lmqs,
             split_batch,
             stage_units,
             write_batch,

@@ -29,7 +29,7 @@ _ns: dict = {"__name__": "speedups_reference"}
 exec(compile(_src.replace('os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0")', "False"),
              py.__file__, "exec"), _ns)
 ref = type("ref", (), {k: staticmethod(_ns[k]) for k in (
-    "crc32", "encode_props", "write_record", "stage_units", "write_units")})
+    "crc32", "encode_props", "write_record", "plan_lmqs", "stage_units", "write_units")})
 
 
 def test_extension_is_built():
@@ -52,7 +52,7 @@ def test_crc32_matches_zlib(data):
 @needs_c
 @settings(max_examples=300)
 @given(st.dictionaries(texts, texts, max_size=6),
-       st.none() | st.lists(st.integers(min_value=0, max_value=2**62), max_size=6))
+       st.none() | st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=40))
 def test_encode_props_same_bytes(props, offsets):
     if offsets is not None and "INNER_MULTI_DISPATCH" not in props:
         props["INNER_MULTI_DISPATCH"] = "%LMQ%a"
@@ -164,3 +164,13 @@ def test_write_units_propagates_put_errors():
     for impl in (c, ref):
         with pytest.raises(RuntimeError):
             impl.write_units({"%LMQ%a": [0, b"x"]}, put, {})
+
+
+@needs_c
+def test_plan_lmqs_matches():
+    cache = {"%LMQ%a": 3, "%LMQ%b": 0, "T": 9}
+    for impl in (c, ref):
+        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%b"], cache, "Topic") == (
+            [3, 0], [("%LMQ%a", 3), ("%LMQ%b", 0)], 1)
+        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%x"], cache, "Topic") is None  # not cached
+        assert impl.plan_lmqs(["%LMQ%a"], cache, "T") is None  # the topic is cached
