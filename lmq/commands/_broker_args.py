@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import signal
 
@@ -95,19 +94,9 @@ def _os_error(exc: BaseException) -> OSError | None:
     return None
 
 
-# Cyclic GC thresholds of a server process (CPython's defaults are 700, 10, 10). A broker
-# allocates several container objects per message, so the defaults run a young-generation
-# pass every few hundred messages and re-scan the long-lived session and queue state
-# often; measured on an MQTT fan-in, the cost of the collections showed up all over the
-# profile. Reference cycles are rare on the hot paths, so collecting them less often costs
-# little memory.
-GC_THRESHOLDS = (20_000, 50, 20)
-
-
 def run_server(server) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
     not writable) is one log line and exit code 1, not a traceback."""
-    gc.set_threshold(*GC_THRESHOLDS)
     try:
         trio.run(serve_until_signal, server)
     except (OSError, BaseExceptionGroup) as exc:
