@@ -120,7 +120,7 @@ class _Request:
     def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
         self.msg = msg
         self.done = done
-        self.lmqs: list[str] = []
+        self.lmqs: tuple[str, ...] | list[str] = []
 
 
 class BrokerLink:
@@ -302,7 +302,7 @@ class BrokerLink:
             lmqs = self.router(topic)
             broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
             if lmqs:
-                req.lmqs = sorted(lmqs)
+                req.lmqs = lmqs if type(lmqs) is tuple else sorted(lmqs)
                 for lmq in req.lmqs:
                     st = states.get((broker, lmq))
                     if st is not None:  # only LMQs someone reads need the count

@@ -47,9 +47,9 @@ class SessionRegistry:
         self._group_offsets: dict[str, int] = {}
         self.subscription_count = 0
 
-    def route(self, topic: str) -> set[str]:
-        """LMQs of every live filter matching `topic` (the dispatcher's router)."""
-        return self.trie.match(topic)
+    def route(self, topic: str) -> tuple[str, ...]:
+        """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
+        return self.trie.match_sorted(topic)
 
     # -- start-up ---------------------------------------------------------------------------
 

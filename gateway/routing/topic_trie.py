@@ -95,17 +95,24 @@ def _values(node: _Node) -> Collection[Any]:
     return refs.keys() if type(refs) is dict else (refs,)
 
 
+#: Topic names whose match_sorted() answer is remembered (a named limit; past it the
+#: memo starts over).
+MATCH_CACHE_TOPICS = 65536
+
+
 class TopicTrie(Generic[V]):
     """Topic filters -> values, matched against topic names with MQTT semantics.
 
     Values must be hashable. Not thread-safe (one event loop owns it).
     """
 
-    __slots__ = ("_root", "_filters")
+    __slots__ = ("_root", "_filters", "_matched")
 
     def __init__(self) -> None:
         self._root = _Node()
         self._filters = 0
+        # topic name -> match_sorted() answer; emptied by every add/remove (bounded).
+        self._matched: dict[str, tuple] = {}
 
     def __len__(self) -> int:
         """Number of distinct live filters."""
@@ -142,6 +149,8 @@ class TopicTrie(Generic[V]):
 
         Raises ValueError for a filter whose wildcards are misplaced.
         """
+        if self._matched:
+            self._matched.clear()
         node = self._root
         for level in _levels(topic_filter):
             if level == "+":
@@ -187,6 +196,8 @@ class TopicTrie(Generic[V]):
 
         Raises KeyError if `value` holds no reference on `topic_filter`.
         """
+        if self._matched:
+            self._matched.clear()
         path: list[tuple[_Node, str]] = []
         node: _Node | None = self._root
         for level in topic_filter.split("/"):
@@ -233,6 +244,17 @@ class TopicTrie(Generic[V]):
                         parent.children = next(iter(children.items()))
             node = parent
         return True
+
+    def match_sorted(self, topic: str) -> tuple[V, ...]:
+        """match() as a sorted tuple, remembered per topic name until the next add or
+        remove (a publisher sends to the same topics over and over). Values must be
+        orderable."""
+        hit = self._matched.get(topic)
+        if hit is None:
+            if len(self._matched) >= MATCH_CACHE_TOPICS:
+                self._matched.clear()
+            hit = self._matched[topic] = tuple(sorted(self.match(topic)))
+        return hit
 
     def match(self, topic: str) -> set[V]:
         """Union of the values of every filter matching the topic name `topic`."""

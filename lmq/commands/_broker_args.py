@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 
@@ -94,9 +95,21 @@ def _os_error(exc: BaseException) -> OSError | None:
     return None
 
 
+# Young-generation threshold of CPython's cyclic GC in server processes (default 700).
+# The default counts every short-lived container a message allocates, and the MQTT
+# gateway keeps many live objects (sessions, recent messages per LMQ), so collections ran
+# often and the older generations were re-scanned: 6.8-7.2 % of the wall time of an MQTT
+# fan-in (1,041 young, 94 middle and 8 full collections in 5 s, timed with gc.callbacks).
+# At 20,000 the same load ran 3 young collections in 10 s (0.4 %). Reference cycles are
+# rare on the hot paths, so they wait a little longer to be freed.
+GC_YOUNG_THRESHOLD = 20_000
+
+
 def run_server(server) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
     not writable) is one log line and exit code 1, not a traceback."""
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
     try:
         trio.run(serve_until_signal, server)
     except (OSError, BaseExceptionGroup) as exc:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.routing import topic_trie
 from gateway.routing.topic_trie import TopicTrie
 
 # (filter, topic, matches): MQTT 5.0 §4.7 examples plus empty levels and `$` names.
@@ -176,3 +177,24 @@ def test_against_brute_force(ops: list[tuple[bool, str, int]], topics: list[str]
         assert sorted(f for f, _ in trie.match_filters(topic)) == sorted(
             f for f in live if _oracle(f, topic)
         )
+
+
+def test_match_sorted_is_remembered_until_the_filters_change(monkeypatch):
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("a/+", "%LMQ%2")
+    trie.add("a/#", "%LMQ%1")
+    first = trie.match_sorted("a/b")
+    assert first == ("%LMQ%1", "%LMQ%2")
+    assert trie.match_sorted("a/b") is first  # remembered
+    trie.add("a/b", "%LMQ%0")  # a new filter: the memo is dropped
+    assert trie.match_sorted("a/b") == ("%LMQ%0", "%LMQ%1", "%LMQ%2")
+    trie.add("a/b", "%LMQ%3")  # a new value on an existing filter too
+    assert trie.match_sorted("a/b") == ("%LMQ%0", "%LMQ%1", "%LMQ%2", "%LMQ%3")
+    trie.remove("a/+", "%LMQ%2")
+    assert trie.match_sorted("a/b") == ("%LMQ%0", "%LMQ%1", "%LMQ%3")
+    assert trie.match_sorted("x") == ()
+    # bounded: past the limit the memo starts over, answers stay right
+    monkeypatch.setattr(topic_trie, "MATCH_CACHE_TOPICS", 4)
+    for i in range(10):
+        assert trie.match_sorted(f"a/{i}") == ("%LMQ%1",)
+    assert len(trie._matched) <= 4
