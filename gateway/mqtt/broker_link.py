@@ -32,12 +32,14 @@ from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
 from core.client.errors import MQClientError
 from core.client.model import SubscriptionData
 from core.client.pull_consumer import pull_kernel
-from core.common.codec import BatchItem, encode_batch
+from core.common.codec import BATCH_HEAD
+from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.message import MqttMessage, from_message_ext, lmq_dispatch_value, to_properties
+from gateway.mqtt.packets import NO_PROPERTIES
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
@@ -56,6 +58,9 @@ RECENT_BYTES = 2 * 1024 * 1024
 DECODED_CACHE = 4096
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
+#: Memoized properties strings of simple messages (see BrokerLink._properties).
+PROPERTIES_MEMO = 65536
+_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: header + properties length
 SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
@@ -158,6 +163,7 @@ class BrokerLink:
             "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
         }
         self.stats = {"stored": 0, "failed": 0, "rounds": 0}
+        self._props_memo: dict[tuple, bytes] = {}
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -382,6 +388,29 @@ class BrokerLink:
                 msg.lmq_offsets[lmq] = offset
                 st.remember(offset, msg)
 
+    def _properties(self, msg: MqttMessage, lmqs) -> bytes:
+        """The stored properties of `msg` (to_properties + INNER_MULTI_DISPATCH), UTF-8.
+        A message with no v5 properties and no expiry is described by its topic, QoS,
+        retain flag, sender and LMQs alone, and publishers repeat those: such strings are
+        memoized (at most PROPERTIES_MEMO entries, then the memo starts over)."""
+        simple = msg.props is NO_PROPERTIES and msg.expiry_at is None
+        if simple:
+            key = (msg.topic, msg.qos, msg.retain, msg.sender,
+                   lmqs if type(lmqs) is tuple else tuple(lmqs))
+            hit = self._props_memo.get(key)
+            if hit is not None:
+                return hit
+        props = to_properties(msg)
+        if lmqs:
+            props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(lmqs)
+        pb = encode_properties(props).encode()
+        if simple:
+            memo = self._props_memo
+            if len(memo) >= PROPERTIES_MEMO:
+                memo.clear()
+            memo[key] = pb
+        return pb
+
     async def _send(self, broker: str, qid: int, reqs: list[_Request]) -> int:
         ext = dict(self._ext_base)
         ext["e"] = str(qid)
@@ -390,21 +419,26 @@ class BrokerLink:
         mq = MessageQueue(self.config.store_topic, broker, qid)
         if len(reqs) == 1:
             req = reqs[0]
-            props = to_properties(req.msg)
-            if req.lmqs:
-                props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(req.lmqs)
-            ext["i"] = encode_properties(props)
+            ext["i"] = self._properties(req.msg, req.lmqs).decode()
             ext["m"] = "false"
             body: bytes = bytes(req.msg.payload)
             batch = False
         else:
-            items = []
+            # The batch body (protocol doc §7.7) built here: one header, the payload and the
+            # (memoized) properties per message.
+            parts = []
+            add = parts.append
+            head = BATCH_HEAD.pack
+            prop_bytes = self._properties
             for req in reqs:
-                props = to_properties(req.msg)
-                if req.lmqs:
-                    props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(req.lmqs)
-                items.append(BatchItem(0, bytes(req.msg.payload), encode_properties(props)))
-            body = encode_batch(items)
+                msg = req.msg
+                payload = msg.payload
+                pb = prop_bytes(msg, req.lmqs)
+                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
+                add(payload)
+                add(_INT16.pack(len(pb)))
+                add(pb)
+            body = b"".join(parts)
             ext["i"] = ""
             ext["m"] = "true"
             batch = True
