@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import mmap
 import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -174,3 +176,18 @@ def test_plan_lmqs_matches():
             [3, 0], [("%LMQ%a", 3), ("%LMQ%b", 0)], 1)
         assert impl.plan_lmqs(["%LMQ%a", "%LMQ%x"], cache, "Topic") is None  # not cached
         assert impl.plan_lmqs(["%LMQ%a"], cache, "T") is None  # the topic is cached
+
+
+@pytest.mark.slow
+def test_store_tests_pass_without_the_extension():
+    """The Python fallback (a machine with no C compiler at install time) runs the store's
+    fast tier green: the whole of it, in a child pytest with LMQ_PURE_PYTHON=1."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, LMQ_PURE_PYTHON="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
+         here],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
