@@ -221,6 +221,38 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
     return out;
 }
 
+/* One v1 record (protocol doc 7.1) at p: header, body, topic tail, properties. */
+static void pack_record(unsigned char *p, long long total, uint32_t crc, long long qid,
+                        long long flag, long long qoff, long long phys, long long sys_flag,
+                        long long born_ts, const char *born, long long store_ms,
+                        const char *host, long long reconsume, long long prep,
+                        const void *body, Py_ssize_t blen, const char *tail, Py_ssize_t tlen,
+                        const char *pb, Py_ssize_t plen)
+{
+    put_u32(p, (uint32_t)total);
+    put_u32(p + 4, 0xDAA320A7u);
+    put_u32(p + 8, crc);
+    put_u32(p + 12, (uint32_t)qid);
+    put_u32(p + 16, (uint32_t)flag);
+    put_u64(p + 20, (uint64_t)qoff);
+    put_u64(p + 28, (uint64_t)phys);
+    put_u32(p + 36, (uint32_t)sys_flag);
+    put_u64(p + 40, (uint64_t)born_ts);
+    memcpy(p + 48, born, 8);
+    put_u64(p + 56, (uint64_t)store_ms);
+    memcpy(p + 64, host, 8);
+    put_u32(p + 72, (uint32_t)reconsume);
+    put_u64(p + 76, (uint64_t)prep);
+    put_u32(p + 84, (uint32_t)blen);
+    p += 88;
+    memcpy(p, body, blen);
+    p += blen;
+    memcpy(p, tail, tlen);
+    p += tlen;
+    put_u16(p, (uint32_t)plen);
+    memcpy(p + 2, pb, plen);
+}
+
 /* ------------------------------------------------------------------ write_record
  * write_record(mm, pos, total, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
  *              born_host, store_ms, store_host, reconsume, prepared_offset, body, tail, pb)
@@ -273,29 +305,10 @@ static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "record does not fit in the mapping");
         goto done;
     }
-    unsigned char *p = (unsigned char *)mm.buf + pos;
-    put_u32(p, (uint32_t)total);
-    put_u32(p + 4, 0xDAA320A7u);
-    put_u32(p + 8, crc32_buf(body.buf, body.len) & 0x7FFFFFFFu);
-    put_u32(p + 12, (uint32_t)qid);
-    put_u32(p + 16, (uint32_t)flag);
-    put_u64(p + 20, (uint64_t)qoff);
-    put_u64(p + 28, (uint64_t)phys);
-    put_u32(p + 36, (uint32_t)sys_flag);
-    put_u64(p + 40, (uint64_t)born_ts);
-    memcpy(p + 48, PyBytes_AS_STRING(born), 8);
-    put_u64(p + 56, (uint64_t)store_ms);
-    memcpy(p + 64, PyBytes_AS_STRING(host), 8);
-    put_u32(p + 72, (uint32_t)reconsume);
-    put_u64(p + 76, (uint64_t)prep);
-    put_u32(p + 84, (uint32_t)body.len);
-    p += 88;
-    memcpy(p, body.buf, body.len);
-    p += body.len;
-    memcpy(p, PyBytes_AS_STRING(tail), tlen);
-    p += tlen;
-    put_u16(p, (uint32_t)plen);
-    memcpy(p + 2, PyBytes_AS_STRING(pb), plen);
+    pack_record((unsigned char *)mm.buf + pos, total, crc32_buf(body.buf, body.len) & 0x7FFFFFFFu,
+                qid, flag, qoff, phys, sys_flag, born_ts, PyBytes_AS_STRING(born), store_ms,
+                PyBytes_AS_STRING(host), reconsume, prep, body.buf, body.len,
+                PyBytes_AS_STRING(tail), tlen, PyBytes_AS_STRING(pb), plen);
     ret = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&mm);
@@ -855,29 +868,10 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
             break;
         Py_ssize_t plen = PyBytes_GET_SIZE(pb);
         long long phys = base + pos;
-        unsigned char *p = (unsigned char *)mm.buf + pos;
-        put_u32(p, (uint32_t)total);
-        put_u32(p + 4, 0xDAA320A7u);
-        put_u32(p + 8, (uint32_t)crc);
-        put_u32(p + 12, (uint32_t)qid);
-        put_u32(p + 16, (uint32_t)flag);
-        put_u64(p + 20, (uint64_t)(qoff + i));
-        put_u64(p + 28, (uint64_t)phys);
-        put_u32(p + 36, (uint32_t)sys_flag);
-        put_u64(p + 40, (uint64_t)born_ts);
-        memcpy(p + 48, PyBytes_AS_STRING(born), 8);
-        put_u64(p + 56, (uint64_t)store_ms);
-        memcpy(p + 64, PyBytes_AS_STRING(host), 8);
-        put_u32(p + 72, (uint32_t)reconsume);
-        put_u64(p + 76, 0);
-        put_u32(p + 84, (uint32_t)blen);
-        p += 88;
-        memcpy(p, bsrc + b0, blen);
-        p += blen;
-        memcpy(p, PyBytes_AS_STRING(tail), tlen);
-        p += tlen;
-        put_u16(p, (uint32_t)plen);
-        memcpy(p + 2, PyBytes_AS_STRING(pb), plen);
+        pack_record((unsigned char *)mm.buf + pos, total, (uint32_t)crc, qid, flag, qoff + i,
+                    phys, sys_flag, born_ts, PyBytes_AS_STRING(born), store_ms,
+                    PyBytes_AS_STRING(host), reconsume, 0, bsrc + b0, (Py_ssize_t)blen,
+                    PyBytes_AS_STRING(tail), tlen, PyBytes_AS_STRING(pb), plen);
         pos += total;
         /* offset msgId */
         int dl = snprintf(idbuf + hl, sizeof idbuf - hl, "%016llX", (unsigned long long)phys);

@@ -120,10 +120,12 @@ class ConsumeQueue:
             self._files.extend([None] * (i + 1 - len(self._files)))
         return self._map(i)
 
-    def _select_last(self) -> None:
+    def _select_last(self) -> tuple[MappedFile, int]:
+        """The file the next unit goes to, and the unit's index in it."""
         mf = self._file_for(self.max_offset, create=True)
         self._last = mf
         self._last_base = (mf.start // self.file_bytes) * self.upf
+        return mf, self.max_offset - self._last_base
 
     # ------------------------------------------------------------------ writing
     def append(self, phys: int, size: int, tags_code: int) -> int:
@@ -132,9 +134,7 @@ class ConsumeQueue:
         idx = off - self._last_base
         last = self._last
         if last is None or idx >= self.upf:
-            self._select_last()
-            idx = off - self._last_base
-            last = self._last
+            last, idx = self._select_last()
         UNIT.pack_into(last.mm, idx * UNIT_SIZE, phys, size, tags_code)
         self.max_offset = off + 1
         if not last.dirty:
@@ -149,12 +149,7 @@ class ConsumeQueue:
         done = 0
         while done < n:
             off = self.max_offset
-            idx = off - self._last_base
-            last = self._last
-            if last is None or idx >= self.upf:
-                self._select_last()
-                idx = off - self._last_base
-                last = self._last
+            last, idx = self._select_last()
             k = min(n - done, self.upf - idx)
             last.mm[idx * UNIT_SIZE : (idx + k) * UNIT_SIZE] = units[done * UNIT_SIZE : (done + k) * UNIT_SIZE]
             self.max_offset = off + k
