@@ -317,22 +317,30 @@ done:
 }
 
 /* ------------------------------------------------------------------ plan_lmqs
- * plan_lmqs(names: list[str], cache: dict[str, int], topic: str)
+ * plan_lmqs(names: list[str], cache: dict[str, int], topic: str, bump: dict | None)
  *   -> (offsets: list[int], targets: list[tuple[str, int]], new LMQs: int) | None
- * The put path's usual multi-dispatch plan: every name a cached LMQ (so valid, known to be
- * distinct by the caller) and none the message's own topic; offsets are the cached next
- * offsets. None when that does not hold (the caller's general loop decides). */
+ * The usual multi-dispatch plan: every name a cached LMQ (so valid, known to be distinct
+ * by the caller) and none the message's own topic; offsets are the cached next offsets,
+ * plus, inside a batch, bump[name] (the offsets earlier messages of the batch took; each
+ * name's count goes up by one). None when that does not hold (the caller's general loop
+ * decides); then bump is untouched. */
 static PyObject *sp_plan_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "plan_lmqs(names: list, cache: dict, topic)");
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) ||
+        (args[3] != Py_None && !PyDict_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "plan_lmqs(names: list, cache: dict, topic, bump)");
         return NULL;
     }
-    PyObject *names = args[0], *cache = args[1];
+    PyObject *names = args[0], *cache = args[1], *bump = args[3];
     int has = PyDict_Contains(cache, args[2]);
     if (has != 0)
         return has < 0 ? NULL : Py_NewRef(Py_None);
     Py_ssize_t n = PyList_GET_SIZE(names);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* all cached, before bump changes */
+        int in = PyDict_Contains(cache, PyList_GET_ITEM(names, i));
+        if (in <= 0)
+            return in < 0 ? NULL : Py_NewRef(Py_None);
+    }
     PyObject *offsets = PyList_New(n);
     PyObject *targets = offsets ? PyList_New(n) : NULL;
     if (!targets) {
@@ -342,24 +350,44 @@ static PyObject *sp_plan_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t 
     long created = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *name = PyList_GET_ITEM(names, i);
-        PyObject *off = PyDict_GetItemWithError(cache, name);
-        if (!off) {
-            Py_DECREF(offsets);
-            Py_DECREF(targets);
-            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        PyObject *cached = PyDict_GetItemWithError(cache, name);
+        long long off;
+        if (!cached || as_i64(cached, &off) < 0)
+            goto fail;
+        if (bump != Py_None) {
+            PyObject *b = PyDict_GetItemWithError(bump, name);
+            long long extra = 0;
+            if (!b && PyErr_Occurred())
+                goto fail;
+            if (b && as_i64(b, &extra) < 0)
+                goto fail;
+            PyObject *nb = PyLong_FromLongLong(extra + 1);
+            if (!nb)
+                goto fail;
+            int r = PyDict_SetItem(bump, name, nb);
+            Py_DECREF(nb);
+            if (r < 0)
+                goto fail;
+            off += extra;
         }
-        PyObject *t = PyTuple_Pack(2, name, off);
+        PyObject *o = PyLong_FromLongLong(off);
+        if (!o)
+            goto fail;
+        PyObject *t = PyTuple_Pack(2, name, o);
         if (!t) {
-            Py_DECREF(offsets);
-            Py_DECREF(targets);
-            return NULL;
+            Py_DECREF(o);
+            goto fail;
         }
-        PyList_SET_ITEM(offsets, i, Py_NewRef(off));
+        PyList_SET_ITEM(offsets, i, o);
         PyList_SET_ITEM(targets, i, t);
-        if (PyLong_Check(off) && PyLong_AsLongLong(off) == 0)
+        if (off == 0)
             created++;
     }
     return Py_BuildValue("(NNl)", offsets, targets, created);
+fail:
+    Py_DECREF(offsets);
+    Py_DECREF(targets);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ stage_units
@@ -938,7 +966,7 @@ static PyMethodDef methods[] = {
     {"write_record", (PyCFunction)(void (*)(void))sp_write_record, METH_FASTCALL,
      "write_record(mm, pos, total, ...): pack one record into a writable buffer."},
     {"plan_lmqs", (PyCFunction)(void (*)(void))sp_plan_lmqs, METH_FASTCALL,
-     "plan_lmqs(names, cache, topic) -> (offsets, targets, new) | None: a usual LMQ plan."},
+     "plan_lmqs(names, cache, topic, bump) -> (offsets, targets, new) | None: a usual LMQ plan."},
     {"stage_units", (PyCFunction)(void (*)(void))sp_stage_units, METH_FASTCALL,
      "stage_units(staged, cache, targets, unit) -> int: stage LMQ units; new LMQ count."},
     {"write_units", (PyCFunction)(void (*)(void))sp_write_units, METH_FASTCALL,

@@ -103,41 +103,22 @@ class PutPath:
                 if len(self._multi_names) >= _MULTI_NAMES_MAX:
                     self._multi_names.clear()
                 self._multi_names[multi] = names
-        elif lmq_on and bump is None:
-            # The usual case of a put: every name a known LMQ (cached names are valid ones),
-            # none twice, none the message's own topic. Same result as the loop below.
-            planned = plan_lmqs(names, lmq.cache, topic)
+        elif lmq_on:
+            # The usual case: every name a known LMQ (cached names are valid ones), none
+            # twice, none the message's own topic. Same result as the loop below.
+            planned = plan_lmqs(names, lmq.cache, topic, bump)
             if planned is not None:
                 offsets, lmqs, new = planned
-                if new and lmq.count + new > self._cfg.max_lmq_consume_queue_num:
-                    raise _Reject(
-                        PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
-                        f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
-                    )
-                return offsets, lmqs, []
-        elif lmq_on:
-            # The same inside a batch, with the offsets taken by earlier messages.
-            cache = lmq.cache
-            try:
-                offsets = [cache[name] for name in names]
-            except KeyError:
-                pass
-            else:
-                # (All names are cached LMQs, so the topic is one of them only if cached.)
-                if topic not in cache:
-                    for i, name in enumerate(names):
-                        extra = bump.get(name, 0)
-                        bump[name] = extra + 1
-                        offsets[i] += extra
-                    new = offsets.count(0)
-                    if new:
+                if new:
+                    if bump is not None:
+                        # LMQs created by earlier messages of the batch are not counted yet.
                         new = bump[None] = bump.get(None, 0) + new
-                        if lmq.count + new > self._cfg.max_lmq_consume_queue_num:
-                            raise _Reject(
-                                PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
-                                f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
-                            )
-                    return offsets, list(zip(names, offsets, strict=False)), []  # same length
+                    if lmq.count + new > self._cfg.max_lmq_consume_queue_num:
+                        raise _Reject(
+                            PutStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
+                            f"LMQ count would exceed {self._cfg.max_lmq_consume_queue_num}",
+                        )
+                return offsets, lmqs, []
         cached = lmq.cache.get
         offsets: list[int] = []
         lmqs: list[tuple[str, int]] = []

@@ -14,8 +14,9 @@ LMQ_PURE_PYTHON=1 to use them anyway.
 - write_record(mm, pos, total, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
   born_host, store_ms, store_host, reconsume, prepared_offset, body, tail, pb): one v1
   record (§7.1) packed into `mm` at `pos`, body CRC computed here.
-- plan_lmqs(names, cache, topic) -> (offsets, targets, new LMQs) | None: the usual
-  multi-dispatch plan of a put (every name a cached LMQ, none the message's topic).
+- plan_lmqs(names, cache, topic, bump) -> (offsets, targets, new LMQs) | None: the usual
+  multi-dispatch plan (every name a cached LMQ, none the message's topic); inside a batch
+  `bump` holds the offsets earlier messages took, and is advanced.
 - stage_units(staged, cache, targets, unit) -> int: LmqIndex staging of (name, offset)
   targets; returns the number of new LMQs (offset 0).
 - write_units(snapshot, put, prefixes) -> int: staged LMQ units as RocksDB puts in key order.
@@ -79,13 +80,18 @@ def write_record(
     ), body, tail, INT16.pack(len(pb)), pb))
 
 
-def plan_lmqs(names: list, cache: dict, topic: str):
+def plan_lmqs(names: list, cache: dict, topic: str, bump: dict | None):
     if topic in cache:
         return None
     try:
         offsets = [cache[name] for name in names]
     except KeyError:
         return None
+    if bump is not None:
+        for i, name in enumerate(names):
+            extra = bump.get(name, 0)
+            bump[name] = extra + 1
+            offsets[i] += extra
     return offsets, list(zip(names, offsets, strict=True)), offsets.count(0)
 
 

@@ -172,10 +172,16 @@ def test_write_units_propagates_put_errors():
 def test_plan_lmqs_matches():
     cache = {"%LMQ%a": 3, "%LMQ%b": 0, "T": 9}
     for impl in (c, ref):
-        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%b"], cache, "Topic") == (
+        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%b"], cache, "Topic", None) == (
             [3, 0], [("%LMQ%a", 3), ("%LMQ%b", 0)], 1)
-        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%x"], cache, "Topic") is None  # not cached
-        assert impl.plan_lmqs(["%LMQ%a"], cache, "T") is None  # the topic is cached
+        bump = {"%LMQ%b": 2}
+        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%b"], cache, "Topic", bump) == (
+            [3, 2], [("%LMQ%a", 3), ("%LMQ%b", 2)], 0)
+        assert bump == {"%LMQ%a": 1, "%LMQ%b": 3}
+        assert impl.plan_lmqs(["%LMQ%a", "%LMQ%x"], cache, "Topic", bump) is None  # not cached
+        assert bump == {"%LMQ%a": 1, "%LMQ%b": 3}  # untouched when None
+        assert impl.plan_lmqs(["%LMQ%a"], cache, "T", None) is None  # the topic is cached
+
 
 
 @pytest.mark.slow
