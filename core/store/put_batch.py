@@ -218,13 +218,15 @@ class BatchPutPath(PutPath):
     # ------------------------------------------------------------------ native batch
     # A MessageBatch for a topic with a ConsumeQueue, when core._speedups is built: both
     # passes run in C (speedups.split_batch / write_batch), the same checks and bytes as
-    # _plan_encoded + the loop of put_batch. Sub-messages that need the general path
-    # (non-ASCII properties, INNER_MULTI_DISPATCH) send the whole batch there.
+    # _plan_encoded + the loop of put_batch; sub-messages with INNER_MULTI_DISPATCH get
+    # their offsets in _plan_dicts. A sub-message with non-ASCII properties, or a
+    # batch-level INNER_MULTI_DISPATCH, sends the whole batch to the Python path.
 
-    def _plan_native(self, batch: MessageBatch):
-        """(items, tail, ConsumeQueue, first queue offset, batch KEYS, batch UNIQ_KEY), or
-        None for the Python path. Raises _Reject like _plan_encoded."""
-        topic = batch.topic
+    def _batch_head(self, batch: MessageBatch) -> tuple:
+        """The checks and batch-level values both MessageBatch planners start from:
+        (body bytes, topic tail, ConsumeQueue or None, first queue offset, batch-level
+        properties text, tag code, KEYS list, UNIQ_KEY, INNER_MULTI_DISPATCH). Batch-level
+        values win over a sub-message's own (Java: they come later)."""
         born = batch.born_host
         if len(born) != 8 or type(born) is not bytes:
             raise _Reject(PutStatus.MESSAGE_ILLEGAL, "born_host must be 8 bytes (IPv4 + port)")
@@ -233,20 +235,28 @@ class BatchPutPath(PutPath):
             body = batch.body = bytes(body)
         if not body:
             raise _Reject(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        topic = batch.topic
         tail = self._tails.get(topic) or self._topic_tail(topic)
         cq, qoff = self._main_queue(topic, batch.queue_id)
-        if cq is None:
-            return None  # an LMQ topic: units go to the LMQ index
         extra_text = batch.properties or ""
-        x_tc = x_keys = x_uniq = None
+        x_tc = x_keys = x_uniq = x_multi = None
         if extra_text:
             xprops = decode_properties(extra_text)
-            if self._multi_on and xprops.get(_MULTI):
-                return None
             x_tags = xprops.get(_TAGS)
             if x_tags:
                 x_tc = self._tag_codes.get(x_tags) or self._tag_code(x_tags)
             x_keys, x_uniq = _index_keys(xprops)
+            if self._multi_on:
+                x_multi = xprops.get(_MULTI)
+        return body, tail, cq, qoff, extra_text, x_tc, x_keys, x_uniq, x_multi
+
+    def _plan_native(self, batch: MessageBatch):
+        """(items, tail, ConsumeQueue, first queue offset, batch KEYS, batch UNIQ_KEY,
+        multi-dispatch plan of _plan_dicts), or None for the Python path. Raises _Reject
+        like _plan_encoded."""
+        body, tail, cq, qoff, extra_text, x_tc, x_keys, x_uniq, x_multi = self._batch_head(batch)
+        if cq is None or x_multi:
+            return None  # an LMQ topic (units go to the LMQ index), or batch-level dispatch
         index_on = self._index_on
         items = split_batch(
             body, extra_text.encode(), FIXED_SIZE + len(tail) - 1, self._fs - END_FILE_MIN_BLANK,
@@ -463,17 +473,8 @@ class BatchPutPath(PutPath):
         INNER_MULTI_DISPATCH goes through a dict (its offsets are written into it)."""
         topic = batch.topic
         qid = batch.queue_id
-        body = batch.body
-        born = batch.born_host
-        if len(born) != 8 or type(born) is not bytes:
-            raise _Reject(PutStatus.MESSAGE_ILLEGAL, "born_host must be 8 bytes (IPv4 + port)")
-        if type(body) is not bytes:
-            body = batch.body = bytes(body)
+        body, tail, cq, qoff, extra_text, x_tc, x_keys, x_uniq, x_multi = self._batch_head(batch)
         n = len(body)
-        if not n:
-            raise _Reject(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        tail = self._tails.get(topic) or self._topic_tail(topic)
-        cq, qoff = self._main_queue(topic, qid)
         qoff0 = qoff
         fixed = FIXED_SIZE + len(tail) - 1
         fs = self._fs
@@ -481,14 +482,7 @@ class BatchPutPath(PutPath):
         max_props = self._max_props
         index_on = self._index_on
         multi_on = self._multi_on
-        extra_text = batch.properties or ""
         extra = extra_text.encode()
-        xprops = decode_properties(extra_text) if extra_text else {}
-        # Batch-level values win over the sub-message's own (Java: they come later).
-        x_tags = xprops.get(_TAGS)
-        x_tc = (self._tag_codes.get(x_tags) or self._tag_code(x_tags)) if x_tags else None
-        x_keys, x_uniq = _index_keys(xprops) if xprops else (None, None)
-        x_multi = xprops.get(_MULTI) if multi_on else None
         tag_codes = self._tag_codes_raw
         unpack_head = BATCH_HEAD.unpack_from
         unpack16 = INT16.unpack_from
