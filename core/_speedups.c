@@ -4,7 +4,7 @@
  * Python -- validation, queue offsets, LMQ offsets, file rolls -- and hands the byte work
  * to these functions: encoding a properties dict, packing a CommitLog record straight into
  * the mapping, staging LMQ units, building the RocksDB keys of staged units, and splitting
- * a batch send body. core/store/speedups.py holds the same functions in Python (the
+ * a batch send body. core/store/speedups_py.py holds the same functions in Python (the
  * reference, and the fallback where this module was not built); tests check that both
  * give the same bytes.
  *

@@ -1,5 +1,5 @@
 """The per-message byte work of the put paths: C when core._speedups was built, else the
-Python below.
+Python of core/store/speedups_py.py.
 
 The store plans every message in Python (validation, queue and LMQ offsets, file rolls)
 and calls these for the bytes. The Python versions are the reference: tests check that the
@@ -25,105 +25,20 @@ LMQ_PURE_PYTHON=1 to use them anyway.
 from __future__ import annotations
 
 import os
-import zlib
 
-from core.common.codec import HEADER, INT16, MAGIC_V1
-from core.common.properties import MessageConst
+from core.store.speedups_py import (
+    crc32,
+    encode_props,
+    plan_lmqs,
+    stage_units,
+    write_record,
+    write_units,
+)
 
-_WAIT = MessageConst.WAIT_STORE_MSG_OK
-_MULTI_OFFSETS = MessageConst.INNER_MULTI_QUEUE_OFFSET
-_OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
-_PAIR = "\x01".join
-_INT64 = HEADER.__class__(">q")
-_FIXED = HEADER.size + 1 + 2
-
-
-def crc32(data) -> int:
-    return zlib.crc32(data)
-
-
-def encode_props(props: dict, offsets: list[int] | None) -> bytes:
-    if not isinstance(props, dict):
-        raise TypeError("properties must be a dict")
-    if offsets is None:
-        return "\x02".join(map(_PAIR, props.items())).encode()
-    text = "\x02".join([
-        k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
-    ])
-    return (text + _OFFSETS_PAIR + ",".join(map(str, offsets))).encode()
-
-
-def write_record(
-    mm, pos: int, total: int, queue_id: int, flag: int, queue_offset: int, phys: int,
-    sys_flag: int, born_ts: int, born_host: bytes, store_ms: int, store_host: bytes,
-    reconsume: int, prepared_offset: int, body, tail: bytes, pb: bytes,
-) -> None:
-    if type(born_host) is not bytes or len(born_host) != 8 or type(store_host) is not bytes \
-            or len(store_host) != 8:
-        raise ValueError("hosts must be 8 bytes")
-    if type(tail) is not bytes or type(pb) is not bytes:
-        raise TypeError("tail and properties must be bytes")
-    if len(pb) > 32767:
-        raise ValueError("properties longer than 32767 bytes")
-    blen = len(memoryview(body))
-    if total != _FIXED - 1 + blen + len(tail) + len(pb):
-        raise ValueError("record size does not match its parts")
-    if pos < 0 or pos + total > len(mm):
-        raise ValueError("record does not fit in the mapping")
-    for name, value in (("queue id", queue_id), ("flag", flag), ("sys flag", sys_flag),
-                        ("reconsume times", reconsume)):
-        if not -(1 << 31) <= value < (1 << 31):
-            raise OverflowError(f"{name} out of int32 range")
-    mm[pos : pos + total] = b"".join((HEADER.pack(
-        total, MAGIC_V1, zlib.crc32(body) & 0x7FFFFFFF, queue_id, flag, queue_offset, phys,
-        sys_flag, born_ts, born_host, store_ms, store_host, reconsume, prepared_offset, blen,
-    ), body, tail, INT16.pack(len(pb)), pb))
-
-
-def plan_lmqs(names: list, cache: dict, topic: str, bump: dict | None):
-    if topic in cache:
-        return None
-    try:
-        offsets = [cache[name] for name in names]
-    except KeyError:
-        return None
-    if bump is not None:
-        for i, name in enumerate(names):
-            extra = bump.get(name, 0)
-            bump[name] = extra + 1
-            offsets[i] += extra
-    return offsets, list(zip(names, offsets, strict=True)), offsets.count(0)
-
-
-def stage_units(staged: dict, cache: dict, targets: list, unit: bytes) -> int:
-    created = 0
-    get = staged.get
-    for name, off in targets:
-        units = get(name)
-        if units is None:
-            staged[name] = [off, unit]
-        else:
-            units.append(off)
-            units.append(unit)
-        cache[name] = off + 1
-        if off == 0:
-            created += 1
-    return created
-
-
-def write_units(snapshot: dict, put, prefixes: dict) -> int:
-    pack = _INT64.pack
-    n = 0
-    for name in sorted(snapshot):
-        prefix = prefixes.get(name)
-        if prefix is None:
-            prefix = prefixes[name] = b"u" + name.encode() + b"\x00"
-        pairs = iter(snapshot[name])
-        for offset, value in zip(pairs, pairs, strict=False):
-            put(prefix + pack(offset), value)
-            n += 1
-    return n
-
+__all__ = [
+    "NATIVE", "crc32", "encode_props", "plan_lmqs", "split_batch", "stage_units",
+    "write_batch", "write_record", "write_units",
+]
 
 # Batch sends (put_batch.py): C only; without the extension put_batch takes its general
 # Python path, which is the reference these are tested against.

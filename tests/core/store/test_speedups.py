@@ -1,9 +1,8 @@
-"""core._speedups (C) against core/store/speedups.py (the Python reference): same bytes,
+"""core._speedups (C) against core/store/speedups_py.py (the Python reference): same bytes,
 same exception types. And the extension must be built where CI runs (a compiler is there)."""
 
 from __future__ import annotations
 
-import importlib
 import mmap
 import os
 import subprocess
@@ -16,22 +15,14 @@ from hypothesis import strategies as st
 
 from core.common.codec import decode_record, encode_host
 from core.store import speedups
+from core.store import speedups_py as ref
 
-py = importlib.import_module("core.store.speedups")
 try:
     import core._speedups as c
 except ImportError:  # pragma: no cover - reported by test_extension_is_built
     c = None
 
 needs_c = pytest.mark.skipif(c is None, reason="core._speedups not built")
-
-# The Python reference functions, whatever speedups.py bound its names to.
-_src = open(py.__file__).read()
-_ns: dict = {"__name__": "speedups_reference"}
-exec(compile(_src.replace('os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0")', "False"),
-             py.__file__, "exec"), _ns)
-ref = type("ref", (), {k: staticmethod(_ns[k]) for k in (
-    "crc32", "encode_props", "write_record", "plan_lmqs", "stage_units", "write_units")})
 
 
 def test_extension_is_built():
