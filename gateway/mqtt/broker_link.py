@@ -38,6 +38,7 @@ from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
+from gateway.mqtt.flow import DeliveryGate
 from gateway.mqtt.message import MqttMessage, from_message_ext, lmq_dispatch_value, to_properties
 from gateway.mqtt.packets import NO_PROPERTIES
 
@@ -82,7 +83,7 @@ class LmqState:
     """
 
     __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
-                 "tail", "sub")
+                 "tail", "sub", "top")
 
     def __init__(self, broker: str, lmq: str) -> None:
         self.broker = broker
@@ -96,6 +97,8 @@ class LmqState:
         self.recent_bytes = 0
         self.tail: int | None = None
         self.sub = SubscriptionData.build(lmq, "*")
+        #: highest next-write offset seen (tail or a pull's max offset): readers' lag
+        self.top = 0
 
     def remember(self, offset: int, msg: MqttMessage) -> None:
         recent = self.recent
@@ -163,6 +166,11 @@ class BrokerLink:
             "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
         }
         self.stats = {"stored": 0, "failed": 0, "rounds": 0}
+        #: closed while a delivery task falls behind: publishing connections stop reading
+        self.gate = DeliveryGate()
+        #: publishes queued before readers pause: also bounds a round, so that one round
+        #: cannot push readers out of the LMQs' recent entries (flow.py)
+        self.dispatch_bound = min(config.max_pending_publishes, config.backpressure_lag)
         self._props_memo: dict[tuple, bytes] = {}
 
     # -- cluster -----------------------------------------------------------------------
@@ -270,8 +278,8 @@ class BrokerLink:
                 await self._retained_settled.wait()
 
     async def wait_for_space(self) -> None:
-        """Back pressure: return once the queue is below `max_pending_publishes`."""
-        while len(self._queue) >= self.config.max_pending_publishes:
+        """Back pressure: return once the queue is below `dispatch_bound`."""
+        while len(self._queue) >= self.dispatch_bound:
             if self._space.is_set():
                 self._space = trio.Event()
             await self._space.wait()
@@ -384,7 +392,7 @@ class BrokerLink:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
                 offset = st.tail
-                st.tail = offset + 1
+                st.tail = st.top = offset + 1
                 msg.lmq_offsets[lmq] = offset
                 st.remember(offset, msg)
 
@@ -519,6 +527,8 @@ class BrokerLink:
                         st.tail = None
                     st.remember(pos, msg)
         if result.status is not PullStatus.OFFSET_ILLEGAL:
+            if result.max_offset > st.top:
+                st.top = result.max_offset
             st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
         return result
 

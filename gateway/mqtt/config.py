@@ -100,6 +100,16 @@ class MqttConfig:
     #: Period of the $SYS/broker/... statistics publishes; 0 disables them.
     sys_interval_s: float = 10.0
 
+    # -- overload (docs/mqtt.md, "Overload") -------------------------------------------
+    #: An online subscriber that takes what it is given may fall this many messages behind
+    #: the newest stored before the gateway stops reading from publishing sockets (TCP
+    #: then slows the devices down).
+    backpressure_lag: int = 2000
+    #: QoS 0 messages queued for one client at most (Mosquitto: max_queued_messages); a
+    #: client further behind on a QoS 0 subscription skips to the newest this many,
+    #: counted in $SYS/broker/messages/dropped and logged once per episode.
+    max_queued_messages: int = 20_000
+
     # -- server --------------------------------------------------------------------------
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
@@ -121,7 +131,8 @@ class MqttConfig:
             raise ValueError("tls_port needs certfile and keyfile")
         for name in ("max_connections", "max_topic_length", "max_topic_levels",
                      "max_subscriptions_per_client", "max_client_id_length", "max_retained",
-                     "max_pending_publishes", "max_out_buffer", "max_session_lag"):
+                     "max_pending_publishes", "max_out_buffer", "max_session_lag",
+                     "backpressure_lag", "max_queued_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

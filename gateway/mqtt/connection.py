@@ -241,7 +241,10 @@ class Connection(PublishHandler):
         if not await self._handle(packets[1:]):
             return
         stats = self.gw.stats
+        gate = self.gw.link.gate
         while not self.closed:
+            if self.publishing and not gate.is_open:
+                await gate.wait_open()  # back pressure on publishers (flow.py)
             timeout = self.keepalive * 1.5 if self.keepalive else float("inf")
             with trio.move_on_after(timeout) as scope:
                 data = await self.stream.receive_some(READ_SIZE)

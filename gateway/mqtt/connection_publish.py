@@ -32,7 +32,12 @@ _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
 class PublishHandler:
     """`Connection.on_publish` and its acknowledgements."""
 
+    #: set by the first PUBLISH: from then on the connection's reads pass the delivery
+    #: gate (flow.py); connections that only subscribe always read.
+    publishing = False
+
     async def on_publish(self: Connection, p: Publish) -> None:
+        self.publishing = True
         gw = self.gw
         cfg = gw.config
         stats = gw.stats
@@ -94,7 +99,7 @@ class PublishHandler:
             self.inbound += 1
             self.qos2_pending.add(pid)
             link.submit(msg, lambda code: self._stored(pid, 2, code))
-        if link.backlog >= cfg.max_pending_publishes:
+        if link.backlog >= link.dispatch_bound:
             await link.wait_for_space()
 
     def _refused(self: Connection, p: Publish, code: int) -> None:

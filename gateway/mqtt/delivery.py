@@ -97,6 +97,15 @@ class Pump:
         self.session = session
         self.conn = conn
         self._retry_at = 0.0
+        #: held up by its client (a stuck write): publishers do not wait for it (flow.py)
+        self.slow = False
+        #: trio time it began waiting on its client: a socket write or acknowledgements
+        #: (0.0: not waiting on the client)
+        self.held_since = 0.0
+
+    @property
+    def client_id(self) -> str:
+        return self.session.client_id
 
     # -- main loop ---------------------------------------------------------------------
 
@@ -104,6 +113,7 @@ class Pump:
         sess = self.session
         conn = self.conn
         link = self.gw.link
+        gate = link.gate
         for c in sess.cursors.values():
             # An offline session's state objects may have been released: look them up.
             st = link.state(c.st.broker, c.st.lmq)
@@ -118,28 +128,74 @@ class Pump:
                 await trio.lowlevel.checkpoint()  # fairness: a busy session yields
                 # In-process pulls do not yield: read and encode several batches per turn
                 # (the publishers' tasks each handle a whole socket read per turn too).
+                progress = False
                 for _ in range(TURN_BATCHES):
                     await self.fill()
-                    if not self.deliver() or conn.out_bytes >= limit:
+                    if not self.deliver():
+                        break
+                    progress = True
+                    if conn.out_bytes >= limit:
                         break
                 if conn.out:
-                    await conn.flush()
-                if conn.out_bytes > self.gw.config.max_out_buffer:
+                    self.held_since = trio.current_time()
+                    try:
+                        await conn.flush()
+                    finally:
+                        self.held_since = 0.0
+                if conn.out_bytes > limit:
+                    self.held_since = trio.current_time()
                     await conn.wait_drained()
+                    self.held_since = 0.0
                     continue
-                if self._needs_pull():
+                if self._needs_pull() or (progress and self._ready()):
+                    gate.set_behind(self, self._behind())
                     continue
+                # Waiting for acknowledgements is waiting for the client: publishers wait
+                # with us only while it answers promptly (flow.STUCK_S).
+                acks = len(sess.inflight) >= conn.inflight_limit
+                gate.set_behind(self, acks and self._behind())
+                if acks:
+                    self.held_since = trio.current_time()
                 with trio.move_on_at(self._next_retry()):
                     await sess.wait()
+                self.held_since = 0.0
         finally:
+            gate.set_behind(self, False)
             self.unwatch()
+
+    def _ready(self) -> bool:
+        """Something buffered could go out now (not held by the in-flight window)."""
+        sess = self.session
+        if len(sess.inflight) >= self.conn.inflight_limit:
+            return False
+        return any(c.buf for c in sess.cursors.values())
+
+    def lag(self) -> int:
+        """Messages stored for this session and not yet handed to its connection."""
+        total = 0
+        for c in self.session.cursors.values():
+            st = c.st
+            top = st.tail if st.tail is not None and st.tail > st.top else st.top
+            if top > c.sent:
+                total += top - c.sent
+        return total
+
+    def _behind(self) -> bool:
+        """Should publishers wait for this session (see flow.py)?"""
+        bound = self.gw.config.backpressure_lag
+        lag = self.lag()
+        if self.slow:
+            if lag <= bound // 2:
+                self.slow = False  # caught up: an ordinary subscriber again
+            return False
+        return lag > bound
 
     def _needs_pull(self) -> bool:
         now = trio.current_time()
         for c in self.session.cursors.values():
             st = c.st
-            if (not c.buf and not st.pending and c.end_version != st.version
-                    and st.tail != c.next and c.retry_at <= now):
+            if (not c.buf and st.tail != c.next and c.retry_at <= now
+                    and (c.next < st.top or not st.pending and c.end_version != st.version)):
                 return True
         if now >= self._retry_at:
             for g in self.groups():
@@ -194,7 +250,17 @@ class Pump:
                     self._retry_at = trio.current_time() + PULL_RETRY_S
                     break
         brokers = link.brokers
+        queued = self.gw.config.max_queued_messages
         for c in list(self.session.cursors.values()):
+            if c.sub.qos == 0:
+                st = c.st
+                top = st.tail if st.tail is not None and st.tail > st.top else st.top
+                if top - c.sent > queued:
+                    self._drop_qos0(c, top - queued)
+                elif c.dropped >= 0 and top - c.sent <= queued // 2:
+                    log.info("session %r: delivery of %r caught up after dropping %d QoS 0 "
+                             "message(s)", self.session.client_id, c.sub.filter, c.dropped)
+                    c.dropped = -1
             if c.buf or c.retry_at > now:
                 continue
             st = c.st
@@ -213,8 +279,8 @@ class Pump:
                     n += 1
                 c.next = n
                 continue
-            if st.pending or c.end_version == st.version:
-                continue
+            if (st.pending or c.end_version == st.version) and c.next >= st.top:
+                continue  # at the end, or a write on the way: the dispatcher wakes us
             if st.tail == c.next:
                 c.end_version = st.version  # at the end, known without asking
                 continue
@@ -255,6 +321,21 @@ class Pump:
                 c.sent = max(c.sent, c.next)
             else:  # OFFSET_ILLEGAL: retention moved the minimum, or the LMQ is gone
                 self._cut(c, result.next_begin_offset, "offset no longer in the LMQ")
+
+    def _drop_qos0(self, c: Cursor, offset: int) -> None:
+        """A QoS 0 subscription more than max_queued_messages behind skips to the newest:
+        the per-client bound of a slow client (Mosquitto's max_queued_messages), counted in
+        $SYS/broker/messages/dropped, logged once per episode (not per message)."""
+        skipped = offset - c.sent
+        if c.dropped < 0:
+            c.dropped = 0
+            log.warning("session %r: delivery of %r is more than max_queued_messages (%d) "
+                        "behind; dropping its oldest QoS 0 messages", self.session.client_id,
+                        c.sub.filter, self.gw.config.max_queued_messages)
+        c.dropped += skipped
+        c.reset_to(offset)
+        self.session.dirty = True
+        self.gw.stats.dropped += skipped
 
     def _cut(self, c: Cursor, offset: int, why: str) -> None:
         """Skip a cursor forward: the documented bound of offline messages.

@@ -59,7 +59,7 @@ class Cursor:
     """A session's read position in one LMQ on one broker (see the module doc)."""
 
     __slots__ = ("st", "sub", "next", "sent", "unacked", "buf", "end_version", "gap_logged",
-                 "retry_at")
+                 "retry_at", "dropped")
 
     def __init__(self, st: LmqState, sub: Subscription, offset: int) -> None:
         self.st = st
@@ -73,6 +73,9 @@ class Cursor:
         self.end_version = -1
         self.gap_logged = False
         self.retry_at = 0.0  # trio time before which a failed pull is not repeated
+        #: QoS 0 messages skipped in the current over-max_queued_messages episode
+        #: (-1: no episode)
+        self.dropped = -1
 
     @property
     def key(self) -> str:
