@@ -1,0 +1,210 @@
+"""MQTT under load it cannot absorb at once (docs/mqtt.md, "Overload").
+
+Publishers here are raw sockets writing pre-encoded PUBLISH packets as fast as TCP takes
+them, never waiting for the gateway (open loop, as devices do). The gateway must push back
+on them instead of falling behind its subscribers: a subscriber keeps receiving, in order,
+and at QoS 1 nothing is lost; a subscriber that does not read its socket must not slow the
+others down. No assertion is about time.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from gateway.mqtt.codec import MqttCodec
+from gateway.mqtt.packets import Connack, Connect, Puback, Publish, Suback, Subscribe, Subscription
+from tests.gateway.mqtt.server_harness import GatewayServer, RawClient, wait_for
+
+SEQ = struct.Struct(">II")  # publisher index, sequence number
+
+
+def _connect(port: int, client_id: str) -> RawClient:
+    c = RawClient(port, version=4)
+    ack = c.connect(client_id)
+    assert isinstance(ack, Connack) and ack.reason_code == 0
+    return c
+
+
+def _subscribe(c: RawClient, *filters: tuple[str, int]) -> None:
+    c.send(Subscribe(1, tuple(Subscription(f, q) for f, q in filters)))
+    assert isinstance(c.recv_type(Suback), Suback)
+
+
+class Flood(threading.Thread):
+    """One publisher writing `count` PUBLISHes unpaced (QoS 1 acks are read and ignored)."""
+
+    def __init__(self, port: int, index: int, topic: str, count: int, qos: int,
+                 size: int = 64) -> None:
+        super().__init__(daemon=True)
+        self.client = _connect(port, f"flood-{index}-{topic.replace('/', '-')}")
+        codec = MqttCodec(1 << 20, role="client")
+        codec.protocol_version = 4
+        pad = b"x" * max(0, size - SEQ.size)
+        self.chunks = []
+        parts = []
+        for seq in range(count):
+            pid = seq % 65535 + 1 if qos else None
+            parts.append(codec.encode(Publish(topic, SEQ.pack(index, seq) + pad, qos, False,
+                                              False, pid)))
+            if len(parts) == 256:
+                self.chunks.append(b"".join(parts))
+                parts = []
+        if parts:
+            self.chunks.append(b"".join(parts))
+        self.qos = qos
+
+    def run(self) -> None:
+        sock = self.client.sock
+        sock.settimeout(None)
+        if self.qos:
+            threading.Thread(target=self._drain, daemon=True).start()
+        for chunk in self.chunks:
+            sock.sendall(chunk)
+
+    def _drain(self) -> None:
+        try:
+            while self.client.sock.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+
+
+class Reader(threading.Thread):
+    """A subscriber that reads as fast as it can; QoS 1 deliveries are acknowledged."""
+
+    def __init__(self, client: RawClient) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.got: dict[tuple[str, int], list[int]] = {}
+        self.count = 0
+        self.stop = False
+
+    def run(self) -> None:
+        c = self.client
+        c.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                data = c.sock.recv(1 << 18)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            acks = []
+            for p in c.codec.feed(data):
+                if type(p) is not Publish:
+                    continue
+                index, seq = SEQ.unpack_from(p.payload)
+                self.got.setdefault((p.topic, index), []).append(seq)
+                self.count += 1
+                if p.qos == 1:
+                    acks.append(c.codec.encode(Puback(p.packet_id)))
+            if acks:
+                c.sock.sendall(b"".join(acks))
+
+
+def _in_order(seqs: list[int]) -> bool:
+    return all(a < b for a, b in zip(seqs, seqs[1:]))
+
+
+@pytest.mark.slow
+def test_subscriber_keeps_receiving_while_publishers_flood():
+    """Four unpaced publishers (two QoS 1, two QoS 0) against one subscriber of both
+    QoS: it receives from the start, in order, and every QoS 1 message."""
+    per = 15_000
+    # max_session_lag below what is published: a gateway that falls behind cuts the QoS 1
+    # backlog (the collapse this test is about) and the test sees the loss.
+    with GatewayServer(max_session_lag=10_000) as srv:
+        sub = _connect(srv.port, "overload-sub")
+        _subscribe(sub, ("ov/q1/#", 1), ("ov/q0/#", 0))
+        reader = Reader(sub)
+        reader.start()
+        floods = [Flood(srv.port, i, f"ov/q{i % 2}/{i}", per, i % 2) for i in range(4)]
+        for f in floods:
+            f.start()
+        try:
+            for f in floods:
+                f.join(120)
+            assert wait_for(lambda: all(
+                len(reader.got.get((f"ov/q1/{i}", i), [])) >= per for i in (1, 3)), 60)
+        finally:
+            reader.stop = True
+        for (topic, _index), seqs in reader.got.items():
+            assert _in_order(seqs), topic
+        for i in (1, 3):
+            assert reader.got[(f"ov/q1/{i}", i)] == list(range(per))  # QoS 1: nothing lost
+        q0 = sum(len(reader.got.get((f"ov/q0/{i}", i), [])) for i in (0, 2))
+        assert q0 >= 2 * per * 0.9  # QoS 0 may be dropped, but not by a collapse
+        assert srv.gateway.stats.dropped == 2 * per - q0
+        sub.close()
+
+
+class Trickle(threading.Thread):
+    """A subscriber that reads a little now and then (a device on a poor link)."""
+
+    def __init__(self, client: RawClient, size: int = 8192, pause: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.size = size
+        self.pause = pause
+        self.stop = False
+
+    def run(self) -> None:
+        sock = self.client.sock
+        sock.settimeout(0.5)
+        while not self.stop:
+            try:
+                if not sock.recv(self.size):
+                    return
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            time.sleep(self.pause)
+
+
+def test_slow_subscriber_does_not_slow_a_fast_one(caplog):
+    """A QoS 1 subscriber that never acknowledges and a QoS 0 one that reads very slowly: the gateway stops waiting for them, the other subscriber gets everything, the slow one's QoS 0 backlog is
+    cut (counted, one log line for the episode)."""
+    per = 10_000
+    caplog.set_level(logging.INFO, logger="gateway.mqtt")
+    with GatewayServer(backpressure_lag=500, max_queued_messages=2_000) as srv:
+        stuck = _connect(srv.port, "stuck-sub")  # reads, never acknowledges
+        _subscribe(stuck, ("slow/1", 1))  # the QoS 1 publisher: its window fills
+        mute = Trickle(stuck, 1 << 16, 0.0)
+        mute.start()
+        slow = _connect(srv.port, "slow-sub")
+        slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        _subscribe(slow, ("slow/#", 0))
+        trickle = Trickle(slow)
+        trickle.start()
+        fast = _connect(srv.port, "fast-sub")
+        _subscribe(fast, ("slow/#", 1))
+        reader = Reader(fast)
+        reader.start()
+        floods = [Flood(srv.port, i, f"slow/{i}", per, i, size=512) for i in range(2)]
+        try:
+            for f in floods:
+                f.start()
+            for f in floods:
+                f.join(60)
+                assert not f.is_alive()  # publishers were not held back for good
+            assert wait_for(lambda: reader.count >= 2 * per, 30)
+            assert wait_for(lambda: srv.gateway.stats.dropped > 0, 30)  # the slow one's
+        finally:
+            reader.stop = trickle.stop = mute.stop = True
+        for i in range(2):
+            assert reader.got[(f"slow/{i}", i)] == list(range(per))
+        drops = [r for r in caplog.records if "max_queued_messages" in r.getMessage()]
+        assert len(drops) == 1
+        stuck.close()
+        slow.close()
+        fast.close()
+        time.sleep(0.1)
