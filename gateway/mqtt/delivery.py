@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 from typing import TYPE_CHECKING
 
 import trio
@@ -89,6 +90,18 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
     return data
 
 
+def _writable(stream) -> bool:
+    """Has the kernel room for more of this stream's output now? (unknown: False)"""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        sock = getattr(getattr(stream, "transport_stream", None), "socket", None)
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
+
+
 class Pump:
     """The delivery task of one connected session (see the module doc)."""
 
@@ -106,6 +119,15 @@ class Pump:
     @property
     def client_id(self) -> str:
         return self.session.client_id
+
+    def held_by_client(self) -> bool:
+        """Waiting on the client, not on a busy event loop (flow.py): a socket write whose
+        kernel buffer is full, or acknowledgements (the connection always reads them)."""
+        if not self.held_since:
+            return False
+        if self.conn.out_bytes or getattr(self.conn, "_writing", False):
+            return not _writable(self.conn.stream)
+        return True
 
     # -- main loop ---------------------------------------------------------------------
 

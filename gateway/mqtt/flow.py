@@ -40,6 +40,9 @@ class _Member(Protocol):
     #: trio time it began waiting on its client (0.0 while not)
     held_since: float
 
+    def held_by_client(self) -> bool:
+        """Is the wait really the client's (not a busy event loop's)?"""
+
 
 class DeliveryGate:
     """Open while no runnable delivery task is too far behind (see the module doc)."""
@@ -88,7 +91,7 @@ class DeliveryGate:
         now = trio.current_time()
         for member in list(self._behind):
             since = member.held_since
-            if since and now - since >= STUCK_S:
+            if since and now - since >= STUCK_S and member.held_by_client():
                 member.slow = True
                 self.evictions += 1
                 log.info("delivery to %r is held up by its client; publishers no longer wait "
