@@ -160,6 +160,8 @@ class BrokerLink:
         self._retained_settled: trio.Event | None = None
         self._space = trio.Event()
         self._in_round = False
+        self._sending = 0  # sends on the wire
+        self._sent_chunks = 0  # sends answered (or failed) so far
         self._late: list[LmqState] = []
         self._ext_base = {
             "a": "MQTT_GATEWAY", "b": config.store_topic, "c": "TBW102",
@@ -334,7 +336,12 @@ class BrokerLink:
                         size += len(reqs[end].msg.payload) + 256
                         end += 1
                     chunk = reqs[start:end]
-                    code = await self._send(broker, qid, chunk)
+                    self._sending += 1
+                    try:
+                        code = await self._send(broker, qid, chunk)
+                    finally:
+                        self._sending -= 1
+                        self._sent_chunks += 1
                     for req in chunk:
                         results[id(req)] = code
                     self._advance_tails(broker, chunk, code == STORED)
@@ -507,6 +514,10 @@ class BrokerLink:
         """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`)."""
         mq = MessageQueue(st.lmq, st.broker, 0)
         v0 = st.version if not st.pending else -1
+        # With no send on the wire before and after, every stored write already went
+        # through _advance_tails: the max offset seen is the tail, writes pending or not
+        # (under steady load some always are, and the tail would never be learnt).
+        quiet = -1 if self._sending else self._sent_chunks
         result = await pull_kernel(
             self.client, self.config.pull_group, mq, st.sub, offset, self.config.pull_batch)
         if result.status is PullStatus.FOUND:
@@ -529,7 +540,11 @@ class BrokerLink:
         if result.status is not PullStatus.OFFSET_ILLEGAL:
             if result.max_offset > st.top:
                 st.top = result.max_offset
-            st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
+            if quiet >= 0 and not self._sending and self._sent_chunks == quiet \
+                    and st.tail is None:
+                st.tail = result.max_offset
+            else:
+                st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
         return result
 
     async def max_offset(self, broker: str, lmq: str) -> int:
