@@ -161,6 +161,9 @@ class BrokerLink:
         self._space = trio.Event()
         self._in_round = False
         self._sending = 0  # sends on the wire
+        #: per broker, the highest commitlog offset whose LMQ entries are all accounted
+        #: for in the known tails (sends are sequential: everything below it is, too)
+        self.advanced: dict[str, int] = {}
         self._sent_chunks = 0  # sends answered (or failed) so far
         self._late: list[LmqState] = []
         self._ext_base = {
@@ -389,6 +392,10 @@ class BrokerLink:
     def _advance_tails(self, broker: str, chunk: list[_Request], stored: bool) -> None:
         """Give each stored message its offset in every read LMQ whose tail is known."""
         states = self.states
+        if stored:
+            last = chunk[-1].msg.commitlog_offset
+            if last > self.advanced.get(broker, -1):
+                self.advanced[broker] = last
         for req in chunk:
             msg = req.msg
             for lmq in req.lmqs:

@@ -448,15 +448,20 @@ class Pump:
                 msg = single.buf[0][1]
             else:
                 best = None
+                empty = None
                 for c in cursors:
                     if c.buf:
                         clog = c.buf[0][1].commitlog_offset
                         if best is None or clog < best:
                             best = clog
                     elif not c.caught_up():
-                        return sent  # an older entry may still come from this LMQ
+                        if empty is None:
+                            empty = []
+                        empty.append(c)
                 if best is None:
                     return sent
+                if empty is not None and not self._none_older(empty, best):
+                    return sent  # an older entry may still come from one of these LMQs
                 heads = [c for c in cursors if c.buf and c.buf[0][1].commitlog_offset == best]
                 msg = heads[0].buf[0][1]
             qos = -1
@@ -487,6 +492,19 @@ class Pump:
                 continue  # no-local only, or expired (MQTT-3.3.2-5): consumed unsent
             sent += self._send(msg, qos, retain, tuple(sub_ids), refs, None, now)
         return sent
+
+    def _none_older(self, cursors: list[Cursor], clog: int) -> bool:
+        """Can none of these drained cursors still get an entry older than commitlog
+        offset `clog`? True when each has read up to its known tail and every write
+        below `clog` is accounted for in the tails (BrokerLink.advanced). Writes in
+        progress come after it in the CommitLog: they do not hold the merge back (under
+        steady load some always are, and a session of several filters would stall)."""
+        link = self.gw.link
+        for c in cursors:
+            st = c.st
+            if st.tail is None or c.next < st.tail or clog > link.advanced.get(st.broker, -1):
+                return False
+        return True
 
     def _send(self, msg: MqttMessage, qos: int, retain: bool, sub_ids: tuple[int, ...],
               refs: list, group: object, now: int) -> int:
