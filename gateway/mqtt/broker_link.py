@@ -31,15 +31,22 @@ import trio
 from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
 from core.client.errors import MQClientError
 from core.client.model import SubscriptionData
-from core.client.pull_consumer import pull_kernel
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
-from core.remoting.codes import ResponseCode
+from core.common.sysflag import PullSysFlag
+from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
+from core.store.record_view import iter_record_views
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
-from gateway.mqtt.message import MqttMessage, from_message_ext, lmq_dispatch_value, to_properties
+from gateway.mqtt.message import (
+    MqttMessage,
+    from_message_ext,
+    from_record_view,
+    lmq_dispatch_value,
+    to_properties,
+)
 from gateway.mqtt.packets import NO_PROPERTIES
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
@@ -68,6 +75,14 @@ SEND_TIMEOUT_S = 5.0
 SEND_ATTEMPTS = 2
 CLUSTER_WAIT_S = 30.0
 CLUSTER_REFRESH_S = 30.0
+
+_PULL_FLAGS = str(int(PullSysFlag.SUBSCRIPTION))
+_PULL_CODES = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
 
 PublishDone = Callable[[int], None]
 Waker = Any  # an object with a `wake()` method (a session's delivery pump)
@@ -517,22 +532,53 @@ class BrokerLink:
                 del cache[next(iter(cache))]
         return msg
 
+    async def _pull_raw(self, st: LmqState, offset: int) -> PullResult:
+        """PULL_MESSAGE of `st`'s LMQ, its records read as views (record_view.py) into
+        MqttMessages: no MessageExt, no full decode; a message seen before (an overlapping
+        filter's read) is not parsed again. `messages` holds MqttMessages."""
+        sub = st.sub
+        ext = {
+            "consumerGroup": self.config.pull_group, "topic": st.lmq, "queueId": "0",
+            "queueOffset": str(offset), "maxMsgNums": str(self.config.pull_batch),
+            "sysFlag": _PULL_FLAGS, "commitOffset": "0", "suspendTimeoutMillis": "0",
+            "subscription": sub.sub_string, "subVersion": str(sub.sub_version),
+            "expressionType": sub.expression_type,
+        }
+        addr = self.addr(st.broker)
+        resp = await self.client.api.call(addr, RequestCode.PULL_MESSAGE, ext, ok=_PULL_CODES)
+        status = _PULL_CODES[resp.code]
+        msgs: list[MqttMessage] = []
+        if status is PullStatus.FOUND and resp.body:
+            broker = st.broker
+            cache = self._decoded
+            for view in iter_record_views(resp.body_bytes()):
+                key = (broker, view.commitlog_offset)
+                msg = cache.get(key)
+                if msg is None:
+                    msg = from_record_view(view, broker)
+                    if msg is None:
+                        continue  # not written by a gateway
+                    cache[key] = msg
+                    if len(cache) > DECODED_CACHE:
+                        del cache[next(iter(cache))]
+                msgs.append(msg)
+            if not msgs:
+                status = PullStatus.NO_MATCHED_MSG
+        return PullResult(status, resp.ext_int("nextBeginOffset", 0),
+                          resp.ext_int("minOffset", 0), resp.ext_int("maxOffset", 0), msgs)
+
     async def pull(self, st: LmqState, offset: int) -> PullResult:
-        """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`)."""
-        mq = MessageQueue(st.lmq, st.broker, 0)
+        """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`);
+        `messages` of the result are MqttMessages (records of other writers left out)."""
         v0 = st.version if not st.pending else -1
         # With no send on the wire before and after, every stored write already went
         # through _advance_tails: the max offset seen is the tail, writes pending or not
         # (under steady load some always are, and the tail would never be learnt).
         quiet = -1 if self._sending else self._sent_chunks
-        result = await pull_kernel(
-            self.client, self.config.pull_group, mq, st.sub, offset, self.config.pull_batch)
+        result = await self._pull_raw(st, offset)
         if result.status is PullStatus.FOUND:
             lmq = st.lmq
-            for ext in result.messages:
-                msg = self.decode(ext, st.broker)
-                if msg is None:
-                    continue
+            for msg in result.messages:
                 pos = msg.lmq_offsets.get(lmq)
                 if pos is not None:
                     known = st.recent.get(pos)

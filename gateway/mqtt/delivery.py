@@ -324,10 +324,7 @@ class Pump:
                     continue
                 lmq = st.lmq
                 buf = c.buf
-                for ext in result.messages:
-                    msg = link.decode(ext, st.broker)
-                    if msg is None:
-                        continue
+                for msg in result.messages:
                     pos = msg.lmq_offsets.get(lmq)
                     if pos is not None and pos >= c.next:
                         buf.append((pos, msg))
