@@ -98,7 +98,7 @@ class LmqState:
     """
 
     __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
-                 "tail", "sub", "top")
+                 "tail", "sub", "top", "tail_clog")
 
     def __init__(self, broker: str, lmq: str) -> None:
         self.broker = broker
@@ -114,6 +114,9 @@ class LmqState:
         self.sub = SubscriptionData.build(lmq, "*")
         #: highest next-write offset seen (tail or a pull's max offset): readers' lag
         self.top = 0
+        #: commitlog offset of the entry before `tail` when a pull learnt it (-1: none);
+        #: stored messages up to it are already counted in the tail
+        self.tail_clog = -1
 
     def remember(self, offset: int, msg: MqttMessage) -> None:
         recent = self.recent
@@ -420,6 +423,8 @@ class BrokerLink:
                 if not stored or msg.commitlog_offset < 0:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
+                if msg.commitlog_offset <= st.tail_clog:
+                    continue  # a pull that learnt the tail already counted it
                 offset = st.tail
                 st.tail = st.top = offset + 1
                 msg.lmq_offsets[lmq] = offset
@@ -593,10 +598,18 @@ class BrokerLink:
         if result.status is not PullStatus.OFFSET_ILLEGAL:
             if result.max_offset > st.top:
                 st.top = result.max_offset
+            if st.tail is None and result.messages \
+                    and result.next_begin_offset >= result.max_offset:
+                # Read to the end: the last entry tells which writes the max offset counts
+                # (sends in progress or not); _advance_tails skips those (tail_clog).
+                last = result.messages[-1]
+                if last.lmq_offsets.get(st.lmq) == result.max_offset - 1:
+                    st.tail = result.max_offset
+                    st.tail_clog = last.commitlog_offset
             if quiet >= 0 and not self._sending and self._sent_chunks == quiet \
                     and st.tail is None:
                 st.tail = result.max_offset
-            else:
+            elif st.tail is None:
                 st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
         return result
 
