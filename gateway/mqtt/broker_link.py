@@ -188,7 +188,8 @@ class BrokerLink:
             "a": "MQTT_GATEWAY", "b": config.store_topic, "c": "TBW102",
             "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
         }
-        self.stats = {"stored": 0, "failed": 0, "rounds": 0}
+        #: topic_mismatch: LMQ entries skipped because their topic did not match the filter
+        self.stats = {"stored": 0, "failed": 0, "rounds": 0, "topic_mismatch": 0}
         #: closed while a delivery task falls behind: publishing connections stop reading
         self.gate = DeliveryGate()
         #: publishes queued before readers pause: also bounds a round, so that one round

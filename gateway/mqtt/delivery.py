@@ -296,10 +296,17 @@ class Pump:
             if c.next in recent:
                 n = c.next
                 buf = c.buf
+                match = c.match
                 while n in recent and len(buf) < batch:
-                    buf.append((n, recent[n]))
+                    msg = recent[n]
+                    if match(msg.topic):
+                        buf.append((n, msg))
+                    else:
+                        self._mismatch(c, n, msg)
                     n += 1
                 c.next = n
+                if not buf:
+                    c.sent = max(c.sent, n)
                 continue
             if (st.pending or c.end_version == st.version) and c.next >= st.top:
                 continue  # at the end, or a write on the way: the dispatcher wakes us
@@ -324,10 +331,14 @@ class Pump:
                     continue
                 lmq = st.lmq
                 buf = c.buf
+                match = c.match
                 for msg in result.messages:
                     pos = msg.lmq_offsets.get(lmq)
                     if pos is not None and pos >= c.next:
-                        buf.append((pos, msg))
+                        if match(msg.topic):
+                            buf.append((pos, msg))
+                        else:
+                            self._mismatch(c, pos, msg)
                 c.next = max(c.next, result.next_begin_offset)
                 if result.next_begin_offset >= result.max_offset:
                     c.end_version = v0
@@ -340,6 +351,16 @@ class Pump:
                 c.sent = max(c.sent, c.next)
             else:  # OFFSET_ILLEGAL: retention moved the minimum, or the LMQ is gone
                 self._cut(c, result.next_begin_offset, "offset no longer in the LMQ")
+
+    def _mismatch(self, c: Cursor, offset: int, msg: MqttMessage) -> None:
+        """An LMQ entry whose topic does not match the filter it is read for (a foreign
+        writer, a name collision): not delivered; counted, logged once per cursor."""
+        c.mismatched += 1
+        self.gw.link.stats["topic_mismatch"] += 1
+        if c.mismatched == 1:
+            log.warning("session %r: %s@%s offset %d holds topic %r, which filter %r does "
+                        "not match; skipped", self.session.client_id, c.st.lmq, c.st.broker,
+                        offset, msg.topic[:200], c.sub.filter)
 
     def _drop_qos0(self, c: Cursor, offset: int) -> None:
         """A QoS 0 subscription more than max_queued_messages behind skips to the newest:

@@ -230,3 +230,28 @@ def test_two_filters_of_one_session_both_flow():
         assert _in_order(got0) and len(got0) >= q0 * 0.9
         first = order[: len(order) // 4]  # both filters flow from the start
         assert first.count("fm/q1") > 0 and first.count("fm/q0") > 0
+
+
+def test_entry_whose_topic_does_not_match_the_filter_is_skipped():
+    """Defence in depth: an LMQ entry whose topic the filter does not match (a foreign
+    writer, a routing fault; simulated here with a wrong router) is not delivered."""
+    with GatewayServer() as srv:
+        sub = _connect(srv.port, "dd-sub")
+        _subscribe(sub, ("dd/a", 0))
+        gw = srv.gateway
+        lmq = gw.registry.sessions["dd-sub"].subs["dd/a"].lmq
+        right = gw.link.router
+
+        def wrong(topic: str):
+            return (lmq,) if topic == "dd/x" else right(topic)
+
+        srv.call(setattr, gw.link, "router", wrong)
+        pub = _connect(srv.port, "dd-pub")
+        pub.send(Publish("dd/x", b"stray", 0))
+        pub.send(Publish("dd/a", b"ok", 0))
+        p = sub.recv_type(Publish)
+        assert (p.topic, p.payload) == ("dd/a", b"ok")
+        assert gw.link.stats["topic_mismatch"] == 1
+        srv.call(setattr, gw.link, "router", right)
+        pub.close()
+        sub.close()
