@@ -83,6 +83,16 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
     packet must not leave an alias the client never saw (the next PUBLISH would carry an
     empty topic with it, a protocol error on the client's side, v5 §3.3.2.3.4).
     """
+    if not qos and conn.version != 5:
+        # The same bytes for every 3.1/3.1.1 session: encoded once per message.
+        wire = msg.wire
+        if wire is None:
+            wire = msg.wire = [None, None]
+        data = wire[retain]
+        if data is None:
+            data = wire[retain] = conn.codec.encode(
+                Publish(msg.topic, msg.payload, 0, retain, False, None))
+        return data
     packet = build_publish(conn, msg, qos, retain, sub_ids, pid, dup, now)
     data = conn.codec.encode(packet)
     if packet.topic and packet.properties.topic_alias is not None:

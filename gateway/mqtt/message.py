@@ -72,6 +72,9 @@ class MqttMessage:
     broker: str = ""
     commitlog_offset: int = -1
     lmq_offsets: dict[str, int] = field(default_factory=dict)
+    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH, [retain off, retain on], once built: every
+    #: session on a filter sends the same bytes (delivery.encode_publish)
+    wire: list | None = field(default=None, compare=False, repr=False)
 
     def expired(self, now: int) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at
