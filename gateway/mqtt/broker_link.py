@@ -98,7 +98,7 @@ class LmqState:
     """
 
     __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
-                 "tail", "sub", "top", "tail_clog")
+                 "tail", "sub", "top", "tail_clog", "pulling", "pull_waiters")
 
     def __init__(self, broker: str, lmq: str) -> None:
         self.broker = broker
@@ -117,6 +117,10 @@ class LmqState:
         #: commitlog offset of the entry before `tail` when a pull learnt it (-1: none);
         #: stored messages up to it are already counted in the tail
         self.tail_clog = -1
+        #: offset of the pull in flight (-1: none): readers of the same entries wait for
+        #: it (they find them in `recent`) instead of pulling them again
+        self.pulling = -1
+        self.pull_waiters = False
 
     def remember(self, offset: int, msg: MqttMessage) -> None:
         recent = self.recent
@@ -126,6 +130,14 @@ class LmqState:
         self.recent_bytes += len(msg.payload)
         while len(recent) > RECENT_ENTRIES or (self.recent_bytes > RECENT_BYTES and len(recent) > 1):
             self.recent_bytes -= len(recent.popitem(last=False)[1].payload)
+
+    def pull_covers(self, offset: int, batch: int) -> bool:
+        """Will the pull in flight bring the entry at `offset`? (The caller waits.)"""
+        start = self.pulling
+        if start >= 0 and start <= offset < start + batch:
+            self.pull_waiters = True
+            return True
+        return False
 
     def learn_tail(self, max_offset: int, v0: int) -> None:
         """A read that began at version `v0` with nothing pending saw `max_offset`."""
@@ -189,7 +201,7 @@ class BrokerLink:
             "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
         }
         #: topic_mismatch: LMQ entries skipped because their topic did not match the filter
-        self.stats = {"stored": 0, "failed": 0, "rounds": 0, "topic_mismatch": 0}
+        self.stats = {"stored": 0, "failed": 0, "rounds": 0, "topic_mismatch": 0, "pulls": 0}
         #: closed while a delivery task falls behind: publishing connections stop reading
         self.gate = DeliveryGate()
         #: publishes queued before readers pause: also bounds a round, so that one round
@@ -551,6 +563,7 @@ class BrokerLink:
             "expressionType": sub.expression_type,
         }
         addr = self.addr(st.broker)
+        self.stats["pulls"] += 1
         resp = await self.client.api.call(addr, RequestCode.PULL_MESSAGE, ext, ok=_PULL_CODES)
         status = _PULL_CODES[resp.code]
         msgs: list[MqttMessage] = []
@@ -581,7 +594,15 @@ class BrokerLink:
         # through _advance_tails: the max offset seen is the tail, writes pending or not
         # (under steady load some always are, and the tail would never be learnt).
         quiet = -1 if self._sending else self._sent_chunks
-        result = await self._pull_raw(st, offset)
+        st.pulling = offset
+        try:
+            result = await self._pull_raw(st, offset)
+        finally:
+            st.pulling = -1
+            if st.pull_waiters:
+                st.pull_waiters = False
+                for w in st.watchers:
+                    w.wake()
         if result.status is PullStatus.FOUND:
             lmq = st.lmq
             for msg in result.messages:

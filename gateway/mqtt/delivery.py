@@ -227,7 +227,8 @@ class Pump:
         for c in self.session.cursors.values():
             st = c.st
             if (not c.buf and st.tail != c.next and c.retry_at <= now
-                    and (c.next < st.top or not st.pending and c.end_version != st.version)):
+                    and (c.next < st.top or not st.pending and c.end_version != st.version)
+                    and not st.pull_covers(c.next, self.gw.config.pull_batch)):
                 return True
         if now >= self._retry_at:
             for g in self.groups():
@@ -323,6 +324,8 @@ class Pump:
             if st.tail == c.next:
                 c.end_version = st.version  # at the end, known without asking
                 continue
+            if st.pull_covers(c.next, batch):
+                continue  # another session's read brings it: one read per filter
             v0 = st.version
             try:
                 result = await link.pull(st, c.next)
