@@ -9,6 +9,8 @@
   structurally; offsets, in-flight and QoS 2 state are written behind by `flush()`.
 * Session takeover (MQTT-3.1.4-3): a CONNECT for a client id that is connected closes the
   older connection (v5: DISCONNECT 0x8E) and waits for it to wind down first.
+* Persistent sessions are counted (`stored`); a CONNECT that would create one more than
+  `max_stored_sessions` raises `SessionQuotaExceeded` (the connection refuses it).
 * Will messages: published at once on an abnormal close, or after the Will Delay
   Interval, or when the session ends, whichever comes first (v5 §3.1.3.2.2).
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import Will
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
@@ -31,9 +34,13 @@ from gateway.routing.topic_trie import TopicTrie
 if TYPE_CHECKING:
     from gateway.mqtt.server import MqttGateway
 
-__all__ = ["SessionRegistry"]
+__all__ = ["SessionQuotaExceeded", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+class SessionQuotaExceeded(Exception):
+    """A new persistent session would exceed `max_stored_sessions`."""
 
 
 class SessionRegistry:
@@ -46,6 +53,8 @@ class SessionRegistry:
         self.groups: dict[str, SharedGroup] = {}
         self._group_offsets: dict[str, int] = {}
         self.subscription_count = 0
+        #: client ids of persistent sessions (max_stored_sessions counts these)
+        self.stored: set[str] = set()
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -95,6 +104,7 @@ class SessionRegistry:
                 if pair is not None and not c.unacked:
                     c.next = c.sent = pair[0]
             self.sessions[client_id] = sess
+            self.stored.add(client_id)
         return len(self.sessions)
 
     # -- connect / disconnect ------------------------------------------------------------------
@@ -112,6 +122,8 @@ class SessionRegistry:
             self.end(old)
             old = None
         if old is None:
+            if expiry != 0 and len(self.stored) >= self.gw.config.max_stored_sessions:
+                raise SessionQuotaExceeded(client_id)
             sess = Session(client_id, version, expiry)
             self.sessions[client_id] = sess
             present = False
@@ -128,6 +140,7 @@ class SessionRegistry:
         sess.gone_at = None
         sess.gone_ms = None
         if sess.persistent:
+            self.stored.add(client_id)
             self.gw.store.put_session(client_id, sess.record())
         elif present:
             self.gw.store.delete_session(client_id)
@@ -198,6 +211,7 @@ class SessionRegistry:
         sess.inflight.clear()
         if self.sessions.get(sess.client_id) is sess:
             del self.sessions[sess.client_id]
+            self.stored.discard(sess.client_id)
             self.gw.store.delete_session(sess.client_id)
 
     def tick(self) -> None:
@@ -209,7 +223,7 @@ class SessionRegistry:
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
-                log.info("session %r expired", sess.client_id)
+                log.info("session %s expired", shown(sess.client_id))
                 self.end(sess)
 
     # -- subscriptions -------------------------------------------------------------------------
