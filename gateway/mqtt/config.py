@@ -64,6 +64,12 @@ class MqttConfig:
     #: 256 kbit/s, so 60 s leaves slow links room while a stalled half-sent packet holds
     #: its buffer (at most max_packet_size) for a minute, not for ever.
     packet_read_timeout_s: float = 60.0
+    #: Bytes of incomplete packets buffered across all connections (each holds at most
+    #: max_packet_size). While the others hold more than this, a connection with an
+    #: incomplete packet is not read (TCP back pressure; its packet_read_timeout_s keeps
+    #: running), so half-sent packets cannot pile up memory. 64 MiB: 64 max-size
+    #: packets arriving at the same time.
+    max_partial_packet_bytes: int = 64 * 1024 * 1024
     #: Lingering close after a DISCONNECT / refusing CONNACK: input is read and dropped
     #: for at most this long and this many bytes before the socket closes, so the client
     #: reads the reason instead of a connection reset.
@@ -155,7 +161,8 @@ class MqttConfig:
         for name in ("max_connections", "max_topic_length", "max_topic_levels",
                      "max_subscriptions_per_client", "max_client_id_length", "max_retained",
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
-                     "password_check_threads", "max_stored_sessions", "close_linger_bytes"):
+                     "password_check_threads", "max_stored_sessions", "close_linger_bytes",
+                     "max_partial_packet_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.mqtt.auth import SUB_CHECKED, SUB_REFUSED
+from gateway.mqtt.auth import SUB_ALLOWED, SUB_REFUSED
 from gateway.mqtt.codec import MqttCodec
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
@@ -125,6 +125,7 @@ class Connection(PublishHandler):
         self._readable: dict[str, bool] = {}
         self._ka_deadline = float("inf")  # trio time: keep alive runs out
         self._packet_deadline = float("inf")  # trio time: the partial packet must be complete
+        self._partial = 0  # bytes of an incomplete packet counted in gw.partial_bytes
 
     # -- output ---------------------------------------------------------------------------
 
@@ -228,6 +229,7 @@ class Connection(PublishHandler):
             pass  # the peer went away: an abnormal close (the will is sent)
         finally:
             self.closed = True
+            self._release_partial()
             sess = self.session
             if sess is not None:
                 gw.stats.clients -= 1
@@ -314,6 +316,10 @@ class Connection(PublishHandler):
                 return
             if packets:
                 self._packet_seen()
+            self._count_partial()
+            if self._partial and not await self._within_partial_budget():
+                self._read_timed_out()
+                return
             if self.out:
                 await self.flush()
                 if self.out_bytes > cfg.max_out_buffer:
@@ -348,6 +354,33 @@ class Connection(PublishHandler):
             log.info("client %s: keep alive timeout (%d s)", shown(self.client_id),
                      self.keepalive)
         self.close(0x8D)  # Keep Alive timeout: no complete packet in time
+
+    # -- gateway-wide budget for incomplete packets ------------------------------------------
+
+    def _count_partial(self) -> None:
+        """Account this connection's incomplete-packet bytes in `gw.partial_bytes`."""
+        now = self.codec.buffered
+        before = self._partial
+        if now != before:
+            self._partial = now
+            self.gw.partial_bytes_changed(now - before)
+
+    def _release_partial(self) -> None:
+        if self._partial:
+            self.gw.partial_bytes_changed(-self._partial)
+            self._partial = 0
+
+    async def _within_partial_budget(self) -> bool:
+        """Wait while the other connections' incomplete packets hold more than
+        `max_partial_packet_bytes`; False if this packet's deadline passed meanwhile."""
+        gw = self.gw
+        limit = gw.config.max_partial_packet_bytes
+        while gw.partial_bytes - self._partial > limit:
+            with trio.move_on_at(self._read_deadline()) as scope:
+                await gw.partial_bytes_freed()
+            if scope.cancelled_caught:
+                return False
+        return True
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         log.info("client %s from %s: %s", shown(self.client_id), self.remote, exc)
@@ -580,10 +613,12 @@ class Connection(PublishHandler):
         return self.gw.auth.subscription(self.username, self.client_id, inner)
 
     def _note_acl(self, topic_filter: str, decision: int) -> None:
-        if decision == SUB_CHECKED:
-            self.acl_checked.add(topic_filter)
-        else:
+        # A resumed session's filter the ACL now refuses (rules or user changed) is
+        # checked per message too, rather than delivered unchecked.
+        if decision == SUB_ALLOWED:
             self.acl_checked.discard(topic_filter)
+        else:
+            self.acl_checked.add(topic_filter)
 
     def may_read(self, topic: str) -> bool:
         """May a message on `topic` go to this client? (asked only while `acl_checked`)"""

@@ -77,6 +77,9 @@ class MqttGateway:
         self.ports: dict[str, int] = {}
         self.stopping = False
         self._stop = trio.Event()
+        #: bytes of incomplete packets buffered by all connections (max_partial_packet_bytes)
+        self.partial_bytes = 0
+        self._partial_freed: trio.Event | None = None
 
     @property
     def groups(self):
@@ -213,6 +216,20 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    # -- incomplete packets ------------------------------------------------------------------
+
+    def partial_bytes_changed(self, delta: int) -> None:
+        self.partial_bytes += delta
+        if delta < 0 and self._partial_freed is not None:
+            self._partial_freed.set()
+            self._partial_freed = None
+
+    async def partial_bytes_freed(self) -> None:
+        """Wait until some connection's incomplete packet completed or went away."""
+        if self._partial_freed is None:
+            self._partial_freed = trio.Event()
+        await self._partial_freed.wait()
 
     # -- messages -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from gateway.mqtt.packets import (
     Subscribe,
     Subscription,
 )
-from tests.gateway.mqtt.server_harness import Client, GatewayServer, RawClient
+from tests.gateway.mqtt.server_harness import Client, GatewayServer, RawClient, wait_for
 
 
 def _costly_hash(password: str) -> str:
@@ -246,6 +246,31 @@ def test_half_sent_packet_has_its_own_deadline():
         ok.send(Pingreq())
         assert isinstance(ok.recv_type(Pingresp, 5), Pingresp)
         ok.close()
+
+
+def test_incomplete_packets_share_one_budget():
+    budget = 100_000
+    with GatewayServer(max_partial_packet_bytes=budget, packet_read_timeout_s=30) as srv:
+        gw = srv.gateway
+        hog = RawClient(srv.port, 5)
+        assert hog.connect("hog", keepalive=0).reason_code == 0
+        big = _publish_bytes(300_000)
+        hog.send_raw(big[:150_000])  # more than the budget, incomplete
+        assert wait_for(lambda: gw.partial_bytes >= 150_000)
+        other = RawClient(srv.port, 5)
+        assert other.connect("other", keepalive=0).reason_code == 0
+        small = _publish_bytes(50_000)
+        other.send_raw(small[:30_000])
+        assert wait_for(lambda: gw.partial_bytes >= 180_000)
+        other.send_raw(small[30_000:] + encode_packet(Pingreq(), 5))
+        # the others hold more than the budget: this incomplete packet waits unread
+        with pytest.raises(TimeoutError):
+            other.recv(0.5)
+        hog.send_raw(big[150_000:])  # the hog's packet completes: budget free again
+        assert isinstance(other.recv_type(Pingresp, 10), Pingresp)
+        assert wait_for(lambda: gw.partial_bytes == 0)
+        hog.close()
+        other.close()
 
 
 # -- 5. closing right after a publish; what is logged -------------------------------------------
