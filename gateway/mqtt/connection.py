@@ -11,20 +11,8 @@ Refusals use the protocol's own codes (docs/mqtt.md has the table): CONNACK reas
 SUBACK 0x80; a refused 3.1.1 publish is still acknowledged and dropped), and a
 DISCONNECT with the reason code before closing in v5 (3.1.1: the connection just closes).
 Each refusal logs one line; what a peer chose (client id, topic, user name) is logged
-through `logtext.shown` (a short prefix and the length).
-
-Deadlines while reading (item "keep alive counts packets"): keep alive is measured from
-the last *complete* control packet, so a client trickling bytes is cut at 1.5 x its keep
-alive; and a packet that has started arriving must be complete within
-`packet_read_timeout_s`, keep alive or not (a half-sent 1 MiB PUBLISH is not held for
-ever). Either closes with DISCONNECT 0x8D (v5).
-
-Closing with a reason is lingering: the final DISCONNECT / CONNACK is written, the
-sending side shut down (FIN), and input is read and dropped for at most
-`close_linger_s` / `close_linger_bytes` before the socket is closed. Closing a socket
-with unread input makes the kernel send a reset, which can destroy the reason before
-the client has read it (a client flooding past Receive Maximum would see "connection
-reset", not 0x93).
+through `logtext.shown` (a short prefix and the length). Read deadlines, the budget for
+incomplete packets, the lingering close and ACL read checks are in `connection_guards`.
 """
 
 from __future__ import annotations
@@ -36,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.mqtt.auth import SUB_ALLOWED, SUB_REFUSED
+from gateway.mqtt.auth import SUB_REFUSED
 from gateway.mqtt.codec import MqttCodec
+from gateway.mqtt.connection_guards import ConnectionGuards
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
 from gateway.mqtt.logtext import shown
@@ -62,11 +51,7 @@ from gateway.mqtt.packets import (
 )
 from gateway.mqtt.registry import SessionQuotaExceeded
 from gateway.mqtt.session import Session, Subscription
-from gateway.mqtt.topics import (
-    parse_shared_subscription,
-    validate_topic_filter,
-    validate_topic_name,
-)
+from gateway.mqtt.topics import validate_topic_filter, validate_topic_name
 
 if TYPE_CHECKING:
     from gateway.mqtt.server import MqttGateway
@@ -82,11 +67,9 @@ CLOSE_GRACE_S = 1.0
 # before it reads the retained table (BrokerLink.retained_settled).
 RETAINED_SETTLE_TIMEOUT_S = 2.0
 NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
-#: Topics whose ACL read decision a connection remembers (cleared when full).
-READ_CACHE_MAX = 4096
 
 
-class Connection(PublishHandler):
+class Connection(ConnectionGuards, PublishHandler):
     """Protocol state of one network connection (TCP, TLS or WebSocket)."""
 
     def __init__(self, gw: MqttGateway, stream, remote: str, transport: str) -> None:
@@ -258,21 +241,6 @@ class Connection(PublishHandler):
             except Exception:
                 pass
 
-    async def _linger(self) -> None:
-        """Shut down writing, then read and drop input for a bounded time and size."""
-        stream = self.stream
-        if not isinstance(stream, trio.SocketStream):
-            return  # TLS and WebSocket have no half-close here: their close frames do it
-        cfg = self.gw.config
-        await stream.send_eof()
-        budget = cfg.close_linger_bytes
-        with trio.move_on_after(cfg.close_linger_s):
-            while budget > 0:
-                data = await stream.receive_some(min(READ_SIZE, budget))
-                if not data:
-                    return  # the client closed too: a clean close, no reset
-                budget -= len(data)
-
     async def _serve(self) -> None:
         cfg = self.gw.config
         packets: list = []
@@ -326,61 +294,6 @@ class Connection(PublishHandler):
                     # The pump's write is stuck on a client that does not read: stop
                     # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
                     await self.wait_drained()
-
-    # -- read deadlines ------------------------------------------------------------------
-
-    def _packet_seen(self) -> None:
-        """A complete control packet was handled: keep alive restarts from now."""
-        self._ka_deadline = (trio.current_time() + self.keepalive * 1.5 if self.keepalive
-                             else float("inf"))
-        self._packet_deadline = float("inf")
-
-    def _read_deadline(self) -> float:
-        """When the next read gives up: keep alive, or the partial packet's deadline."""
-        if self.codec.buffered:
-            if self._packet_deadline == float("inf"):
-                self._packet_deadline = (trio.current_time()
-                                         + self.gw.config.packet_read_timeout_s)
-        else:
-            self._packet_deadline = float("inf")
-        return min(self._ka_deadline, self._packet_deadline)
-
-    def _read_timed_out(self) -> None:
-        if trio.current_time() >= self._packet_deadline:
-            log.info("client %s: packet not complete within packet_read_timeout_s (%g s, "
-                     "%d bytes buffered)", shown(self.client_id),
-                     self.gw.config.packet_read_timeout_s, self.codec.buffered)
-        else:
-            log.info("client %s: keep alive timeout (%d s)", shown(self.client_id),
-                     self.keepalive)
-        self.close(0x8D)  # Keep Alive timeout: no complete packet in time
-
-    # -- gateway-wide budget for incomplete packets ------------------------------------------
-
-    def _count_partial(self) -> None:
-        """Account this connection's incomplete-packet bytes in `gw.partial_bytes`."""
-        now = self.codec.buffered
-        before = self._partial
-        if now != before:
-            self._partial = now
-            self.gw.partial_bytes_changed(now - before)
-
-    def _release_partial(self) -> None:
-        if self._partial:
-            self.gw.partial_bytes_changed(-self._partial)
-            self._partial = 0
-
-    async def _within_partial_budget(self) -> bool:
-        """Wait while the other connections' incomplete packets hold more than
-        `max_partial_packet_bytes`; False if this packet's deadline passed meanwhile."""
-        gw = self.gw
-        limit = gw.config.max_partial_packet_bytes
-        while gw.partial_bytes - self._partial > limit:
-            with trio.move_on_at(self._read_deadline()) as scope:
-                await gw.partial_bytes_freed()
-            if scope.cancelled_caught:
-                return False
-        return True
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         log.info("client %s from %s: %s", shown(self.client_id), self.remote, exc)
@@ -604,31 +517,6 @@ class Connection(PublishHandler):
             return 0x87
         self._note_acl(topic_filter, decision)
         return 0
-
-    # -- ACL read checks ------------------------------------------------------------------
-
-    def _acl_decision(self, topic_filter: str) -> int:
-        shared = parse_shared_subscription(topic_filter)
-        inner = shared.filter if shared is not None else topic_filter
-        return self.gw.auth.subscription(self.username, self.client_id, inner)
-
-    def _note_acl(self, topic_filter: str, decision: int) -> None:
-        # A resumed session's filter the ACL now refuses (rules or user changed) is
-        # checked per message too, rather than delivered unchecked.
-        if decision == SUB_ALLOWED:
-            self.acl_checked.discard(topic_filter)
-        else:
-            self.acl_checked.add(topic_filter)
-
-    def may_read(self, topic: str) -> bool:
-        """May a message on `topic` go to this client? (asked only while `acl_checked`)"""
-        cache = self._readable
-        ok = cache.get(topic)
-        if ok is None:
-            if len(cache) >= READ_CACHE_MAX:
-                cache.clear()
-            ok = cache[topic] = self.gw.auth.can_read(self.username, self.client_id, topic)
-        return ok
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         registry = self.gw.registry
