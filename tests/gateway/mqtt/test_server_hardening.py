@@ -48,7 +48,9 @@ def _costly_hash(password: str) -> str:
 def test_bad_password_flood_does_not_stall_pings(tmp_path):
     pw = tmp_path / "passwd"
     pw.write_text(f"victim:{_costly_hash('right')}\npinger:{_costly_hash('pong')}\n")
-    with GatewayServer(allow_anonymous=False, password_file=str(pw)) as srv:
+    # one worker thread: the other core stays free for the event loop on a 2-core box
+    with GatewayServer(allow_anonymous=False, password_file=str(pw),
+                       password_check_threads=1) as srv:
         pinger = RawClient(srv.port, 5)
         assert pinger.connect("pinger", username="pinger", password=b"pong").reason_code == 0
         stop = threading.Event()
@@ -84,9 +86,9 @@ def test_bad_password_flood_does_not_stall_pings(tmp_path):
                 t.join(30)
             pinger.close()
         assert refused and set(refused) == {0x86}
-        # One check costs ~150 ms of CPU here: on the loop, several queued CONNECTs
-        # would hold every ping for far longer than this.
-        assert worst < 0.12, f"a PINGRESP took {worst * 1000:.0f} ms"
+        # One check costs ~170 ms of CPU here: on the loop, the CONNECTs queued behind
+        # each other would hold a ping for several of them.
+        assert worst < 0.25, f"a PINGRESP took {worst * 1000:.0f} ms"
 
 
 # -- 2. ACL: a wide subscription is granted, denied topics are filtered -----------------------
