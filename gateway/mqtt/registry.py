@@ -68,8 +68,12 @@ class SessionRegistry:
         self._group_offsets = store.load_group_offsets()
         now_wall = now_ms()
         now = trio.current_time()
+        cap = self.gw.config.max_session_expiry_s
         for client_id, record in list(store.load_sessions()):
-            sess = Session(client_id, record.get("v", 4), record.get("exp"))
+            expiry = record.get("exp")
+            if cap is not None and (expiry is None or expiry > cap):
+                expiry = cap  # stored under a larger (or no) max_session_expiry_s
+            sess = Session(client_id, record.get("v", 4), expiry)
             gone = record.get("gone") or now_wall
             sess.gone_ms = gone
             sess.gone_at = now - max(0.0, (now_wall - gone) / 1000)

@@ -187,6 +187,20 @@ def test_session_expiry_capped_for_v5_and_311():
         c.disconnect()
 
 
+def test_session_stored_without_a_cap_gets_it_after_restart(tmp_path):
+    data = str(tmp_path / "gw")
+    with GatewayServer(data_dir=data, max_session_expiry_s=None) as srv:
+        c = Client(srv.port, "old-forever", 4, clean=False)
+        c.subscribe("old/#", 1)
+        c.disconnect()
+    with GatewayServer(data_dir=data, max_session_expiry_s=1) as srv:
+        assert "old-forever" in srv.gateway.registry.sessions
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "old-forever" in srv.gateway.registry.sessions:
+            time.sleep(0.1)
+        assert "old-forever" not in srv.gateway.registry.sessions
+
+
 def test_stored_sessions_capped():
     with GatewayServer(max_stored_sessions=2) as srv:
         keep = [Client(srv.port, f"keep{i}", 4, clean=False) for i in range(2)]
