@@ -296,7 +296,9 @@ class Connection(ConnectionGuards, PublishHandler):
                     await self.wait_drained()
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
-        log.info("client %s from %s: %s", shown(self.client_id), self.remote, exc)
+        # The codec's message may quote what the peer sent (e.g. a protocol name).
+        log.info("client %s from %s: %s", shown(self.client_id), self.remote,
+                 shown(str(exc), 200))
         self._final = self.codec.error_reply(exc)
         self.close()
 

@@ -320,6 +320,20 @@ def test_peer_strings_in_logs_are_capped(caplog):
         raw = RawClient(srv.port, 5)
         raw.connect("c" * 5000)
         raw.close()
+        raw = RawClient(srv.port, 5)  # CONNECT with a 30 000-byte protocol name
+        name = b"M" * 30_000
+        body = len(name).to_bytes(2, "big") + name + bytes((5, 2, 0, 60, 0, 0, 0))
+        n, size = len(body), b""
+        while True:
+            n, digit = divmod(n, 128)
+            size += bytes((digit | (0x80 if n else 0),))
+            if not n:
+                break
+        raw.send_raw(b"\x10" + size + body)
+        raw.sock.settimeout(10)
+        while raw.sock.recv(65536):  # refused (CONNACK), then closed
+            pass
+        raw.close()
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("gateway.mqtt")]
     refused = [line for line in lines if "refused" in line]
     assert len(refused) >= 2
