@@ -94,6 +94,7 @@ def test_bad_password_flood_does_not_stall_pings(tmp_path):
 # -- 2. ACL: a wide subscription is granted, denied topics are filtered -----------------------
 
 ACL = """\
+deny subscribe user guest open/#
 deny subscribe any secret/#
 allow subscribe any #
 allow publish any #
@@ -143,6 +144,26 @@ def test_denied_filter_itself_still_refused(acl_server, version, denied):
                            Subscription("open/#", 0))))
     assert raw.recv_type(Suback).reason_codes == (denied, denied, 0)
     raw.close()
+
+
+def test_resumed_session_rechecked_for_its_new_user(acl_server):
+    """A persistent session subscribed as one user, resumed as another that may not
+    read the filter: its messages are checked and not delivered."""
+    first = Client(acl_server.port, "resume-acl", 4, clean=False, username="alice")
+    first.subscribe("open/resume/#", 1)
+    first.disconnect()
+    again = Client(acl_server.port, "resume-acl", 4, clean=False, username="guest")
+    assert again.flags.session_present
+    pub = Client(acl_server.port, "resume-pub", 4)
+    pub.publish("open/resume/x", b"not for guest", 1)
+    pub.publish("secret/resume", b"x", 1)
+    watcher = Client(acl_server.port, "resume-watch", 4)
+    watcher.subscribe("#", 1)
+    pub.publish("open/resume/y", b"after", 1)
+    assert watcher.get().topic == "open/resume/y"  # delivery went on meanwhile
+    assert again.none(0.3)
+    for c in (again, pub, watcher):
+        c.disconnect()
 
 
 # -- 3. secure defaults -------------------------------------------------------------------------
