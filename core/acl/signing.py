@@ -92,7 +92,8 @@ class SigningRemotingClient(RemotingClient):
     """A RemotingClient that signs every request it sends with `credentials`.
 
     Requests the server pushes back (and our answers to them) are not signed: RocketMQ's
-    servers do not check what a client answers.
+    servers do not check what a client answers. Nor are requests to in-process servers
+    (`register_local`): their guard trusts the process's own code.
     """
 
     def __init__(self, credentials: Credentials, **kwargs) -> None:
@@ -102,11 +103,13 @@ class SigningRemotingClient(RemotingClient):
     async def invoke(
         self, addr: str, cmd: RemotingCommand, timeout: float | None = None
     ) -> RemotingCommand:
-        sign_request(cmd, self.credentials)
+        if addr not in self._local:
+            sign_request(cmd, self.credentials)
         return await super().invoke(addr, cmd, timeout)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
-        sign_request(cmd, self.credentials)
+        if addr not in self._local:
+            sign_request(cmd, self.credentials)
         await super().invoke_oneway(addr, cmd)
 
 

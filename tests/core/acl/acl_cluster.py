@@ -44,7 +44,8 @@ innerProperties = true
 
 
 @asynccontextmanager
-async def acl_cluster(acl_text: str = ACL_TOML, **broker_kw) -> AsyncIterator[EmbeddedServer]:
+async def acl_cluster(acl_text: str = ACL_TOML, services: list | None = None,
+                      **broker_kw) -> AsyncIterator[EmbeddedServer]:
     """`lmq serve`'s name server and broker with ACL on; the broker registers with the
     admin account over TCP."""
     root = tempfile.mkdtemp(prefix="lmq-acl-test-")
@@ -59,6 +60,7 @@ async def acl_cluster(acl_text: str = ACL_TOML, **broker_kw) -> AsyncIterator[Em
             broker_config(os.path.join(root, "data"), "broker-a", **kw),
             NamesrvConfig(host="127.0.0.1", port=free_port(), acl_enable=True,
                           acl_file=acl_file),
+            services=services,
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
