@@ -127,6 +127,16 @@ async def test_name_server_write_codes_need_admin_and_reads_need_a_signature():
         assert (await invoke(ns, kv(), ADMIN)).code == ResponseCode.SUCCESS
         # The broker registered with its admin credentials: its routes are there.
         assert srv.namesrv.routes.broker_addr_table["broker-a"].broker_addrs
+        # A non-admin account cannot register a broker (a fake one at its own address).
+        from tests.core.namesrv.test_nameserver import register_broker
+
+        async with SigningRemotingClient(creds(USER)) as client:
+            fake = await register_broker(client, ns, "broker-fake", "10.6.6.6:10911", {"T": 1})
+        assert fake.code == ResponseCode.SYSTEM_ERROR and "Need admin" in fake.remark
+        assert "broker-fake" not in srv.namesrv.routes.broker_addr_table
+        async with SigningRemotingClient(creds(ADMIN)) as client:
+            real = await register_broker(client, ns, "broker-b", "10.0.0.9:10911", {"T": 1})
+        assert real.code == ResponseCode.SUCCESS, real.remark
 
 
 @trio_test
