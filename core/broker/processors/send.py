@@ -385,9 +385,13 @@ class SendProcessor:
             allow_without_acl=self.config.allow_inner_properties_without_acl,
         )
 
-    def _check_batch_inner(self, ctx, cmd: RemotingCommand, batch_props: dict, body: bytes):
+    @staticmethod
+    def _check_batch_inner(cmd: RemotingCommand, h: SendHeader, batch_props: dict,
+                           body: bytes):
         """Refusal if the batch or one of its messages sets a reserved property."""
-        reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
+        reserved = []
+        if h.properties and _INNER_MARK in h.properties:
+            reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
         if not reserved and _INNER_MARK_BYTES in body:
             try:
                 items = decode_batch(body)
@@ -398,7 +402,7 @@ class SendProcessor:
                 reserved = [k for k in RESERVED_PROPERTIES if k in props]
                 if reserved:
                     break
-        if reserved and not self._may_write_inner(ctx):
+        if reserved:
             return _reserved_refusal(cmd, reserved[0])
         return None
 
@@ -433,8 +437,8 @@ class SendProcessor:
             )
         broker = self.broker
         batch_props = self._base_properties(h)
-        if (h.properties and _INNER_MARK in h.properties) or _INNER_MARK_BYTES in body:
-            refused = self._check_batch_inner(ctx, cmd, batch_props, body)
+        if not self._may_write_inner(ctx):
+            refused = self._check_batch_inner(cmd, h, batch_props, body)
             if refused is not None:
                 return refused
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:

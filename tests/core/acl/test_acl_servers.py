@@ -203,3 +203,27 @@ def test_broker_error_names_the_acl_code():
     # What a client sees: RocketMQ's SYSTEM_ERROR, so Java and C++ clients report it.
     err = MQBrokerError(ResponseCode.SYSTEM_ERROR, "org.apache.rocketmq.acl.common.AclException: x")
     assert "SYSTEM_ERROR" in str(err)
+
+
+@trio_test
+async def test_reserved_property_inside_a_batch_is_refused():
+    from core.common.codec import BatchItem, encode_batch
+
+    async with acl_cluster() as srv:
+        broker = srv.broker_config.broker_addr
+        body = encode_batch([
+            BatchItem(0, b"plain", "TAGS\x01a\x02"),
+            BatchItem(0, b"forged", _dispatch_props("%LMQ%victim")),
+        ])
+        cmd = send_request("AclTopic", "", body)
+        cmd.code = RequestCode.SEND_BATCH_MESSAGE
+        refused = await invoke(broker, cmd, USER)
+        assert refused.code == ResponseCode.NO_PERMISSION, refused.remark
+        assert srv.broker.store.max_offset("%LMQ%victim", 0) == 0
+        assert srv.broker.store.max_offset("AclTopic", 0) == 0
+        # The same batch from the gateway account goes through.
+        cmd = send_request("AclTopicGw", "", body)
+        cmd.code = RequestCode.SEND_BATCH_MESSAGE
+        ok = await invoke(broker, cmd, GATEWAY)
+        assert ok.code == ResponseCode.SUCCESS, ok.remark
+        assert srv.broker.store.max_offset("%LMQ%victim", 0) == 1
