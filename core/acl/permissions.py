@@ -15,6 +15,8 @@ from core.remoting.codes import RequestCode as R
 
 __all__ = [
     "ADMIN_CODES",
+    "BodyTooLarge",
+    "MAX_CHECKED_BODY_BYTES",
     "ANY",
     "DENY",
     "NAMESRV_WRITE_CODES",
@@ -143,9 +145,24 @@ def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
         yield from _lock_resources(cmd)
 
 
+#: Largest HEART_BEAT / LOCK_BATCH_MQ body the ACL check parses to find its groups and
+#: topics (real ones are a few KiB); a larger one is refused when ACL is on, so a peer
+#: cannot make the check parse megabytes of JSON on the event loop.
+MAX_CHECKED_BODY_BYTES = 1024 * 1024
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
 def _json_body(cmd: RemotingCommand) -> object:
     if not cmd.body:
         return None
+    if cmd.body_length > MAX_CHECKED_BODY_BYTES:
+        raise BodyTooLarge(
+            f"request body of {cmd.body_length} bytes is over the {MAX_CHECKED_BODY_BYTES} "
+            f"bytes the ACL check reads"
+        )
     try:
         return json.loads(cmd.body_bytes())
     except (ValueError, RecursionError):

@@ -16,6 +16,7 @@ import trio
 
 from core.acl.config import Account, AclConfig
 from core.acl.permissions import (
+    BodyTooLarge,
     check_permission,
     needs_admin,
     request_resources,
@@ -153,7 +154,11 @@ class PlainAclGuard:
         perms = account.perms
         if account.admin and not perms:
             return  # RocketMQ: an admin account without its own perms passes them all
-        for resource, needed in request_resources(cmd):
+        try:
+            resources = list(request_resources(cmd))
+        except BodyTooLarge as exc:
+            raise AclError(str(exc)) from None
+        for resource, needed in resources:
             owned = perms.get(resource)
             if owned is None:
                 owned = (

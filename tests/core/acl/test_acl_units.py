@@ -136,3 +136,29 @@ def test_acl_file_parsing():
     ):
         with pytest.raises(ValueError):
             parse_acl(bad)
+
+
+def test_oversized_heartbeat_is_refused_by_the_check_without_parsing():
+    import trio
+
+    from core.acl import PlainAclGuard
+    from core.acl.permissions import MAX_CHECKED_BODY_BYTES
+    from core.acl.validator import AclError
+
+    guard = PlainAclGuard(parse_acl({"accounts": [
+        {"accessKey": "access1", "secretKey": "secret1", "defaultGroupPerm": "SUB",
+         "defaultTopicPerm": "SUB"}]}))
+    small = RemotingCommand.request(RequestCode.HEART_BEAT, None,
+                                    b'{"consumerDataSet":[{"groupName":"G"}]}')
+    big = RemotingCommand.request(RequestCode.HEART_BEAT, None,
+                                  b" " * (MAX_CHECKED_BODY_BYTES + 1))
+    creds = Credentials("access1", "secret1")
+    sign_request(small, creds)
+    sign_request(big, creds)
+
+    async def main():
+        assert (await guard.validate("10.0.0.1:1", small)).name == "access1"
+        with pytest.raises(AclError, match="over the"):
+            await guard.validate("10.0.0.1:1", big)
+
+    trio.run(main)
