@@ -90,7 +90,7 @@ class BrokerConfig:
     # Credentials the broker signs its name-server requests with (REGISTER_BROKER needs
     # an admin account when the name server has ACL on).
     namesrv_access_key: str | None = None
-    namesrv_secret_key: str | None = None
+    namesrv_secret_key: str | None = field(default=None, repr=False)
     # With ACL off, may TCP clients set INNER_* properties? (in-process peers always may;
     # a stand-alone `lmq mqtt` gateway without ACL needs this on).
     allow_inner_properties_without_acl: bool = False

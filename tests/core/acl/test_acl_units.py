@@ -162,3 +162,18 @@ def test_oversized_heartbeat_is_refused_by_the_check_without_parsing():
             await guard.validate("10.0.0.1:1", big)
 
     trio.run(main)
+
+
+def test_serve_config_turns_acl_on_for_broker_and_name_server():
+    from core.cluster import build_configs, configs_from_toml
+
+    broker_kw, namesrv_kw = configs_from_toml({
+        "acl_enable": True, "acl_file": "/etc/lmq/acl.toml",
+        "broker": {"namesrv_access_key": "broker-a", "namesrv_secret_key": "secret-a"},
+    })
+    assert broker_kw["acl_enable"] and namesrv_kw["acl_enable"]
+    assert broker_kw["acl_file"] == namesrv_kw["acl_file"] == "/etc/lmq/acl.toml"
+    broker, namesrv = build_configs(None, broker_kw, namesrv_kw)
+    assert broker.acl_enable and namesrv.acl_enable
+    assert broker.namesrv_access_key == "broker-a"
+    assert "secret-a" not in repr(broker)  # secrets stay out of logged configs
