@@ -227,3 +227,27 @@ async def test_reserved_property_inside_a_batch_is_refused():
         ok = await invoke(broker, cmd, GATEWAY)
         assert ok.code == ResponseCode.SUCCESS, ok.remark
         assert srv.broker.store.max_offset("%LMQ%victim", 0) == 1
+
+
+@trio_test
+async def test_send_back_does_not_dispatch_into_the_lmqs_again():
+    # A consumer of a multi-dispatched message (an MQTT publish on the store topic) sends
+    # it back: the retry / DLQ copy must not be indexed into the subscribers' LMQs again.
+    async with acl_cluster() as srv:
+        broker = srv.broker_config.broker_addr
+        store = srv.broker.store
+        props = _dispatch_props("%LMQ%replayed")
+        sent = await invoke(broker, send_request("StoreTopic", props), GATEWAY)
+        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        assert store.max_offset("%LMQ%replayed", 0) == 1
+        offset_msg_id = sent.ext_fields["msgId"]
+        from core.common.msgid import decode_offset_msg_id
+
+        commit_offset = decode_offset_msg_id(offset_msg_id)[-1]
+        for delay in ("-1", "0"):  # straight to the DLQ, and through the delay queue
+            back = RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+                "offset": str(commit_offset), "group": "CG_BACK", "delayLevel": delay,
+                "originMsgId": offset_msg_id, "originTopic": "StoreTopic"})
+            resp = await invoke(broker, back, GATEWAY)
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert store.max_offset("%LMQ%replayed", 0) == 1
