@@ -114,7 +114,7 @@ class PlainAclGuard:
 
     async def validate(self, remote_addr: str, cmd: RemotingCommand) -> Principal:
         """The request's principal; AclError says why it is refused."""
-        config = self._config
+        config, principals = self._config, self._principals  # one snapshot (reloads)
         if config.global_white.matches(remote_addr):
             return WHITELISTED
         ext = cmd.ext_fields
@@ -129,7 +129,7 @@ class PlainAclGuard:
         if not account.white_remote_address.matches(remote_addr):
             await self._check_signature(account, cmd)
         self._check_rights(account, cmd)
-        return self._principals[access_key]
+        return principals[access_key]
 
     async def _check_signature(self, account: Account, cmd: RemotingCommand) -> None:
         ext = cmd.ext_fields or {}

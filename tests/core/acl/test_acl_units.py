@@ -177,3 +177,37 @@ def test_serve_config_turns_acl_on_for_broker_and_name_server():
     assert broker.acl_enable and namesrv.acl_enable
     assert broker.namesrv_access_key == "broker-a"
     assert "secret-a" not in repr(broker)  # secrets stay out of logged configs
+
+
+def test_whitelists():
+    import trio
+
+    from core.acl import PlainAclGuard
+    from core.acl.validator import AclError
+
+    guard = PlainAclGuard(parse_acl({
+        "globalWhiteRemoteAddresses": ["10.9.*"],
+        "accounts": [{"accessKey": "access1", "secretKey": "secret1",
+                      "whiteRemoteAddress": "10.1.1.1", "topicPerms": ["T=PUB"]}],
+    }))
+
+    def send(topic: str, signed: bool) -> RemotingCommand:
+        cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "G", "b": topic,
+                                                                   "AccessKey": "access1"})
+        if signed:
+            sign_request(cmd, Credentials("access1", "secret1"))
+        return cmd
+
+    async def main():
+        # Global whitelist: no account needed at all.
+        assert (await guard.validate("10.9.0.1:1", RemotingCommand.request(10))).name
+        # The account's own address: no signature needed, permissions still apply.
+        assert (await guard.validate("10.1.1.1:1", send("T", False))).name == "access1"
+        with pytest.raises(AclError, match="No permission"):
+            await guard.validate("10.1.1.1:1", send("Other", False))
+        # Elsewhere the signature is required.
+        with pytest.raises(AclError, match="signature"):
+            await guard.validate("10.1.1.2:1", send("T", False))
+        assert (await guard.validate("10.1.1.2:1", send("T", True))).name == "access1"
+
+    trio.run(main)
