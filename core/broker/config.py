@@ -84,6 +84,17 @@ class BrokerConfig:
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
 
+    # access control (docs/acl.md)
+    acl_enable: bool = False  # aclEnable: every request is signed and checked
+    acl_file: str | None = None  # the TOML ACL file (plain_acl.yml keys)
+    # Credentials the broker signs its name-server requests with (REGISTER_BROKER needs
+    # an admin account when the name server has ACL on).
+    namesrv_access_key: str | None = None
+    namesrv_secret_key: str | None = field(default=None, repr=False)
+    # With ACL off, may TCP clients set INNER_* properties? (in-process peers always may;
+    # a stand-alone `lmq mqtt` gateway without ACL needs this on).
+    allow_inner_properties_without_acl: bool = False
+
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)

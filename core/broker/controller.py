@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import trio
 
+from core.acl import credentials_or_none, guard_from_file, remoting_client
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
@@ -146,6 +147,11 @@ class BrokerController:
         self.lock_manager = RebalanceLockManager(self)
 
         self.table = self.build_processor_table()
+        if config.acl_enable:
+            self.table.guard = guard_from_file(config.acl_file)
+        self.namesrv_credentials = credentials_or_none(
+            config.namesrv_access_key, config.namesrv_secret_key
+        )
         self.server: RemotingServer | None = None
         self.client: RemotingClient | None = None
         self._nursery: trio.Nursery | None = None
@@ -316,7 +322,9 @@ class BrokerController:
         }
         # A fresh client: this runs after the serving nursery (and its client) is gone.
         with trio.move_on_after(UNREGISTER_TIMEOUT_S):
-            async with RemotingClient(request_timeout=UNREGISTER_TIMEOUT_S) as client:
+            async with remoting_client(
+                self.namesrv_credentials, request_timeout=UNREGISTER_TIMEOUT_S
+            ) as client:
                 async def one(addr: str) -> None:
                     try:
                         await client.invoke(
@@ -392,7 +400,9 @@ class BrokerController:
         try:
             for service in self.services:
                 service.load()
-            async with RemotingClient(request_timeout=self.config.register_timeout_s) as client:
+            async with remoting_client(
+                self.namesrv_credentials, request_timeout=self.config.register_timeout_s
+            ) as client:
                 self.client = client
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery

@@ -69,6 +69,10 @@ class ClientConfig:
     )
     #: `language` of our request headers (protocol doc §1.2).
     language: str = "PYTHON"
+    #: ACL credentials (docs/acl.md): when set, every request is signed as RocketMQ's
+    #: AclClientRPCHook signs it. Both or neither.
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.namesrv_addrs = parse_namesrv_addr(self.namesrv_addr)

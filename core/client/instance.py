@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from core.acl import credentials_or_none, remoting_client
 from core.client.api import MQClientAPI
 from core.client.config import ClientConfig
 from core.client.model import MASTER_ID, SubscriptionData, TopicRouteData
@@ -83,8 +84,11 @@ class ClientInstance:
         self.config = config
         self.client_id = config.client_id
         self.processors = ProcessorTable()
-        self.remoting = RemotingClient(request_timeout=config.request_timeout,
-                                       processors=self.processors)
+        self.remoting: RemotingClient = remoting_client(
+            credentials_or_none(config.access_key, config.secret_key),
+            request_timeout=config.request_timeout,
+            processors=self.processors,
+        )
         self.api = MQClientAPI(self.remoting, config)
         self.routes: dict[str, TopicRouteData] = {}
         #: broker name -> {broker id: address}

@@ -24,3 +24,7 @@ class NamesrvConfig:
     max_register_body_bytes: int = 64 * 1024 * 1024
     #: Largest accepted remoting frame.
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    #: Check every request against the ACL file (docs/acl.md); write codes need admin.
+    acl_enable: bool = False
+    #: The TOML ACL file (plain_acl.yml keys).
+    acl_file: str | None = None

@@ -35,6 +35,8 @@ class NamesrvStats:
     """Request counters, and the latest route queries (topic, found) for diagnostics."""
 
     requests: Counter[int] = field(default_factory=Counter)
+    #: REGISTER_BROKERs refused because they would replace a live broker.
+    refused_registrations: int = 0
     recent_route_queries: deque[tuple[str, bool]] = field(
         default_factory=lambda: deque(maxlen=_RECENT_QUERIES)
     )
@@ -59,6 +61,8 @@ class NamesrvProcessors:
         self.stats = NamesrvStats()
         # Connection attribute marking that we watch its close (one callback each).
         self._watch_key = f"namesrv.{id(self)}.watched"
+        # Ids of the open connections brokers registered through.
+        self._open_channels: set[int] = set()
 
     def register(self, table: ProcessorTable) -> None:
         handlers = {
@@ -101,6 +105,13 @@ class NamesrvProcessors:
         except ValueError as exc:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"bad register body: {exc}")
         conn = ctx.connection
+        conflict = self.routes.registration_conflict(
+            name, broker_id, addr, conn.id, self._open_channels.__contains__
+        )
+        if conflict is not None:
+            self.stats.refused_registrations += 1
+            log.warning("REGISTER_BROKER from %s refused: %s", ctx.remote_addr, conflict)
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, conflict)
         result = self.routes.register_broker(
             cluster,
             addr,
@@ -116,7 +127,13 @@ class NamesrvProcessors:
             # A broker whose connection closes is dropped at once (§4).
             conn.attributes[self._watch_key] = True
             conn_id = conn.id
-            conn.add_close_callback(lambda: self.routes.on_channel_closed(conn_id))
+            self._open_channels.add(conn_id)
+
+            def closed() -> None:
+                self._open_channels.discard(conn_id)
+                self.routes.on_channel_closed(conn_id)
+
+            conn.add_close_callback(closed)
         ext = {}
         if result.ha_server_addr:
             ext["haServerAddr"] = result.ha_server_addr

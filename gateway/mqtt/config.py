@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["MqttConfig", "host_is_loopback", "load_mqtt_config"]
@@ -42,6 +42,11 @@ class MqttConfig:
     store_queues: int = 8
     #: Consumer group used for LMQ pulls (LMQ groups are broker-fabricated).
     pull_group: str = "%LMQ%mqtt_gateway"
+    #: ACL credentials the gateway signs its broker and name-server requests with
+    #: (docs/acl.md). Its account needs `innerProperties = true` (multi-dispatch into
+    #: LMQs) and PUB|SUB on the store topic and the LMQs; both or neither.
+    broker_access_key: str | None = None
+    broker_secret_key: str | None = field(default=None, repr=False)
     #: Messages per LMQ pull.
     pull_batch: int = 32
     #: Session offsets / in-flight state written behind at this period (a kill -9 can

@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="forget a broker silent for this long (default %(default)s)",
     )
     parser.add_argument(
+        "--acl-file", metavar="FILE",
+        help="turn ACL on with this TOML ACL file (docs/acl.md); default: ACL off",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", help="logging level (default %(default)s)"
     )
     parser.set_defaults(func=run)
@@ -40,9 +44,13 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    config = NamesrvConfig(host=args.host, port=args.port, broker_expiry_s=args.broker_expiry)
+    config = NamesrvConfig(host=args.host, port=args.port, broker_expiry_s=args.broker_expiry,
+                           acl_enable=bool(args.acl_file), acl_file=args.acl_file)
     try:
         trio.run(_serve, config)
+    except ValueError as exc:  # a bad ACL file
+        log.error("bad configuration: %s", exc)
+        return 2
     except OSError as exc:  # e.g. the port is taken
         log.error("cannot start the name server: %s", exc)
         return 1

@@ -12,6 +12,7 @@ import random
 import zlib
 from dataclasses import dataclass
 
+from core.acl import may_write_inner
 from core.broker.topic_config import TopicConfig
 from core.common import names
 from core.common.codec import RecordError, decode_batch
@@ -200,6 +201,15 @@ _CODE_BY_STATUS = {st: _status_code(st.name) for st in PutStatus}
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
+# Broker-internal properties a client may not set without the right (docs/acl.md §4):
+# they make the store index the message into other queues (LMQs) at chosen offsets.
+RESERVED_PROPERTIES = (
+    MessageConst.INNER_MULTI_DISPATCH,
+    MessageConst.INNER_MULTI_QUEUE_OFFSET,
+)
+# Every reserved name starts with this; a send without it anywhere needs no closer look.
+_INNER_MARK = "INNER_MULTI_"
+_INNER_MARK_BYTES = _INNER_MARK.encode()
 
 
 class SendProcessor:
@@ -319,7 +329,7 @@ class SendProcessor:
         _tc, queue_id = checked
         body = cmd.body_bytes()
         if h.batch:
-            return await self._send_batch(cmd, h, queue_id, body, remote)
+            return await self._send_batch(ctx, cmd, h, queue_id, body, remote)
         if len(body) > self.config.max_message_size:
             return error(
                 cmd, ResponseCode.MESSAGE_ILLEGAL,
@@ -327,6 +337,15 @@ class SendProcessor:
             )
         broker = self.broker
         props = self._base_properties(h)
+        if h.properties and _INNER_MARK in h.properties:
+            reserved = [k for k in RESERVED_PROPERTIES if k in props]
+            if reserved:
+                if names.is_retry_topic(h.topic):
+                    # A consumer's send-back copies the consumed message's properties.
+                    for key in reserved:
+                        del props[key]
+                elif not self._may_write_inner(ctx):
+                    return _reserved_refusal(cmd, reserved[0])
         inner = InnerMessage(
             h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
             broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
@@ -359,8 +378,36 @@ class SendProcessor:
         result = await broker.put_message(inner)
         return self._response(cmd, result, response_queue_id)
 
+    def _may_write_inner(self, ctx) -> bool:
+        return may_write_inner(
+            ctx,
+            acl_enable=self.config.acl_enable,
+            allow_without_acl=self.config.allow_inner_properties_without_acl,
+        )
+
+    @staticmethod
+    def _check_batch_inner(cmd: RemotingCommand, h: SendHeader, batch_props: dict,
+                           body: bytes):
+        """Refusal if the batch or one of its messages sets a reserved property."""
+        reserved = []
+        if h.properties and _INNER_MARK in h.properties:
+            reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
+        if not reserved and _INNER_MARK_BYTES in body:
+            try:
+                items = decode_batch(body)
+            except RecordError:
+                return None  # answered as a malformed batch below
+            for item in items:
+                props = decode_properties(item.properties)
+                reserved = [k for k in RESERVED_PROPERTIES if k in props]
+                if reserved:
+                    break
+        if reserved:
+            return _reserved_refusal(cmd, reserved[0])
+        return None
+
     async def _send_batch(
-        self, cmd: RemotingCommand, h: SendHeader, queue_id: int, body: bytes, remote: str
+        self, ctx, cmd: RemotingCommand, h: SendHeader, queue_id: int, body: bytes, remote: str
     ) -> RemotingCommand:
         limit = self.config.max_message_size
         if names.is_retry_topic(h.topic):
@@ -390,6 +437,10 @@ class SendProcessor:
             )
         broker = self.broker
         batch_props = self._base_properties(h)
+        if not self._may_write_inner(ctx):
+            refused = self._check_batch_inner(cmd, h, batch_props, body)
+            if refused is not None:
+                return refused
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
@@ -454,6 +505,13 @@ class SendProcessor:
             code, opaque=cmd.opaque, flag=FLAG_RESPONSE, remark=result.remark if code else None,
             ext_fields=ext, serialize_type=cmd.serialize_type,
         )
+
+
+def _reserved_refusal(cmd: RemotingCommand, key: str) -> RemotingCommand:
+    return error(
+        cmd, ResponseCode.NO_PERMISSION,
+        f"the message property {key} is reserved for the broker and gateways",
+    )
 
 
 def _positive_int(value: str | None) -> bool:
