@@ -149,8 +149,13 @@ static const char OFFSETS_PAIR[] = "\x02INNER_MULTI_QUEUE_OFFSET\x01";
 static PyObject *sp_crc32(PyObject *self, PyObject *arg)
 {
     Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {  /* not contiguous */
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "crc32 needs a contiguous bytes-like object");
+        }
         return NULL;
+    }
     uint32_t c = crc32_buf(b.buf, b.len);
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLong(c);
