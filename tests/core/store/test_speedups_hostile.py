@@ -21,11 +21,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# Under .ci/asan the child must load the ASan build as well (its sitecustomize is on
+# PYTHONPATH, which the child keeps).
+_CHECK = """
+import os as _os, core._speedups as _c
+_want = _os.environ.get("LMQ_SPEEDUPS_EXPECTED")
+assert not _want or _os.path.realpath(_c.__file__) == _os.path.realpath(_want), _c.__file__
+"""
+
+
 def run_isolated(code: str) -> str:
     """Run `code` in a child interpreter that imports this tree's core._speedups; it must
     exit 0 (a segfault is -11, a failed assert 1). Returns its stdout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE]))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+    paths = [ROOT, HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    proc = subprocess.run([sys.executable, "-c", _CHECK + textwrap.dedent(code)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout
