@@ -113,6 +113,53 @@ def test_write_units_put_that_empties_the_units():
     assert out.strip() == "ok"
 
 
+_COLLIDER = """
+class Collider:
+    # A dict key with the hash of "%LMQ%a": looking "%LMQ%a" up calls its __eq__.
+    def __init__(self, victim):
+        self.victim = victim
+    def __hash__(self):
+        return hash("%LMQ%a")
+    def __eq__(self, other):
+        if self.victim is not None:  # armed once the containers are built
+            self.victim.clear()
+            __import__("gc").collect()
+        return False
+"""
+
+
+def test_plan_lmqs_lookup_that_empties_the_names():
+    """A cache key whose __eq__ cleared the names list while the C loop indexed it."""
+    out = run_isolated(_COLLIDER + """
+import core._speedups as c
+names = ["%LMQ%b", "%LMQ%a", "%LMQ%c"]
+collider = Collider(None)
+cache = {collider: 0}  # first in the probe order of "%LMQ%a"
+cache.update({"%LMQ%a": 1, "%LMQ%b": 2, "%LMQ%c": 3})
+collider.victim = names
+try:
+    print(c.plan_lmqs(names, cache, "T", {}))
+except (TypeError, ValueError, OverflowError) as exc:
+    print(type(exc).__name__)
+""")
+    # planned from the names as they were when the call began
+    assert out.strip() == "([2, 1, 3], [('%LMQ%b', 2), ('%LMQ%a', 1), ('%LMQ%c', 3)], 0)"
+
+
+def test_stage_units_lookup_that_empties_the_targets():
+    """A staged key whose __eq__ cleared the targets list while the C loop indexed it."""
+    out = run_isolated(_COLLIDER + """
+import core._speedups as c
+targets = [("%LMQ%b", 0), ("%LMQ%a", 4), ("%LMQ%c", 0)]
+collider = Collider(None)
+staged = {collider: [9, b"old"]}
+collider.victim = targets
+cache = {}
+print(c.stage_units(staged, cache, targets, b"U"), sorted(cache.items()))
+""")
+    assert out.strip() == "2 [('%LMQ%a', 5), ('%LMQ%b', 1), ('%LMQ%c', 1)]"
+
+
 @pytest.mark.parametrize("case, spoil", [
     # a negative position wrote before the buffer
     ("negative pos", "args[1] = -(1 << 40)"),
