@@ -47,7 +47,6 @@ class BrokerConfig:
     max_lmq_consume_queue_num: int = 20000
 
     # topics and groups
-    auto_create_topic: bool = True  # autoCreateTopicEnable
     auto_create_subscription_group: bool = True
     default_topic_queue_nums: int = 8
     cluster_topic_enable: bool = True
@@ -83,6 +82,21 @@ class BrokerConfig:
     schedule_poll_interval_s: float = 5.0  # safety re-scan of the delay queues
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
+
+    # topics created by a send (autoCreateTopicEnable, docs/topics.md)
+    # None = the command's default: on for `lmq serve` (and embedded use), off for
+    # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
+    auto_create_topic_enable: bool | None = None
+    # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
+    # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
+    # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
+    # few thousand descriptors, while a development setup auto-creates a few dozen.
+    max_auto_created_topics: int = 256
+
+    @property
+    def auto_create_topic(self) -> bool:
+        """autoCreateTopicEnable as resolved: unset (None) means on."""
+        return self.auto_create_topic_enable is not False
 
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):

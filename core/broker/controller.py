@@ -116,6 +116,7 @@ class BrokerController:
             cluster_name=config.cluster_name,
             default_topic_queue_nums=config.default_topic_queue_nums,
             auto_create_topic=config.auto_create_topic,
+            max_auto_created_topics=config.max_auto_created_topics,
             cluster_topic_enable=config.cluster_topic_enable,
             broker_topic_enable=config.broker_topic_enable,
             enable_lmq=config.enable_lmq,
