@@ -151,6 +151,10 @@ def test_lexer_is_linear_on_long_literals() -> None:
 
 # --- end to end: a running `lmq serve` keeps answering ---------------------------------
 
+# A ping slower than this means the loop stalled. The quadratic pattern took ~16 s per
+# evaluation of this property; a loaded 2-core box answers in well under a second.
+STALL_S = 5.0
+
 
 def test_hostile_property_does_not_stall_the_server(tmp_path) -> None:
     """A SQL92 subscriber pulls a message whose property is 30 kB of digits; another
@@ -190,11 +194,11 @@ def test_hostile_property_does_not_stall_the_server(tmp_path) -> None:
                 assert sync_invoke(server.namesrv_addr, route, timeout=60).code == 0
                 worst = max(worst, time.monotonic() - start)
                 pings += 1
-                if worst > 2.0:
+                if worst > STALL_S:
                     break  # stalled: fail now rather than after every pull
         finally:
             stop.set()
             thread.join(180)
-        assert worst < 2.0, f"a ping waited {worst:.1f} s"
+        assert worst < STALL_S, f"a ping waited {worst:.1f} s"
         assert not errors, errors
         assert results and all(r == ["5", "7"] for r in results), results
