@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MAX_EXPRESSION_LENGTH",
     "DEFAULT_MAX_NESTING_DEPTH",
     "DEFAULT_MAX_NUMBER_LENGTH",
+    "DEFAULT_MAX_TAG_EXPRESSION_LENGTH",
     "FilterLimits",
     "FilterParseError",
     "SqlFilter",
@@ -44,6 +45,9 @@ __all__ = [
 # write by hand while keeping parsing and evaluation well inside Python's stack.
 DEFAULT_MAX_EXPRESSION_LENGTH = 4096
 DEFAULT_MAX_NESTING_DEPTH = 64
+# A tag expression ("TagA || TagB") costs a Java hash per character, in Python: about
+# 0.4 us a character, so a 16 MiB one held the loop for seconds. 16 KiB is ~1000 tags.
+DEFAULT_MAX_TAG_EXPRESSION_LENGTH = 16384
 # Each nesting level costs up to six parser frames; above this the interpreter's own
 # recursion limit (1000) would be at risk.
 _HARD_MAX_NESTING_DEPTH = 128
@@ -63,11 +67,14 @@ class FilterLimits:
     32 KiB): the cap keeps the per-message work small whatever they send. A Java
     ``long`` needs at most 20 characters and the shortest text of any ``double`` at most
     24, so 256 leaves room for padding, leading zeros and long decimal expansions.
+    ``max_tag_expression_length``: characters in a TAG expression (default 16384); a
+    longer one raises FilterParseError (SUBSCRIPTION_PARSE_FAILED).
     """
 
     max_expression_length: int = DEFAULT_MAX_EXPRESSION_LENGTH
     max_nesting_depth: int = DEFAULT_MAX_NESTING_DEPTH
     max_number_length: int = DEFAULT_MAX_NUMBER_LENGTH
+    max_tag_expression_length: int = DEFAULT_MAX_TAG_EXPRESSION_LENGTH
 
     def __post_init__(self) -> None:
         if self.max_expression_length < 1:

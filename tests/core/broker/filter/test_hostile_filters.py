@@ -1,5 +1,5 @@
-"""Numbers in SQL92 filters: which property values convert, and that hostile ones cost
-linear work and cannot stall a running broker."""
+"""Hostile filter input: numbers in SQL92 filters (which property values convert; hostile
+ones cost linear work and cannot stall a running broker) and over-long tag expressions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from core.broker.filter import DEFAULT_MAX_NUMBER_LENGTH, FilterLimits, compile_sql92
+from core.broker.filter import (
+    DEFAULT_MAX_NUMBER_LENGTH,
+    DEFAULT_MAX_TAG_EXPRESSION_LENGTH,
+    FilterLimits,
+    FilterParseError,
+    build_message_filter,
+    compile_sql92,
+)
 from core.broker.filter._sql_compile import to_double, to_long
 from core.broker.filter._sql_lexer import tokenize
 from core.common.codec import decode_records
@@ -149,6 +156,23 @@ def test_lexer_is_linear_on_long_literals() -> None:
         assert _best_time(lex, large) / t_small < 40
 
 
+# --- tag expressions ------------------------------------------------------------------
+
+
+def test_over_long_tag_expression_is_refused() -> None:
+    fits = ("T||" * DEFAULT_MAX_TAG_EXPRESSION_LENGTH)[:DEFAULT_MAX_TAG_EXPRESSION_LENGTH]
+    assert build_message_filter("TAG", fits) is not None
+    assert build_message_filter(None, fits) is not None
+    with pytest.raises(FilterParseError):
+        build_message_filter("TAG", fits + "X")
+    with pytest.raises(FilterParseError):
+        build_message_filter("", "||".join(f"t{i}" for i in range(1_000_000)))
+    small = FilterLimits(max_tag_expression_length=5)
+    assert build_message_filter("TAG", "A||B", limits=small) is not None
+    with pytest.raises(FilterParseError):
+        build_message_filter("TAG", "A||B||C", limits=small)
+
+
 # --- end to end: a running `lmq serve` keeps answering ---------------------------------
 
 # A ping slower than this means the loop stalled. The quadratic pattern took ~16 s per
@@ -202,3 +226,8 @@ def test_hostile_property_does_not_stall_the_server(tmp_path) -> None:
         assert worst < STALL_S, f"a ping waited {worst:.1f} s"
         assert not errors, errors
         assert results and all(r == ["5", "7"] for r in results), results
+        # A pull whose tag expression is megabytes long: SUBSCRIPTION_PARSE_FAILED (23).
+        huge = "||".join(f"t{i}" for i in range(300_000))
+        r = sync_invoke(server.broker_addr, pull_request("CID_HOSTILE", "HostileT",
+                                                         subscription=huge), timeout=60)
+        assert r.code == 23, r.remark
