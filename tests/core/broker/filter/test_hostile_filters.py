@@ -26,6 +26,7 @@ from tests.core.broker.harness import (
     pull_request,
     send_request,
     sync_invoke,
+    wait_until,
 )
 
 # --- behaviour: Java's Long.valueOf / Double.valueOf, written out ------------------------
@@ -189,6 +190,11 @@ def test_hostile_property_does_not_stall_the_server(tmp_path) -> None:
             resp = sync_invoke(server.broker_addr, send_request("HostileT", properties={"a": value}))
             assert resp.code == 0, resp.remark
 
+        def all_dispatched() -> bool:  # the consume queue is written after the ack
+            r = sync_invoke(server.broker_addr, pull_request("CID_ALL", "HostileT"))
+            return r.code == 0 and len(decode_records(r.body_bytes())) == 5
+
+        wait_until(all_dispatched, 30, what="the five messages to be pullable")
         stop = threading.Event()
         results: list[list[str]] = []
         errors: list[BaseException] = []
@@ -214,7 +220,7 @@ def test_hostile_property_does_not_stall_the_server(tmp_path) -> None:
                 start = time.monotonic()
                 assert sync_invoke(server.broker_addr, heartbeat_request("pinger"),
                                    timeout=60).code == 0
-                route = RemotingCommand.request(105, {"topic": "HostileT"})
+                route = RemotingCommand.request(105, {"topic": server.broker_name})
                 assert sync_invoke(server.namesrv_addr, route, timeout=60).code == 0
                 worst = max(worst, time.monotonic() - start)
                 pings += 1
