@@ -54,6 +54,16 @@ class BrokerConfig:
     retry_max_times: int = 16  # SubscriptionGroupConfig.retryMaxTimes default
     max_topic_queue_nums: int = 1024  # UPDATE_AND_CREATE_TOPIC refuses more queues
 
+    # topics created by a send (autoCreateTopicEnable, docs/topics.md)
+    # None = the command's default: on for `lmq serve` (and embedded use), off for
+    # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
+    auto_create_topic_enable: bool | None = None
+    # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
+    # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
+    # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
+    # few thousand descriptors, while a development setup auto-creates a few dozen.
+    max_auto_created_topics: int = 256
+
     # consumers and pulls
     long_polling: bool = True  # longPollingEnable
     short_polling_ms: int = 1000  # shortPollingTimeMills (long polling off)
@@ -83,26 +93,16 @@ class BrokerConfig:
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
 
-    # topics created by a send (autoCreateTopicEnable, docs/topics.md)
-    # None = the command's default: on for `lmq serve` (and embedded use), off for
-    # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
-    auto_create_topic_enable: bool | None = None
-    # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
-    # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
-    # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
-    # few thousand descriptors, while a development setup auto-creates a few dozen.
-    max_auto_created_topics: int = 256
-
-    @property
-    def auto_create_topic(self) -> bool:
-        """autoCreateTopicEnable as resolved: unset (None) means on."""
-        return self.auto_create_topic_enable is not False
-
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def auto_create_topic(self) -> bool:
+        """autoCreateTopicEnable as resolved: unset (None) means on."""
+        return self.auto_create_topic_enable is not False
 
     @property
     def advertised_ip(self) -> str:
