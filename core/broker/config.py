@@ -58,6 +58,7 @@ class BrokerConfig:
     # None = the command's default: on for `lmq serve` (and embedded use), off for
     # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
     auto_create_topic_enable: bool | None = None
+    auto_create_topic: bool | None = None  # older name of the same setting
     # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
     # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
     # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
@@ -100,9 +101,11 @@ class BrokerConfig:
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
 
     @property
-    def auto_create_topic(self) -> bool:
-        """autoCreateTopicEnable as resolved: unset (None) means on."""
-        return self.auto_create_topic_enable is not False
+    def topic_auto_creation(self) -> bool:
+        """autoCreateTopicEnable as resolved: either name, and on when neither is set."""
+        if self.auto_create_topic_enable is not None:
+            return self.auto_create_topic_enable
+        return self.auto_create_topic is not False
 
     @property
     def advertised_ip(self) -> str:

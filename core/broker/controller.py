@@ -115,7 +115,7 @@ class BrokerController:
             broker_name=config.broker_name,
             cluster_name=config.cluster_name,
             default_topic_queue_nums=config.default_topic_queue_nums,
-            auto_create_topic=config.auto_create_topic,
+            auto_create_topic=config.topic_auto_creation,
             max_auto_created_topics=config.max_auto_created_topics,
             cluster_topic_enable=config.cluster_topic_enable,
             broker_topic_enable=config.broker_topic_enable,

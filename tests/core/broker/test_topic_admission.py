@@ -138,3 +138,11 @@ def test_default_cap_is_enforced(tmp_path):
         assert len(server.broker.topic_config_manager.topics()) < 2000
 
     run_embedded(body, tmp_path)
+
+
+def test_older_setting_name_still_works(tmp_path):
+    async def body(server, client):
+        resp = await client.invoke(server.broker.broker_addr, send_request("NoAutoOld"))
+        assert resp.code == TOPIC_NOT_EXIST
+
+    run_embedded(body, tmp_path, auto_create_topic=False)
