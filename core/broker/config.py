@@ -47,13 +47,23 @@ class BrokerConfig:
     max_lmq_consume_queue_num: int = 20000
 
     # topics and groups
-    auto_create_topic: bool = True  # autoCreateTopicEnable
     auto_create_subscription_group: bool = True
     default_topic_queue_nums: int = 8
     cluster_topic_enable: bool = True
     broker_topic_enable: bool = True
     retry_max_times: int = 16  # SubscriptionGroupConfig.retryMaxTimes default
     max_topic_queue_nums: int = 1024  # UPDATE_AND_CREATE_TOPIC refuses more queues
+
+    # topics created by a send (autoCreateTopicEnable, docs/topics.md)
+    # None = the command's default: on for `lmq serve` (and embedded use), off for
+    # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
+    auto_create_topic_enable: bool | None = None
+    auto_create_topic: bool | None = None  # older name of the same setting
+    # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
+    # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
+    # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
+    # few thousand descriptors, while a development setup auto-creates a few dozen.
+    max_auto_created_topics: int = 256
 
     # consumers and pulls
     long_polling: bool = True  # longPollingEnable
@@ -100,6 +110,13 @@ class BrokerConfig:
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def topic_auto_creation(self) -> bool:
+        """autoCreateTopicEnable as resolved: either name, and on when neither is set."""
+        if self.auto_create_topic_enable is not None:
+            return self.auto_create_topic_enable
+        return self.auto_create_topic is not False
 
     @property
     def advertised_ip(self) -> str:

@@ -238,9 +238,7 @@ class SendProcessor:
         if tc is None:
             sys_flag = TopicSysFlag.UNIT if h.unit_mode else 0
             if names.is_retry_topic(h.topic):
-                tc = tcm.create_topic_in_send_back_method(
-                    h.topic, 1, PermName.READ | PermName.WRITE, sys_flag
-                )
+                tc = tcm.create_retry_topic_in_send_message_method(h.topic, sys_flag)
             elif names.validate_topic(h.default_topic) is None:
                 tc = tcm.create_topic_in_send_message_method(
                     h.topic, h.default_topic, h.default_topic_queue_nums, sys_flag
