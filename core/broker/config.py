@@ -24,7 +24,7 @@ class BrokerConfig:
     broker_name: str = "broker-a"
     cluster_name: str = "DefaultCluster"
     broker_id: int = 0
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless told otherwise (docs/remoting.md)
     port: int = 10911
     # Address written into STOREHOST and registered with the name servers; clients
     # (the C++ consumer's send-back) connect to it (§5.1 step 5). None = derived from host.
@@ -83,6 +83,30 @@ class BrokerConfig:
     schedule_poll_interval_s: float = 5.0  # safety re-scan of the delay queues
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
+
+    # -- remoting listener: exposure, TLS, limits (docs/remoting.md) ----------------
+    #: Serve on a non-loopback host with ACL off (refused otherwise); logs a warning.
+    allow_unauthenticated_remote: bool = False
+    #: TLS on this port when both are set (PEM certificate chain and private key).
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    #: Open connections on this port / from one source address; more are closed at once.
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1_000
+    #: Descriptors kept free for the store: accept stops at RLIMIT_NOFILE minus this.
+    fd_reserve: int = 1_024
+    #: Close a connection silent (nothing read or written, no request running) this long
+    #: (Java's serverChannelMaxIdleTimeSeconds is 120).
+    idle_timeout_s: float = 120.0
+    #: Seconds a frame may take from its first byte to the end of its header, and from
+    #: there to its last body byte (slow or stalled senders are cut off).
+    frame_header_timeout_s: float = 10.0
+    frame_body_timeout_s: float = 60.0
+    #: TLS towards the name servers (registration): on/off, CA file (None = system
+    #: store), and whether to verify the certificate and host name.
+    namesrv_tls: bool = False
+    tls_ca_file: str | None = None
+    tls_verify: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):

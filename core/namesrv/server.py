@@ -33,12 +33,7 @@ class NameServer:
         self.processors = NamesrvProcessors(self.routes, self.kv, self.config)
         self.table = ProcessorTable()
         self.processors.register(self.table)
-        self.server = RemotingServer(
-            self.table,
-            self.config.host,
-            self.config.port,
-            max_frame_size=self.config.max_frame_size,
-        )
+        self.server = RemotingServer.from_config(self.table, self.config, "name server")
         self._cancel_scope: trio.CancelScope | None = None
         self._closing = False
 

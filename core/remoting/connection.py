@@ -63,6 +63,16 @@ class ConnectionLimits:
     max_concurrent_requests: int = 10_000
     #: Bytes asked of the socket per read (trio's default receive size).
     receive_size: int = 64 * 1024
+    #: Close a connection that has neither received nor sent anything, and has no request
+    #: in progress, for this long (None = never; servers set it, clients do not).
+    idle_timeout_s: float | None = None
+    #: Seconds from a frame's first byte until its length prefix and header are in.
+    header_timeout_s: float | None = None
+    #: Seconds from the end of a frame's header until its last body byte.
+    body_timeout_s: float | None = None
+    #: Closing after a protocol error or a limit: seconds to flush our last frames and
+    #: drain the peer's input, so it reads them instead of a connection reset.
+    linger_s: float = 1.0
 
 
 DEFAULT_LIMITS = ConnectionLimits()
@@ -216,11 +226,16 @@ class TcpConnection(Connection):
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         table: ProcessorTable,
         limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
-        sock = stream.socket
+        # A TLS stream wraps the socket stream: addresses come from the socket below it,
+        # and gathered sendmsg writes are for plain sockets only.
+        raw = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        sock = raw.socket
+        self._sendmsg_ok = _HAVE_SENDMSG and raw is stream
+        self.tls = raw is not stream
         try:
             remote = format_addr(sock.getpeername())
             local = format_addr(sock.getsockname())
@@ -237,8 +252,10 @@ class TcpConnection(Connection):
         self._inflight = 0
         self._cancel_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
+        #: trio time of the last byte read or frame written (drives idle_timeout_s).
+        self.last_active = 0.0
         try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass  # not a TCP socket (tests may hand a socketpair)
 
@@ -303,7 +320,8 @@ class TcpConnection(Connection):
                     if self.closed:  # close() raced with start-up
                         nursery.cancel_scope.cancel()
                     nursery.start_soon(self._write_loop)
-                    await self._read_loop()
+                    if await self._read_loop() and not self.closed:
+                        await self._linger()
                     nursery.cancel_scope.cancel()
         finally:
             self._finish()
@@ -312,43 +330,120 @@ class TcpConnection(Connection):
 
     # -- reading --------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self) -> bool:
+        """Read and dispatch frames. Returns True when this side ends the connection
+        (malformed frame, deadline), False when the peer left or the socket failed."""
         decoder = FrameDecoder(self._limits.max_frame_size)
         stream = self._stream
         size = self._limits.receive_size
-        table = self._table
-        ctx = self.context
+        limits = self._limits
+        timed = not (
+            limits.idle_timeout_s is None
+            and limits.header_timeout_s is None
+            and limits.body_timeout_s is None
+        )
+        self.last_active = trio.current_time()
+        frame_start = body_start = 0.0  # when the buffered partial frame / its body began
+        deadline = math.inf
         while True:
-            try:
-                data = await stream.receive_some(size)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                return
+            if timed:
+                deadline = self._read_deadline(decoder, frame_start, body_start)
+            with trio.move_on_at(deadline) as timer:
+                try:
+                    data = await stream.receive_some(size)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    return False
+            if timer.cancelled_caught:
+                if self._read_deadline(decoder, frame_start, body_start) <= trio.current_time():
+                    log.debug("closing %s: %s", self.remote_addr, self._timeout_reason(decoder))
+                    return True
+                continue  # a write or a finished request moved the idle deadline on
             if not data:
-                return
+                return False
+            had_partial = decoder.buffered
             try:
                 commands = decoder.feed(data)
             except FrameError as exc:
                 log.warning("closing %s: malformed frame: %s", self.remote_addr, exc)
-                return
-            for cmd in commands:
-                if cmd.flag & FLAG_RESPONSE:
-                    self._on_response(cmd)
-                    continue
-                handler, inline = table.lookup(cmd.code)
-                if inline:
-                    response = await table.process(ctx, cmd, handler)
-                    if response is not None and not self._reply(response):
-                        return
-                elif self._inflight >= self._limits.max_concurrent_requests:
-                    busy = cmd.make_response(
-                        ResponseCode.SYSTEM_BUSY,
-                        "too many requests in flight on this connection",
-                    )
-                    if not cmd.is_oneway and not self._reply(busy):
-                        return
-                else:
-                    self._inflight += 1
-                    self._nursery.start_soon(self._run_handler, handler, cmd)
+                return True
+            if timed:
+                now = self.last_active = trio.current_time()
+                if decoder.buffered:
+                    if commands or not had_partial:
+                        frame_start, body_start = now, 0.0
+                    if not body_start and decoder.header_complete:
+                        body_start = now
+            if not await self._dispatch(commands):
+                return False
+            if decoder.error is not None:
+                # Valid frames before a malformed one are answered, then the stream ends.
+                log.warning("closing %s: malformed frame: %s", self.remote_addr, decoder.error)
+                return True
+
+    async def _linger(self) -> None:
+        """Close after a protocol error or a limit: let queued answers go out, shut down
+        writing, then read and drop what the peer still sends for a moment, so it reads
+        our last frames instead of a reset (a close with unread input sends RST)."""
+        with trio.move_on_after(self._limits.linger_s):
+            while self._queued_frames and not self.closed:
+                if self._drained is None:
+                    self._drained = trio.Event()
+                await self._drained.wait()
+            try:
+                if self.tls:
+                    return  # aclose() sends close_notify; no half-close under TLS
+                self._stream.socket.shutdown(socket.SHUT_WR)
+                while await self._stream.receive_some(self._limits.receive_size):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    def _read_deadline(self, decoder: FrameDecoder, frame_start: float, body_start: float) -> float:
+        limits = self._limits
+        if decoder.buffered:
+            if body_start:
+                t = limits.body_timeout_s
+                return math.inf if t is None else body_start + t
+            t = limits.header_timeout_s
+            return math.inf if t is None else frame_start + t
+        t = limits.idle_timeout_s
+        if t is None:
+            return math.inf
+        if self._inflight:  # a request in progress (a held pull) is not idleness
+            return trio.current_time() + t
+        return self.last_active + t
+
+    def _timeout_reason(self, decoder: FrameDecoder) -> str:
+        if not decoder.buffered:
+            return f"idle for {self._limits.idle_timeout_s} s"
+        if decoder.header_complete:
+            return f"frame body not received within {self._limits.body_timeout_s} s"
+        return f"frame header not received within {self._limits.header_timeout_s} s"
+
+    async def _dispatch(self, commands: list[RemotingCommand]) -> bool:
+        """Hand decoded frames to their handlers; False when the connection must end."""
+        table = self._table
+        ctx = self.context
+        for cmd in commands:
+            if cmd.flag & FLAG_RESPONSE:
+                self._on_response(cmd)
+                continue
+            handler, inline = table.lookup(cmd.code)
+            if inline:
+                response = await table.process(ctx, cmd, handler)
+                if response is not None and not self._reply(response):
+                    return False
+            elif self._inflight >= self._limits.max_concurrent_requests:
+                busy = cmd.make_response(
+                    ResponseCode.SYSTEM_BUSY,
+                    "too many requests in flight on this connection",
+                )
+                if not cmd.is_oneway and not self._reply(busy):
+                    return False
+            else:
+                self._inflight += 1
+                self._nursery.start_soon(self._run_handler, handler, cmd)
+        return True
 
     async def _run_handler(self, handler: Handler, cmd: RemotingCommand) -> None:
         try:
@@ -386,6 +481,7 @@ class TcpConnection(Connection):
                     nbytes += size
                     frames += 1
                 await self._write(batch, nbytes)
+                self.last_active = trio.current_time()
                 self._queued_bytes -= nbytes
                 self._queued_frames -= frames
                 if self._drained is not None:
@@ -404,10 +500,12 @@ class TcpConnection(Connection):
             await self._stream.send_all(parts[0])
         elif nbytes <= _COALESCE_BYTES:
             await self._stream.send_all(b"".join(parts))
-        elif _HAVE_SENDMSG:
+        elif self._sendmsg_ok:
             await _sendmsg_all(self._stream.socket, [p for p in parts if len(p)])
-        else:  # pragma: no cover - platforms without sendmsg
-            await self._stream.send_all(b"".join(parts))
+        else:  # TLS (it copies into records anyway), or no sendmsg
+            for part in parts:
+                if len(part):
+                    await self._stream.send_all(part)
 
 
 async def _sendmsg_all(sock: trio.socket.SocketType, parts: list) -> None:
