@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import ssl
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +57,7 @@ SERVER_CONNECTION_LIMITS = replace(
 _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # Re-count open descriptors at most this often (listing /proc/self/fd is O(open fds)).
 _FD_RECOUNT_S = 1.0
+_FD_RECOUNT_NEAR_S = 0.05
 # Refusals are logged at most once per this many seconds (a flood must not flood logs).
 _REFUSAL_LOG_S = 10.0
 
@@ -83,27 +85,30 @@ class _FdBudget:
         self._since = 0  # descriptors we accepted since the last count
         self._spare: int | None = None
 
-    def _recount(self, now: float) -> None:
+    def _recount(self, now: float, soft: int) -> None:
         try:
             self._count = len(os.listdir("/proc/self/fd"))
-        except OSError:  # no /proc: count what we accepted only
-            pass
+        except OSError as exc:
+            if exc.errno in _CAPACITY_ERRNOS:
+                self._count = soft  # could not even open the directory: no room
+            # else no /proc: keep counting what we accepted
         self._counted_at = now
         self._since = 0
 
     def has_room(self, reserve: int) -> bool:
-        now = trio.current_time()
-        if now - self._counted_at >= _FD_RECOUNT_S:
-            self._recount(now)
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY:
             return True
         reserve = min(reserve, soft // 4)
-        if self._count + self._since >= soft - reserve:
-            # Close to the line: an exact count before refusing (peers may have left).
-            self._recount(now)
-            if self._count >= soft - reserve:
-                return False
+        line = soft - reserve
+        now = time.monotonic()
+        # Other descriptors open and close without us knowing: count exactly every
+        # second, and every 50 ms once the estimate comes near the line.
+        near = self._count + self._since >= line - reserve
+        if now - self._counted_at >= (_FD_RECOUNT_NEAR_S if near else _FD_RECOUNT_S):
+            self._recount(now, soft)
+        if self._count + self._since >= line:
+            return False
         self._since += 1
         return True
 

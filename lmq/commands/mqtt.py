@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
                         help="name server address(es), ';'-separated (default %(default)s)")
     parser.add_argument("--data-dir", help="gateway state directory (default ./data/mqtt)")
-    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     add_mqtt_options(parser, embedded=False)
     parser.set_defaults(func=run)
