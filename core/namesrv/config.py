@@ -20,8 +20,11 @@ class NamesrvConfig:
     #: Fill `orderTopicConf` of routes from the ORDER_TOPIC_CONFIG KV namespace
     #: (Java's `orderMessageEnable`, default false).
     order_message_enable: bool = False
-    #: Largest inflated compressed REGISTER_BROKER body (zip-bomb guard).
-    max_register_body_bytes: int = 64 * 1024 * 1024
+    #: Largest inflated compressed REGISTER_BROKER body (zip-bomb guard). The compressed
+    #: form spends ~20 + name bytes per topic (at most ~150 B with a 127-byte name), so
+    #: 4 MiB holds 28k+ topics, typically 60k; a broker with more sends plain JSON, which
+    #: the 16 MiB frame limit bounds. (Was 64 MiB: one bomb cost ~130 MB and 250 ms.)
+    max_register_body_bytes: int = 4 * 1024 * 1024
     #: Largest accepted remoting frame.
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
 
