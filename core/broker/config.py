@@ -95,6 +95,9 @@ class BrokerConfig:
     max_connections_per_address: int = 1_000
     #: Descriptors kept free for the store: accept stops at RLIMIT_NOFILE minus this.
     fd_reserve: int = 1_024
+    #: Bytes of partly received frames buffered for all peers of this port together;
+    #: the peer whose partial frame grows past it is closed.
+    max_pending_frame_bytes: int = 512 * 1024 * 1024
     #: Close a connection silent (nothing read or written, no request running) this long
     #: (Java's serverChannelMaxIdleTimeSeconds is 120).
     idle_timeout_s: float = 120.0

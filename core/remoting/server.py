@@ -27,6 +27,7 @@ from core.remoting.connection import (
     DEFAULT_LIMITS,
     Connection,
     ConnectionLimits,
+    FrameBudget,
     TcpConnection,
 )
 from core.remoting.processor import Handler, ProcessorTable, RequestContext
@@ -74,6 +75,10 @@ class ListenerLimits:
     #: flushes): no connection is accepted once open descriptors reach RLIMIT_NOFILE minus
     #: this (capped at a quarter of the limit so a small limit still admits peers).
     fd_reserve: int = 1_024
+    #: Bytes of partly received frames buffered for all connections of this port
+    #: together; a peer whose partial frame grows past it is closed. 512 MiB leaves room
+    #: for 128 concurrent 4 MiB batch sends (each connection also stops at one frame).
+    max_pending_frame_bytes: int = 512 * 1024 * 1024
 
 
 class _FdBudget:
@@ -82,7 +87,7 @@ class _FdBudget:
     def __init__(self) -> None:
         self._counted_at = -float("inf")
         self._count = 0
-        self._since = 0  # descriptors we accepted since the last count
+        self._since = 0  # connections admitted minus closed since the last count
         self._spare: int | None = None
 
     def _recount(self, now: float, soft: int) -> None:
@@ -111,6 +116,10 @@ class _FdBudget:
             return False
         self._since += 1
         return True
+
+    def release(self) -> None:
+        """An admitted connection closed: its descriptor is free again."""
+        self._since -= 1
 
     def keep_spare(self) -> None:
         """Hold one descriptor to give up when accept() fails with EMFILE."""
@@ -173,6 +182,7 @@ class RemotingServer:
         self.listener_limits = listener_limits or ListenerLimits()
         self.ssl_context = ssl_context
         self.connections: set[TcpConnection] = set()
+        self.frame_budget = FrameBudget(self.listener_limits.max_pending_frame_bytes)
         self.refused: collections.Counter[str] = collections.Counter()
         self._per_address: collections.Counter[str] = collections.Counter()
         self._open = 0
@@ -208,6 +218,9 @@ class RemotingServer:
                 config, "max_connections_per_address", defaults.max_connections_per_address
             ),
             fd_reserve=getattr(config, "fd_reserve", defaults.fd_reserve),
+            max_pending_frame_bytes=getattr(
+                config, "max_pending_frame_bytes", defaults.max_pending_frame_bytes
+            ),
         )
         certfile = getattr(config, "tls_certfile", None)
         keyfile = getattr(config, "tls_keyfile", None)
@@ -299,7 +312,7 @@ class RemotingServer:
                 conn_stream = await self._tls_handshake(stream)
                 if conn_stream is None:
                     return
-            conn = TcpConnection(conn_stream, self.table, self.limits)
+            conn = TcpConnection(conn_stream, self.table, self.limits, self.frame_budget)
             self.connections.add(conn)
             # First close callback: the set is up to date when the upper layers' run.
             conn.add_close_callback(lambda: self.connections.discard(conn))
@@ -311,6 +324,7 @@ class RemotingServer:
             finally:
                 self.connections.discard(conn)
         finally:
+            _fd_budget.release()
             self._open -= 1
             left = self._per_address[addr] - 1
             if left:

@@ -257,3 +257,40 @@ async def test_valid_frame_then_broken_header_is_answered_then_closed() -> None:
         assert [(c.opaque, c.remark) for c in cmds] == [(7, "pong")]
         other = await trio.open_tcp_stream("127.0.0.1", server.port)
         assert (await ping(other)).remark == "pong"
+
+
+@trio_test
+async def test_partial_frames_of_all_peers_share_a_byte_budget() -> None:
+    frame = encode_command_bytes(RemotingCommand(PING, opaque=5, body=b"p" * 1_500_000))
+    budget = 3_000_000  # two peers' 1.2 MB halves fit, a third does not
+    async with serving(listener_limits=ListenerLimits(max_pending_frame_bytes=budget)) as server:
+        halves = [await trio.open_tcp_stream("127.0.0.1", server.port) for _ in range(5)]
+        closed = []
+        async with trio.open_nursery() as watchers:
+            for stream in halves:
+                try:
+                    await stream.send_all(frame[:1_200_000])
+                except trio.BrokenResourceError:
+                    pass
+
+                async def watch(stream=stream) -> None:
+                    await wait_closed(stream, 30)
+                    closed.append(stream)
+
+                watchers.start_soon(watch)
+            with trio.fail_after(10):
+                while len(closed) < 3:
+                    await trio.sleep(0.01)
+            watchers.cancel_scope.cancel()
+        assert server.frame_budget.used <= budget
+        # Peers within the budget go on: one completes its frame and is answered.
+        survivor = next(s for s in halves if s not in closed)
+        await survivor.send_all(frame[1_200_000:])
+        decoder = FrameDecoder()
+        with trio.fail_after(10):
+            got: list = []
+            while not got:
+                got = decoder.feed(await survivor.receive_some())
+        assert got[0].opaque == 5
+        other = await trio.open_tcp_stream("127.0.0.1", server.port)
+        assert (await ping(other)).remark == "pong"
