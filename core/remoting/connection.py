@@ -367,7 +367,9 @@ class TcpConnection(Connection):
             and limits.body_timeout_s is None
         )
         self.last_active = trio.current_time()
-        frame_start = body_start = 0.0  # when the buffered partial frame / its body began
+        # When the buffered partial frame, and its body, began (None: not yet).
+        frame_start: float | None = None
+        body_start: float | None = None
         deadline = math.inf
         while True:
             if timed:
@@ -394,8 +396,8 @@ class TcpConnection(Connection):
                 now = self.last_active = trio.current_time()
                 if decoder.buffered:
                     if commands or not had_partial:
-                        frame_start, body_start = now, 0.0
-                    if not body_start and decoder.header_complete:
+                        frame_start, body_start = now, None
+                    if body_start is None and decoder.header_complete:
                         body_start = now
             if not await self._dispatch(commands):
                 return False
@@ -432,10 +434,12 @@ class TcpConnection(Connection):
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
 
-    def _read_deadline(self, decoder: FrameDecoder, frame_start: float, body_start: float) -> float:
+    def _read_deadline(
+        self, decoder: FrameDecoder, frame_start: float | None, body_start: float | None
+    ) -> float:
         limits = self._limits
-        if decoder.buffered:
-            if body_start:
+        if decoder.buffered and frame_start is not None:
+            if body_start is not None:
                 t = limits.body_timeout_s
                 return math.inf if t is None else body_start + t
             t = limits.header_timeout_s
