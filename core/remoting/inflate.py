@@ -29,16 +29,32 @@ class InflateLimitError(ValueError):
 _limiter = trio.CapacityLimiter(2)
 
 
-def inflate(data: bytes, cap: int) -> bytes:
-    """Inflate zlib `data`; ValueError when it is not zlib or inflates past `cap` bytes."""
-    inflater = zlib.decompressobj()
+# Output is produced in steps of this size: a refused bomb then costs about the cap, not
+# twice it (a single growing output buffer doubles as it goes).
+_STEP = 1024 * 1024
+
+
+def _inflate_rest(inflater, data: bytes, room: int, cap: int) -> bytes:
+    """Inflate `data` with `inflater`, at most `room` more bytes; InflateLimitError past."""
+    parts = []
+    size = 0
     try:
-        out = inflater.decompress(data, cap + 1)
+        while True:
+            part = inflater.decompress(data, min(_STEP, room - size + 1))
+            parts.append(part)
+            size += len(part)
+            if size > room:
+                raise InflateLimitError(f"inflated body exceeds {cap} bytes")
+            data = inflater.unconsumed_tail
+            if not data and len(part) < _STEP:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
     except zlib.error as exc:
         raise ValueError(f"not a zlib stream: {exc}") from None
-    if len(out) > cap or inflater.unconsumed_tail:
-        raise InflateLimitError(f"inflated body exceeds {cap} bytes")
-    return out
+
+
+def inflate(data: bytes, cap: int) -> bytes:
+    """Inflate zlib `data`; ValueError when it is not zlib or inflates past `cap` bytes."""
+    return _inflate_rest(zlib.decompressobj(), data, cap, cap)
 
 
 async def inflate_async(data: bytes, cap: int) -> bytes:
@@ -54,15 +70,10 @@ async def inflate_async(data: bytes, cap: int) -> bytes:
     if len(head) > cap:
         raise InflateLimitError(f"inflated body exceeds {cap} bytes")
 
-    def rest() -> bytes:
-        try:
-            return inflater.decompress(inflater.unconsumed_tail, cap + 1 - len(head))
-        except zlib.error as exc:
-            raise ValueError(f"not a zlib stream: {exc}") from None
-
-    tail = await trio.to_thread.run_sync(rest, limiter=_limiter)
-    if len(head) + len(tail) > cap or inflater.unconsumed_tail:
-        raise InflateLimitError(f"inflated body exceeds {cap} bytes")
+    tail = await trio.to_thread.run_sync(
+        _inflate_rest, inflater, inflater.unconsumed_tail, cap - len(head), cap,
+        limiter=_limiter,
+    )
     return head + tail
 
 
