@@ -44,6 +44,7 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
 from core.remoting.processor import ProcessorTable
+from core.remoting.security import client_ssl_context
 from core.remoting.server import RemotingServer
 from core.store import MessageStore, PutResult, PutStatus, StoreConfig
 
@@ -324,7 +325,8 @@ class BrokerController:
         # A fresh client: this runs after the serving nursery (and its client) is gone.
         with trio.move_on_after(UNREGISTER_TIMEOUT_S):
             async with remoting_client(
-                self.namesrv_credentials, request_timeout=UNREGISTER_TIMEOUT_S
+                self.namesrv_credentials, request_timeout=UNREGISTER_TIMEOUT_S,
+                ssl_context=self._namesrv_ssl()
             ) as client:
                 async def one(addr: str) -> None:
                     try:
@@ -391,6 +393,12 @@ class BrokerController:
         self.subscription_group_manager.load()
         self.offset_manager.load()
 
+    def _namesrv_ssl(self):
+        """TLS context towards the name servers (None: plain TCP)."""
+        if not getattr(self.config, "namesrv_tls", False):
+            return None
+        return client_ssl_context(self.config.tls_ca_file, self.config.tls_verify)
+
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the broker until `stop()` or cancellation; reports itself when listening."""
         self._stop = trio.Event()
@@ -402,12 +410,13 @@ class BrokerController:
             for service in self.services:
                 service.load()
             async with remoting_client(
-                self.namesrv_credentials, request_timeout=self.config.register_timeout_s
+                self.namesrv_credentials, request_timeout=self.config.register_timeout_s,
+                ssl_context=self._namesrv_ssl()
             ) as client:
                 self.client = client
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    self.server = RemotingServer(self.table, self.config.host, self.config.port)
+                    self.server = RemotingServer.from_config(self.table, self.config, "broker")
                     await nursery.start(self.server.serve)
                     if self._group_commit is not None:
                         await nursery.start(self._group_commit.run)

@@ -34,6 +34,7 @@ from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.processor import ProcessorTable, RequestContext
+from core.remoting.security import client_ssl_context
 
 if TYPE_CHECKING:
     from core.common.message import MessageExt
@@ -88,6 +89,8 @@ class ClientInstance:
             credentials_or_none(config.access_key, config.secret_key),
             request_timeout=config.request_timeout,
             processors=self.processors,
+            ssl_context=client_ssl_context(config.tls_ca_file, config.tls_verify)
+            if config.tls else None,
         )
         self.api = MQClientAPI(self.remoting, config)
         self.routes: dict[str, TopicRouteData] = {}

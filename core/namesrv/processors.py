@@ -15,12 +15,14 @@ from core.namesrv.bodies import (
     decode_data_version,
     decode_register_body,
     encode_json,
+    parse_inflated_register_body,
 )
 from core.namesrv.config import NamesrvConfig
 from core.namesrv.kvconfig import NAMESPACE_ORDER_TOPIC_CONFIG, KVConfigManager
 from core.namesrv.routes import RouteInfoManager
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
+from core.remoting.inflate import inflate_async, run_large
 from core.remoting.processor import ProcessorTable, RequestContext
 
 __all__ = ["NamesrvProcessors", "NamesrvStats"]
@@ -96,12 +98,19 @@ class NamesrvProcessors:
         ha_addr = cmd.ext_str("haServerAddr", "")
         body = cmd.body_bytes()
         crc = cmd.ext_int("bodyCrc32", 0)
-        if crc and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        # A peer-sent body may be 16 MiB (or inflate to the cap): the checksum, inflating
+        # and parsing of large ones run in a worker thread (core.remoting.inflate).
+        if crc and (await run_large(len(body), zlib.crc32, body) & 0x7FFFFFFF) != crc:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "crc32 not match")
         try:
-            reg = decode_register_body(
-                body, cmd.ext_bool("compressed", False), self.config.max_register_body_bytes
-            )
+            if body and cmd.ext_bool("compressed", False):
+                try:
+                    raw = await inflate_async(body, self.config.max_register_body_bytes)
+                except ValueError as exc:
+                    raise ValueError(f"compressed register body: {exc}") from None
+                reg = await run_large(len(raw), parse_inflated_register_body, raw)
+            else:
+                reg = await run_large(len(body), decode_register_body, body)
         except ValueError as exc:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"bad register body: {exc}")
         conn = ctx.connection

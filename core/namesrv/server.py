@@ -36,12 +36,7 @@ class NameServer:
         self.processors.register(self.table)
         if self.config.acl_enable:
             self.table.guard = guard_from_file(self.config.acl_file)
-        self.server = RemotingServer(
-            self.table,
-            self.config.host,
-            self.config.port,
-            max_frame_size=self.config.max_frame_size,
-        )
+        self.server = RemotingServer.from_config(self.table, self.config, "name server")
         self._cancel_scope: trio.CancelScope | None = None
         self._closing = False
 

@@ -21,7 +21,8 @@ class MqttConfig:
     """Settings of one MQTT gateway process."""
 
     # -- listeners ------------------------------------------------------------------
-    host: str = "0.0.0.0"
+    #: Bind address of every listener: loopback unless told otherwise (as Mosquitto 2).
+    host: str = "127.0.0.1"
     #: Plain TCP listener (MQTT's registered port); None disables it.
     port: int | None = 1883
     #: WebSocket listener (subprotocol "mqtt"); None disables it.

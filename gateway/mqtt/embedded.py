@@ -84,8 +84,11 @@ class _Status:
 
 
 async def run_standalone(config: MqttConfig, namesrv_addr: str,
-                         task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """The gateway alone, reaching the brokers of `namesrv_addr` over TCP."""
-    async with ClientInstance(namesrv_addr=namesrv_addr, **_credentials(config)) as client:
+                         task_status=trio.TASK_STATUS_IGNORED, *,
+                         client_options: dict | None = None) -> None:
+    """The gateway alone, reaching the brokers of `namesrv_addr` over TCP.
+    `client_options` are extra ClientConfig fields (TLS: tls, tls_ca_file, tls_verify)."""
+    async with ClientInstance(namesrv_addr=namesrv_addr, **_credentials(config),
+                              **(client_options or {})) as client:
         gateway = MqttGateway(config, client)
         await gateway.serve(task_status=task_status)

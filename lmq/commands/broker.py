@@ -11,6 +11,7 @@ from lmq.commands._broker_args import (
     add_broker_options,
     broker_overrides,
     log,
+    refuse_insecure,
     run_server,
     setup_logging,
 )
@@ -41,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         broker_config.auto_create_topic_enable = False
     if not broker_config.namesrv_addrs:
         log.error("no name server: give --namesrv-addr (or namesrv_addrs in --config)")
+        return 2
+    problem = refuse_insecure(broker_config)
+    if problem:
+        log.error("%s", problem)
         return 2
     server = EmbeddedServer(broker_config, None)
     return run_server(server)
