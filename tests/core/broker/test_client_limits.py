@@ -147,3 +147,23 @@ def test_heartbeat_size_and_entries_are_bounded(tmp_path):
 
     run_embedded(body, tmp_path, max_heartbeat_groups=16, max_heartbeat_subscriptions=40,
                  max_groups_per_connection=40, max_heartbeat_body_bytes=4096)
+
+
+def test_auto_created_groups_survive_a_restart(tmp_path):
+    from core.broker.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager
+
+    def manager() -> SubscriptionGroupManager:
+        m = SubscriptionGroupManager(str(tmp_path), max_auto_created=2)
+        m.load()
+        return m
+
+    m = manager()
+    assert m.find_or_create("CID_A") is not None and m.find_or_create("CID_B") is not None
+    assert m.find_or_create("CID_C") is None
+    m.persist()
+    m = manager()
+    assert m.find_or_create("CID_C") is None  # the count came back from the file
+    m.update(SubscriptionGroupConfig("CID_A", retry_queue_nums=4))  # adopted by an admin
+    assert m.find_or_create("CID_C") is not None
+    assert m.auto_created == {"CID_B", "CID_C"}
+    assert m.find_or_create("%LMQ%anything") is not None  # never stored, never counted
