@@ -65,6 +65,26 @@ class BrokerConfig:
     # few thousand descriptors, while a development setup auto-creates a few dozen.
     max_auto_created_topics: int = 256
 
+    # client management: what one HEART_BEAT may register (docs/topics.md, "Consumer
+    # groups and heartbeats"). Each refusal uses RocketMQ's code, see each field.
+    # Subscription groups created because a client named one (autoCreateSubscriptionGroup
+    # above); beyond this an unknown group gets SUBSCRIPTION_GROUP_NOT_EXIST (26). Each
+    # costs an entry in subscriptionGroup.json (rewritten whole on a change) and, from a
+    # heartbeat, a %RETRY% topic, which counts against max_auto_created_topics.
+    max_auto_created_groups: int = 1000
+    # A heartbeat body is a few kB (one entry per producer/consumer group of a client
+    # instance). It bounds the work one heartbeat does on the loop: each TAG expression
+    # is capped (FilterLimits), but parsing tags costs ~0.15 s per MiB of them, so
+    # 256 KiB (a thousand subscriptions of 250 bytes) keeps a heartbeat under ~40 ms.
+    max_heartbeat_body_bytes: int = 256 * 1024
+    # Producer plus consumer entries in one heartbeat, and subscriptions over all its
+    # consumer entries: an application has a handful of groups, each a few topics.
+    max_heartbeat_groups: int = 256
+    max_heartbeat_subscriptions: int = 1024
+    # Groups (producer or consumer) one connection may be a member of; without it a
+    # connection could grow the broker's tables by max_heartbeat_groups per heartbeat.
+    max_groups_per_connection: int = 256
+
     # consumers and pulls
     long_polling: bool = True  # longPollingEnable
     short_polling_ms: int = 1000  # shortPollingTimeMills (long polling off)

@@ -129,6 +129,7 @@ class BrokerController:
             self.config_dir,
             auto_create=config.auto_create_subscription_group,
             retry_max_times=config.retry_max_times,
+            max_auto_created=config.max_auto_created_groups,
         )
         self.offset_manager = ConsumerOffsetManager(self.config_dir)
         self.consumer_manager = ConsumerManager(

@@ -24,7 +24,7 @@ from core.remoting.errors import HeaderError
 from core.remoting.inflate import InflateLimitError, inflate_async
 from core.store.results import PutStatus
 
-from .common import error
+from .common import error, java_int
 
 _rng = random.Random()
 
@@ -70,6 +70,16 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 _MISSING = "missing required ext field"
 
 
+def _fast_int(value: object) -> int:
+    """java_int for the usual forms only (a JSON number, unsigned digits); anything else
+    raises and the header takes the checked path."""
+    if type(value) is int:
+        return value
+    if value.isdigit() and value.isascii():  # AttributeError for a non-string
+        return int(value)
+    raise ValueError(value)
+
+
 def _int(ext: dict, name: str, bounds: tuple[int, int], default: int | None = None) -> int:
     """One integer ext field, parsed inline: this runs several times per message (the
     generic `ext_int32` path costs ~15% of a send). `default=None` means required."""
@@ -79,8 +89,8 @@ def _int(ext: dict, name: str, bounds: tuple[int, int], default: int | None = No
             raise HeaderError(name, _MISSING)
         return default
     try:
-        number = int(value)
-    except (TypeError, ValueError):
+        number = java_int(value)
+    except ValueError:
         raise HeaderError(name, f"invalid integer {value!r} in ext field") from None
     if not bounds[0] <= number <= bounds[1]:
         raise HeaderError(name, f"value {number} out of range")
@@ -130,16 +140,16 @@ def decode_send_header(cmd: RemotingCommand) -> SendHeader:
         group = ext[n[0]]
         topic = ext[n[1]]
         default_topic = ext[n[2]]
-        queue_nums = int(ext[n[3]])
-        queue_id = int(ext[n[4]])
-        sys_flag = int(ext[n[5]])
-        born = int(ext[n[6]])
-        flag = int(ext[n[7]])
+        queue_nums = _fast_int(ext[n[3]])
+        queue_id = _fast_int(ext[n[4]])
+        sys_flag = _fast_int(ext[n[5]])
+        born = _fast_int(ext[n[6]])
+        flag = _fast_int(ext[n[7]])
         reconsume = ext.get(n[9])
-        reconsume = 0 if reconsume is None or reconsume == "" else int(reconsume)
+        reconsume = 0 if reconsume is None or reconsume == "" else _fast_int(reconsume)
         max_reconsume = ext.get(n[11])
         if max_reconsume is not None and max_reconsume != "":
-            max_reconsume = int(max_reconsume)
+            max_reconsume = _fast_int(max_reconsume)
             if not _I32_MIN <= max_reconsume <= _I32_MAX:
                 raise ValueError
         else:
@@ -156,7 +166,7 @@ def decode_send_header(cmd: RemotingCommand) -> SendHeader:
                 None if props is None else str(props), reconsume, _flag(cmd, ext, n[10]),
                 max_reconsume, batch,
             )
-    except (KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         pass
     props = ext.get(n[8])
     max_reconsume = ext.get(n[11])
