@@ -14,4 +14,6 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 VOLUME /data
 EXPOSE 9876 10911
-CMD ["lmq", "serve", "--data-dir", "/data"]
+# Published ports need a non-loopback bind inside the container; with ACL off that must
+# be allowed explicitly (docs/remoting.md).
+CMD ["lmq", "serve", "--data-dir", "/data", "--host", "0.0.0.0", "--allow-unauthenticated"]

@@ -1,6 +1,12 @@
 """The C++ client of the `rocketmq` wheel (0.4.4, rocketmq-client-cpp 1.2.3, protocol doc
 §0) as the comparison load of `lmq bench produce|consume --compare-cpp`.
 
+What it measures is the Apache C++ client driven from Python: the wheel's Python classes
+calling the C++ library through ctypes, from Python threads. Every send or consumed message
+also pays that layer, so the figures are not those of a C++ program using the library
+directly; the bench output says "the C++ client via its Python wheel" (and the JSON
+`cpp_driver` field what exactly) for that reason.
+
 The wheel's native threads (network, rebalance, consume pool) must not share a process
 with the bench's trio loop, so the load runs in a child process:
 
@@ -38,6 +44,9 @@ from typing import Any
 STARTUP_S = 20.0
 SHUTDOWN_S = 10.0
 SEND_TIMEOUT_MS = 10_000  # = our producer's send_timeout in the bench
+# What --compare-cpp figures measure (reported with them).
+CPP_DRIVER = ("Apache rocketmq-client-cpp 1.2.3 through the Python wheel rocketmq 0.4.4 "
+              "(ctypes), driven by Python threads")
 LOG_LEVEL_WARN = 3  # rocketmq-client-cpp CLogLevel: per-pull INFO lines would slow it down
 
 

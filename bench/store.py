@@ -3,13 +3,19 @@ same run (a loop that only packs 256-byte records into a mapped file: what CPyth
 before any store logic).
 
 Figures (JSON keys): put_msgs_per_s_1cq (256 B bodies, one queue), put_msgs_per_s_4lmq
-(each message also dispatched to 4 LMQs), put_batch_* (the same through put_batch, 32 per
-call), put_mb_per_s_4k (4 KiB bodies, MB = 1e6 body bytes), get_msgs_per_s (32 per get),
+(each message also dispatched to 4 LMQs out of 1,000: always in the LMQ offset cache),
+put_msgs_per_s_4lmq_100k / _1m (4 LMQs out of 100,000 / 1,000,000 LMQs that exist
+already, picked at random: the cache holds 100,000 by default, so the 1M case mostly
+misses it and reads RocksDB), put_batch_* (through put_batch, 32 per call),
+put_mb_per_s_4k (4 KiB bodies, MB = 1e6 body bytes), get_msgs_per_s (32 per get),
 recovery_s_1gib (MessageStore.start() after kill -9 of a writer that wrote 1 GiB),
 rss_mb_1m_lmq (anonymous RSS added by 1M LMQs of one message each, in a fresh process),
 raw_pack_msgs_per_s / raw_pack_mb_per_s_4k (the ceilings), and *_ratio = figure / ceiling.
-Every message carries TAGS and UNIQ_KEY, as real producers send them. Throughputs are
-the best of 3 rounds (the machine is shared; the best round is the least disturbed).
+Every message carries TAGS and UNIQ_KEY, as real producers send them.
+
+Each throughput is the median of 3 timed rounds of equal size (the machine is shared:
+the median is neither the luckiest nor the unluckiest round); the rounds themselves are
+under <key>_rounds.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ import gc
 import json
 import mmap
 import os
+import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,15 +45,21 @@ HOST = b"\x7f\0\0\1\0\0\0\0"
 # disk is busy with other things (a really full disk still fails the puts: ENOSPC).
 NO_DISK_LIMITS = {"disk_max_used_ratio": 1.0, "disk_full_ratio": 1.0}
 
-ROUNDS = 3  # throughput figures are the best of this many rounds
+ROUNDS = 3  # throughput figures are the median of this many rounds
+# "lmq_100k" / "lmq_1m": LMQ populations (and the messages put over each) of the figures
+# named after the full sizes.
 FULL = {"put": 400_000, "lmq": 200_000, "big": 60_000, "raw": 1_000_000,
-        "recovery_bytes": 1 << 30, "rss_lmqs": 1_000_000}
+        "recovery_bytes": 1 << 30, "rss_lmqs": 1_000_000,
+        "lmq_100k": (100_000, 150_000), "lmq_1m": (1_000_000, 60_000)}
 QUICK = {"put": 20_000, "lmq": 10_000, "big": 3_000, "raw": 50_000,
-         "recovery_bytes": 16 << 20, "rss_lmqs": 20_000}
+         "recovery_bytes": 16 << 20, "rss_lmqs": 20_000,
+         "lmq_100k": (2_000, 6_000), "lmq_1m": (20_000, 6_000)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument("--no-lmq-1m", action="store_true",
+                        help="skip the put over 1M existing LMQs (~30 s of the full run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--data-dir", help="where to create stores (default: a temp dir)")
 
@@ -67,7 +81,7 @@ def raw_pack(n: int, body_size: int, directory: str) -> float:
     pack16 = INT16.pack_into
     crc32 = zlib.crc32
     blen = len(body)
-    best = 0.0
+    rates = []
     pos = 0
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
@@ -84,10 +98,10 @@ def raw_pack(n: int, body_size: int, directory: str) -> float:
             pack16(mm, p, len(props))
             mm[p + 2 : p + 2 + len(props)] = props
             pos += total
-        best = max(best, (n // ROUNDS) / (time.perf_counter() - t0))
+        rates.append((n // ROUNDS) / (time.perf_counter() - t0))
     mm.close()
     os.unlink(path)
-    return best
+    return statistics.median(rates)
 
 
 # ---------------------------------------------------------------------- store figures
@@ -102,6 +116,29 @@ def _messages(n: int, body_size: int, lmqs: int, queue_id: int = 0) -> list[Inne
     return out
 
 
+def _lmq_messages(n: int, population: int, queue_id: int) -> list[InnerMessage]:
+    """n messages of 256 B, each dispatched to 4 distinct LMQs of %LMQ%p0..population-1
+    picked at random (the same every run)."""
+    rng = random.Random(population)
+    body = os.urandom(256)
+    return [
+        InnerMessage("Bench", body, queue_id=queue_id, properties={
+            "TAGS": "TagA", "UNIQ_KEY": f"{i:032X}",
+            "INNER_MULTI_DISPATCH": ",".join(f"%LMQ%p{x}" for x in rng.sample(range(population), 4)),
+        })
+        for i in range(n)
+    ]
+
+
+def _create_lmqs(store: MessageStore, population: int) -> None:
+    """One message in each of %LMQ%p0..population-1 (not timed)."""
+    for start in range(0, population, 1000):
+        store.put_batch([
+            InnerMessage("Warm", b"w", properties={"INNER_MULTI_DISPATCH": f"%LMQ%p{i}"})
+            for i in range(start, min(population, start + 1000))
+        ])
+
+
 def _store(directory: str, name: str) -> MessageStore:
     path = os.path.join(directory, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -110,15 +147,15 @@ def _store(directory: str, name: str) -> MessageStore:
     return store
 
 
-def _timed_puts(store: MessageStore, msgs: list[InnerMessage], batch: int) -> float:
-    """Best of ROUNDS rounds (each a third of `msgs`): this machine is shared, and the best
-    round is the one least disturbed by other processes."""
+def _timed_puts(store: MessageStore, msgs: list[InnerMessage], batch: int) -> list[float]:
+    """The msg/s of each of ROUNDS rounds (each a third of `msgs`); the caller reports
+    their median."""
     put, put_batch = store.put, store.put_batch
     # The prepared messages are not part of what is measured: keep the cyclic GC from
     # re-traversing them (a broker does not hold hundreds of thousands of messages).
     gc.collect()
     gc.freeze()
-    best = 0.0
+    rates = []
     n = len(msgs) // ROUNDS
     for r in range(ROUNDS):
         part = msgs[r * n : (r + 1) * n]
@@ -129,24 +166,30 @@ def _timed_puts(store: MessageStore, msgs: list[InnerMessage], batch: int) -> fl
         else:
             for i in range(0, n, batch):
                 put_batch(part[i : i + batch])
-        best = max(best, n / (time.perf_counter() - t0))
-    rate = best
+        rates.append(n / (time.perf_counter() - t0))
     gc.unfreeze()
     if store.stats()["put_errors"]:
         raise RuntimeError(f"puts were refused (disk full?): {store.stats()}")
-    return rate
+    return rates
 
 
-def put_figures(directory: str, sizes: dict) -> dict:
-    out = {}
+def _record(out: dict, key: str, rates: list[float]) -> None:
+    out[key] = statistics.median(rates)
+    out[key + "_rounds"] = rates
+
+
+def put_figures(directory: str, sizes: dict, lmq_1m: bool = True) -> dict:
+    out: dict = {}
     store = _store(directory, "put")
     try:
-        out["put_msgs_per_s_1cq"] = _timed_puts(store, _messages(sizes["put"], 256, 0), 1)
-        out["put_batch_msgs_per_s_1cq"] = _timed_puts(store, _messages(sizes["put"], 256, 0, 1), 32)
-        out["put_msgs_per_s_4lmq"] = _timed_puts(store, _messages(sizes["lmq"], 256, 4, 2), 1)
-        out["put_batch_msgs_per_s_4lmq"] = _timed_puts(store, _messages(sizes["lmq"], 256, 4, 3), 32)
-        # get: drain queue 0 (sizes["put"] messages), 32 per call; best of ROUNDS passes
-        best = 0.0
+        _record(out, "put_msgs_per_s_1cq", _timed_puts(store, _messages(sizes["put"], 256, 0), 1))
+        _record(out, "put_batch_msgs_per_s_1cq",
+                _timed_puts(store, _messages(sizes["put"], 256, 0, 1), 32))
+        _record(out, "put_msgs_per_s_4lmq", _timed_puts(store, _messages(sizes["lmq"], 256, 4, 2), 1))
+        _record(out, "put_batch_msgs_per_s_4lmq",
+                _timed_puts(store, _messages(sizes["lmq"], 256, 4, 3), 32))
+        # get: drain queue 0 (sizes["put"] messages), 32 per call; median of ROUNDS passes
+        rates = []
         for _ in range(ROUNDS):
             n = 0
             off = 0
@@ -157,16 +200,26 @@ def put_figures(directory: str, sizes: dict) -> dict:
                     break
                 n += g.message_count
                 off = g.next_begin_offset
-            best = max(best, n / (time.perf_counter() - t0))
-        out["get_msgs_per_s"] = best
+            rates.append(n / (time.perf_counter() - t0))
+        _record(out, "get_msgs_per_s", rates)
         out["put_latency_us"] = store.stats()["put_latency_us"]
     finally:
         store.shutdown()
         shutil.rmtree(os.path.join(directory, "put"), ignore_errors=True)
+    for key in ("lmq_100k", "lmq_1m") if lmq_1m else ("lmq_100k",):
+        population, n = sizes[key]
+        store = _store(directory, key)
+        try:
+            _create_lmqs(store, population)
+            _record(out, f"put_msgs_per_s_4{key}", _timed_puts(store, _lmq_messages(n, population, 0), 1))
+            out[f"{key}_population"] = population
+        finally:
+            store.shutdown()
+            shutil.rmtree(os.path.join(directory, key), ignore_errors=True)
     store = _store(directory, "big")
     try:
-        rate = _timed_puts(store, _messages(sizes["big"], 4096, 0), 1)
-        out["put_mb_per_s_4k"] = rate * 4096 / 1e6
+        rates = [r * 4096 / 1e6 for r in _timed_puts(store, _messages(sizes["big"], 4096, 0), 1)]
+        _record(out, "put_mb_per_s_4k", rates)
     finally:
         store.shutdown()
         shutil.rmtree(os.path.join(directory, "big"), ignore_errors=True)
@@ -265,32 +318,49 @@ def rss_figure(directory: str, n: int) -> dict:
 
 
 # ---------------------------------------------------------------------- main
-def measure(directory: str, quick: bool) -> dict:
+def measure(directory: str, quick: bool, lmq_1m: bool = True) -> dict:
     sizes = QUICK if quick else FULL
-    out: dict = {"quick": quick}
+    out: dict = {"quick": quick, "rounds": ROUNDS, "statistic": "median"}
     out["raw_pack_msgs_per_s"] = raw_pack(sizes["raw"], 256, directory)
     out["raw_pack_mb_per_s_4k"] = raw_pack(sizes["raw"] // 8, 4096, directory) * 4096 / 1e6
-    out.update(put_figures(directory, sizes))
+    out.update(put_figures(directory, sizes, lmq_1m))
     out.update(recovery_figure(directory, sizes["recovery_bytes"]))
     out.update(rss_figure(directory, sizes["rss_lmqs"]))
     ceiling = out["raw_pack_msgs_per_s"]
     for key in ("put_msgs_per_s_1cq", "put_batch_msgs_per_s_1cq", "put_msgs_per_s_4lmq",
-                "put_batch_msgs_per_s_4lmq", "get_msgs_per_s"):
-        out[key.replace("_msgs_per_s", "") + "_ratio"] = out[key] / ceiling
+                "put_batch_msgs_per_s_4lmq", "put_msgs_per_s_4lmq_100k", "put_msgs_per_s_4lmq_1m",
+                "get_msgs_per_s"):
+        if key in out:
+            out[key.replace("_msgs_per_s", "") + "_ratio"] = out[key] / ceiling
     out["put_4k_ratio"] = out["put_mb_per_s_4k"] / out["raw_pack_mb_per_s_4k"]
     return out
+
+
+def _rate(res: dict, key: str, unit: str = "msg/s") -> str:
+    """The median, then the spread of the rounds it is the median of."""
+    rounds = res.get(key + "_rounds")
+    spread = f" ({min(rounds):,.0f}-{max(rounds):,.0f})" if rounds else ""
+    return f"{res[key]:,.0f} {unit}{spread}"
 
 
 def _table(res: dict) -> str:
     rows = [
         ("raw pack 256 B (ceiling)", f"{res['raw_pack_msgs_per_s']:,.0f} msg/s", ""),
-        ("put, 1 CQ, 256 B", f"{res['put_msgs_per_s_1cq']:,.0f} msg/s", res["put_1cq_ratio"]),
-        ("put_batch(32), 1 CQ", f"{res['put_batch_msgs_per_s_1cq']:,.0f} msg/s", res["put_batch_1cq_ratio"]),
-        ("put, 4 LMQs, 256 B", f"{res['put_msgs_per_s_4lmq']:,.0f} msg/s", res["put_4lmq_ratio"]),
-        ("put_batch(32), 4 LMQs", f"{res['put_batch_msgs_per_s_4lmq']:,.0f} msg/s", res["put_batch_4lmq_ratio"]),
-        ("get, 32 per call", f"{res['get_msgs_per_s']:,.0f} msg/s", res["get_ratio"]),
+        ("put, 1 CQ, 256 B", _rate(res, "put_msgs_per_s_1cq"), res["put_1cq_ratio"]),
+        ("put_batch(32), 1 CQ", _rate(res, "put_batch_msgs_per_s_1cq"), res["put_batch_1cq_ratio"]),
+        ("put, 4 of 1k LMQs (cached)", _rate(res, "put_msgs_per_s_4lmq"), res["put_4lmq_ratio"]),
+        ("put_batch(32), 4 of 1k LMQs", _rate(res, "put_batch_msgs_per_s_4lmq"),
+         res["put_batch_4lmq_ratio"]),
+    ]
+    for key, name in (("lmq_100k", "100k"), ("lmq_1m", "1M")):
+        if f"put_msgs_per_s_4{key}" in res:
+            label = f"put, 4 of {res[key + '_population']:,} LMQs" if res["quick"] else \
+                f"put, 4 of {name} LMQs"
+            rows.append((label, _rate(res, f"put_msgs_per_s_4{key}"), res[f"put_4{key}_ratio"]))
+    rows += [
+        ("get, 32 per call", _rate(res, "get_msgs_per_s"), res["get_ratio"]),
         ("raw pack 4 KiB (ceiling)", f"{res['raw_pack_mb_per_s_4k']:,.0f} MB/s", ""),
-        ("put, 4 KiB bodies", f"{res['put_mb_per_s_4k']:,.0f} MB/s", res["put_4k_ratio"]),
+        ("put, 4 KiB bodies", _rate(res, "put_mb_per_s_4k", "MB/s"), res["put_4k_ratio"]),
         ("restart after kill -9", f"{res['recovery_s_1gib']:.2f} s "
          f"({res['recovery_written_bytes'] / 2**30:.2f} GiB written, "
          f"{res['recovery_rescanned_bytes'] / 2**20:.1f} MiB rescanned)", ""),
@@ -304,6 +374,16 @@ def _table(res: dict) -> str:
     for name, value, ratio in rows:
         r = f"{ratio:.2f}" if isinstance(ratio, float) else ""
         lines.append(f"{name:<{width}}  {value:<52} {r}")
+    lines += [
+        "",
+        f"msg/s, MB/s: median of {res['rounds']} timed rounds of equal size in one process; in",
+        "  brackets the slowest and fastest round. Ceilings are medians too.",
+        "ratio to ceiling: the median / the raw pack median of the same body size.",
+        "4 of 1k LMQs: each message also dispatched to 4 LMQs out of 1,000, always in the",
+        "  LMQ offset cache. 4 of 100k / 1M: out of that many LMQs that exist already,",
+        "  picked at random (the cache holds lmq_offset_cache_size = 100,000 by default).",
+        "put latency: per put call, over every put of the run (store.stats()).",
+    ]
     return "\n".join(lines)
 
 
@@ -315,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         os.makedirs(base, exist_ok=True)
     try:
-        res = measure(base, args.quick)
+        res = measure(base, args.quick, not args.no_lmq_1m)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

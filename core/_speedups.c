@@ -74,9 +74,18 @@ static inline uint32_t get_u32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-static int as_i64(PyObject *o, long long *out)
+/* Every entry point takes exact types (int, not bool or an object with __index__; bytes,
+ * not a subclass; list, dict, tuple, str): converting them runs no Python code, so nothing
+ * a caller controls can change a container between a check and its use. Where Python code
+ * does run (a put callback, a hostile key's __eq__ during a dict lookup), what is used
+ * across it is held by a strong reference and sizes are read again. */
+static int as_i64(PyObject *o, long long *out, const char *what)
 {
-    long long v = PyLong_AsLongLong(o);
+    if (!PyLong_CheckExact(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(o);  /* OverflowError past int64 */
     if (v == -1 && PyErr_Occurred())
         return -1;
     *out = v;
@@ -85,10 +94,30 @@ static int as_i64(PyObject *o, long long *out)
 
 static int as_i32(PyObject *o, long long *out, const char *what)
 {
-    if (as_i64(o, out) < 0)
+    if (as_i64(o, out, what) < 0)
         return -1;
     if (*out < INT32_MIN || *out > INT32_MAX) {
         PyErr_Format(PyExc_OverflowError, "%s out of int32 range", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *mmap_type;  /* mmap.mmap */
+
+/* The writable target of a record: an exact bytearray or mmap.mmap (a subclass could
+ * override what a Python slice assignment does). A read-only one is a TypeError. */
+static int get_target(PyObject *o, Py_buffer *b)
+{
+    if (!PyByteArray_CheckExact(o) && (PyObject *)Py_TYPE(o) != mmap_type) {
+        PyErr_SetString(PyExc_TypeError, "the target must be a bytearray or an mmap");
+        return -1;
+    }
+    if (PyObject_GetBuffer(o, b, PyBUF_WRITABLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "the target is not writable");
+        }
         return -1;
     }
     return 0;
@@ -120,8 +149,13 @@ static const char OFFSETS_PAIR[] = "\x02INNER_MULTI_QUEUE_OFFSET\x01";
 static PyObject *sp_crc32(PyObject *self, PyObject *arg)
 {
     Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {  /* not contiguous */
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "crc32 needs a contiguous bytes-like object");
+        }
         return NULL;
+    }
     uint32_t c = crc32_buf(b.buf, b.len);
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLong(c);
@@ -131,8 +165,16 @@ static PyObject *sp_crc32(PyObject *self, PyObject *arg)
  * encode_props(props: dict[str, str], offsets: list[int] | None) -> bytes
  * "\x02".join(k + "\x01" + v for k, v in props.items()) in UTF-8. With offsets: WAIT and
  * INNER_MULTI_QUEUE_OFFSET pairs are left out and "\x02INNER_MULTI_QUEUE_OFFSET\x01" plus
- * the offsets joined by "," is appended. A non-str key or value is a TypeError, a lone
- * surrogate a UnicodeEncodeError (as str.join/str.encode raise them). */
+ * the offsets joined by "," is appended. Exact types only (a dict, str names and values, a
+ * list of ints in int64): anything else is a TypeError (OverflowError past int64), a lone
+ * surrogate a UnicodeEncodeError (as str.encode raises it). Everything is converted (the
+ * offsets formatted, every string's UTF-8 taken) before the output is sized; the copy is
+ * still checked against that size. */
+static int dropped(PyObject *k)
+{
+    return PyUnicode_Compare(k, S_WAIT) == 0 || PyUnicode_Compare(k, S_MULTI_OFFSETS) == 0;
+}
+
 static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
@@ -140,30 +182,14 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     PyObject *props = args[0], *offsets = args[1];
-    if (!PyDict_Check(props)) {
+    if (!PyDict_CheckExact(props)) {
         PyErr_SetString(PyExc_TypeError, "properties must be a dict");
         return NULL;
     }
     int multi = offsets != Py_None;
-    if (multi && !PyList_Check(offsets)) {
+    if (multi && !PyList_CheckExact(offsets)) {
         PyErr_SetString(PyExc_TypeError, "offsets must be a list");
         return NULL;
-    }
-    /* Pass 1: sizes (and the UTF-8 of every string, cached by CPython for non-ASCII). */
-    Py_ssize_t pos = 0, total = 0, npairs = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(props, &pos, &k, &v)) {
-        if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
-            PyErr_SetString(PyExc_TypeError, "property names and values must be str");
-            return NULL;
-        }
-        if (multi && (PyUnicode_Compare(k, S_WAIT) == 0 || PyUnicode_Compare(k, S_MULTI_OFFSETS) == 0))
-            continue;
-        Py_ssize_t kl, vl;
-        if (!PyUnicode_AsUTF8AndSize(k, &kl) || !PyUnicode_AsUTF8AndSize(v, &vl))
-            return NULL;
-        total += kl + vl + 1 + (npairs ? 1 : 0);
-        npairs++;
     }
     /* The offsets text, formatted once into a small buffer (or the heap past it). */
     char small[512];
@@ -171,14 +197,16 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t olen = 0;
     if (multi) {
         Py_ssize_t noff = PyList_GET_SIZE(offsets);
+        if (noff > PY_SSIZE_T_MAX / 21)
+            return PyErr_NoMemory();
         if (noff * 21 > (Py_ssize_t)sizeof small) {
             otext = PyMem_Malloc(noff * 21);
             if (!otext)
                 return PyErr_NoMemory();
         }
-        for (Py_ssize_t i = 0; i < noff; i++) {
+        for (Py_ssize_t i = 0; i < noff && i < PyList_GET_SIZE(offsets); i++) {
             long long o;
-            if (as_i64(PyList_GET_ITEM(offsets, i), &o) < 0) {
+            if (as_i64(PyList_GET_ITEM(offsets, i), &o, "an offset") < 0) {
                 if (otext != small)
                     PyMem_Free(otext);
                 return NULL;
@@ -187,23 +215,39 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
                 otext[olen++] = ',';
             olen += format_i64(otext + olen, o);
         }
-        total += OFFSETS_PAIR_LEN + olen;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (!out) {
-        if (otext != small)
-            PyMem_Free(otext);
-        return NULL;
+    /* Sizes, and the UTF-8 of every string (cached by CPython in the str). */
+    Py_ssize_t pos = 0, total = multi ? (Py_ssize_t)OFFSETS_PAIR_LEN + olen : 0, npairs = 0;
+    PyObject *k, *v, *out = NULL;
+    while (PyDict_Next(props, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) {
+            PyErr_SetString(PyExc_TypeError, "property names and values must be str");
+            goto done;
+        }
+        if (multi && dropped(k))
+            continue;
+        Py_ssize_t kl, vl;
+        if (!PyUnicode_AsUTF8AndSize(k, &kl) || !PyUnicode_AsUTF8AndSize(v, &vl))
+            goto done;
+        total += kl + vl + 1 + (npairs ? 1 : 0);
+        npairs++;
     }
-    char *w = PyBytes_AS_STRING(out);
+    out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out)
+        goto done;
+    char *w = PyBytes_AS_STRING(out), *end = w + total;
     pos = 0;
     npairs = 0;
     while (PyDict_Next(props, &pos, &k, &v)) {
-        if (multi && (PyUnicode_Compare(k, S_WAIT) == 0 || PyUnicode_Compare(k, S_MULTI_OFFSETS) == 0))
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v) || (multi && dropped(k)))
             continue;
         Py_ssize_t kl, vl;
         const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
         const char *vs = PyUnicode_AsUTF8AndSize(v, &vl);
+        if (!ks || !vs)
+            goto changed;
+        if (kl + vl + 1 + (npairs ? 1 : 0) > end - w)
+            goto changed;
         if (npairs++)
             *w++ = '\x02';
         memcpy(w, ks, kl);
@@ -213,11 +257,20 @@ static PyObject *sp_encode_props(PyObject *self, PyObject *const *args, Py_ssize
         w += vl;
     }
     if (multi) {
+        if ((Py_ssize_t)OFFSETS_PAIR_LEN + olen != end - w)
+            goto changed;
         memcpy(w, OFFSETS_PAIR, OFFSETS_PAIR_LEN);
         memcpy(w + OFFSETS_PAIR_LEN, otext, olen);
-        if (otext != small)
-            PyMem_Free(otext);
+    } else if (w != end) {
+        goto changed;
     }
+    goto done;
+changed:  /* unreachable with exact types; never write past the buffer if it happens */
+    Py_CLEAR(out);
+    PyErr_SetString(PyExc_RuntimeError, "properties changed while being encoded");
+done:
+    if (otext != small)
+        PyMem_Free(otext);
     return out;
 }
 
@@ -256,9 +309,11 @@ static void pack_record(unsigned char *p, long long total, uint32_t crc, long lo
 /* ------------------------------------------------------------------ write_record
  * write_record(mm, pos, total, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
  *              born_host, store_ms, store_host, reconsume, prepared_offset, body, tail, pb)
- * Packs one v1 record (header, body, topic tail, properties length, properties) into the
- * writable buffer `mm` at `pos`; the body CRC is computed here. `total` must equal the
- * record size. Every argument is checked before a byte is written. */
+ * Packs one v1 record (header, body, topic tail, properties length, properties) into `mm`
+ * (an exact bytearray or mmap) at `pos`; the body CRC is computed here. `total` must equal
+ * the record size. Ints are exact ints (int32 or int64 as the field), hosts, tail and
+ * properties exact bytes, the body any C-contiguous buffer. Every argument is checked
+ * before a byte is written. */
 static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 17) {
@@ -266,20 +321,22 @@ static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     long long pos, total, qid, flag, qoff, phys, sys_flag, born_ts, store_ms, reconsume, prep;
-    if (as_i64(args[1], &pos) < 0 || as_i64(args[2], &total) < 0 ||
+    if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &total, "total") < 0 ||
         as_i32(args[3], &qid, "queue id") < 0 || as_i32(args[4], &flag, "flag") < 0 ||
-        as_i64(args[5], &qoff) < 0 || as_i64(args[6], &phys) < 0 ||
-        as_i32(args[7], &sys_flag, "sys flag") < 0 || as_i64(args[8], &born_ts) < 0 ||
-        as_i64(args[10], &store_ms) < 0 || as_i32(args[12], &reconsume, "reconsume times") < 0 ||
-        as_i64(args[13], &prep) < 0)
+        as_i64(args[5], &qoff, "queue offset") < 0 || as_i64(args[6], &phys, "phys") < 0 ||
+        as_i32(args[7], &sys_flag, "sys flag") < 0 ||
+        as_i64(args[8], &born_ts, "born timestamp") < 0 ||
+        as_i64(args[10], &store_ms, "store timestamp") < 0 ||
+        as_i32(args[12], &reconsume, "reconsume times") < 0 ||
+        as_i64(args[13], &prep, "prepared offset") < 0)
         return NULL;
     PyObject *born = args[9], *host = args[11], *tail = args[15], *pb = args[16];
-    if (!PyBytes_Check(born) || PyBytes_GET_SIZE(born) != 8 || !PyBytes_Check(host) ||
+    if (!PyBytes_CheckExact(born) || PyBytes_GET_SIZE(born) != 8 || !PyBytes_CheckExact(host) ||
         PyBytes_GET_SIZE(host) != 8) {
         PyErr_SetString(PyExc_ValueError, "hosts must be 8 bytes");
         return NULL;
     }
-    if (!PyBytes_Check(tail) || !PyBytes_Check(pb)) {
+    if (!PyBytes_CheckExact(tail) || !PyBytes_CheckExact(pb)) {
         PyErr_SetString(PyExc_TypeError, "tail and properties must be bytes");
         return NULL;
     }
@@ -289,15 +346,20 @@ static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_buffer body;
-    if (PyObject_GetBuffer(args[14], &body, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(args[14], &body, PyBUF_SIMPLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "the body must be a contiguous bytes-like object");
+        }
         return NULL;
+    }
     Py_buffer mm;
-    if (PyObject_GetBuffer(args[0], &mm, PyBUF_WRITABLE) < 0) {
+    if (get_target(args[0], &mm) < 0) {
         PyBuffer_Release(&body);
         return NULL;
     }
     PyObject *ret = NULL;
-    if (body.len > INT32_MAX || total != 88 + body.len + tlen + 2 + plen || total > UINT32_MAX) {
+    if (body.len > INT32_MAX || total != 88 + body.len + tlen + 2 + plen || total > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "record size does not match its parts");
         goto done;
     }
@@ -323,138 +385,185 @@ done:
  * by the caller) and none the message's own topic; offsets are the cached next offsets,
  * plus, inside a batch, bump[name] (the offsets earlier messages of the batch took; each
  * name's count goes up by one). None when that does not hold (the caller's general loop
- * decides); then bump is untouched. */
+ * decides); then bump is untouched. The names are read from a snapshot of the list (a
+ * dict lookup can run a hostile key's __eq__); cached and bump values must be ints. */
 static PyObject *sp_plan_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) ||
-        (args[3] != Py_None && !PyDict_Check(args[3]))) {
-        PyErr_SetString(PyExc_TypeError, "plan_lmqs(names: list, cache: dict, topic, bump)");
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyUnicode_CheckExact(args[2]) || (args[3] != Py_None && !PyDict_CheckExact(args[3]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "plan_lmqs(names: list, cache: dict, topic: str, bump: dict | None)");
         return NULL;
     }
-    PyObject *names = args[0], *cache = args[1], *bump = args[3];
+    PyObject *cache = args[1], *bump = args[3];
+    PyObject *names = PyList_AsTuple(args[0]);  /* strong: the list may change below */
+    if (!names)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *offsets = NULL, *targets = NULL, *ret = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "LMQ names must be str");
+            goto done;
+        }
+    }
     int has = PyDict_Contains(cache, args[2]);
-    if (has != 0)
-        return has < 0 ? NULL : Py_NewRef(Py_None);
-    Py_ssize_t n = PyList_GET_SIZE(names);
+    if (has != 0) {
+        ret = has < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {  /* all cached, before bump changes */
-        int in = PyDict_Contains(cache, PyList_GET_ITEM(names, i));
-        if (in <= 0)
-            return in < 0 ? NULL : Py_NewRef(Py_None);
+        int in = PyDict_Contains(cache, PyTuple_GET_ITEM(names, i));
+        if (in <= 0) {
+            ret = in < 0 ? NULL : Py_NewRef(Py_None);
+            goto done;
+        }
     }
-    PyObject *offsets = PyList_New(n);
-    PyObject *targets = offsets ? PyList_New(n) : NULL;
-    if (!targets) {
-        Py_XDECREF(offsets);
-        return NULL;
-    }
+    offsets = PyList_New(n);
+    targets = offsets ? PyList_New(n) : NULL;
+    if (!targets)
+        goto done;
     long created = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *name = PyList_GET_ITEM(names, i);
+        PyObject *name = PyTuple_GET_ITEM(names, i);
         PyObject *cached = PyDict_GetItemWithError(cache, name);
         long long off;
-        if (!cached || as_i64(cached, &off) < 0)
-            goto fail;
+        if (!cached) {  /* removed by a hostile key since it was checked */
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "the LMQ cache changed while planning");
+            goto done;
+        }
+        if (as_i64(cached, &off, "a cached offset") < 0)  /* before any other call */
+            goto done;
         if (bump != Py_None) {
             PyObject *b = PyDict_GetItemWithError(bump, name);
             long long extra = 0;
             if (!b && PyErr_Occurred())
-                goto fail;
-            if (b && as_i64(b, &extra) < 0)
-                goto fail;
+                goto done;
+            if (b && as_i64(b, &extra, "a bump count") < 0)
+                goto done;
+            if (extra == INT64_MAX || __builtin_add_overflow(off, extra, &off)) {
+                PyErr_SetString(PyExc_OverflowError, "LMQ offset out of int64 range");
+                goto done;
+            }
             PyObject *nb = PyLong_FromLongLong(extra + 1);
             if (!nb)
-                goto fail;
+                goto done;
             int r = PyDict_SetItem(bump, name, nb);
             Py_DECREF(nb);
             if (r < 0)
-                goto fail;
-            off += extra;
+                goto done;
         }
         PyObject *o = PyLong_FromLongLong(off);
         if (!o)
-            goto fail;
+            goto done;
         PyObject *t = PyTuple_Pack(2, name, o);
         if (!t) {
             Py_DECREF(o);
-            goto fail;
+            goto done;
         }
         PyList_SET_ITEM(offsets, i, o);
         PyList_SET_ITEM(targets, i, t);
         if (off == 0)
             created++;
     }
-    return Py_BuildValue("(NNl)", offsets, targets, created);
-fail:
-    Py_DECREF(offsets);
-    Py_DECREF(targets);
-    return NULL;
+    ret = Py_BuildValue("(OOl)", offsets, targets, created);
+done:
+    Py_XDECREF(offsets);
+    Py_XDECREF(targets);
+    Py_DECREF(names);
+    return ret;
 }
 
 /* ------------------------------------------------------------------ stage_units
  * stage_units(staged: dict, cache: dict, targets: list[tuple[str, int]], unit: bytes) -> int
  * LmqIndex.add_planned's loop: append (offset, unit) to staged[name] (a new list
  * [offset, unit] for a queue not staged yet), set cache[name] = offset + 1. Returns how many
- * offsets were 0 (new LMQs). */
+ * offsets were 0 (new LMQs). Every target is checked (a (str, int) tuple, offset in
+ * [0, 2**63 - 1)) before anything is staged. */
 static PyObject *sp_stage_units(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "stage_units(staged: dict, cache: dict, targets: list, unit)");
+    if (nargs != 4 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyList_CheckExact(args[2]) || !PyBytes_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "stage_units(staged: dict, cache: dict, targets: list, unit: bytes)");
         return NULL;
     }
-    PyObject *staged = args[0], *cache = args[1], *targets = args[2], *unit = args[3];
-    long created = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
-        PyObject *t = PyList_GET_ITEM(targets, i);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 2) {
+    PyObject *staged = args[0], *cache = args[1], *unit = args[3];
+    PyObject *targets = PyList_AsTuple(args[2]);  /* strong: the list may change below */
+    if (!targets)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(targets);
+    PyObject *ret = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(targets, i);
+        long long o;
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 0))) {
             PyErr_SetString(PyExc_TypeError, "targets must be (name, offset) tuples");
-            return NULL;
+            goto done;
         }
+        if (as_i64(PyTuple_GET_ITEM(t, 1), &o, "an LMQ offset") < 0)
+            goto done;
+        if (o < 0 || o == INT64_MAX) {
+            PyErr_SetString(PyExc_ValueError, "LMQ offset out of range");
+            goto done;
+        }
+    }
+    long created = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(targets, i);
         PyObject *name = PyTuple_GET_ITEM(t, 0), *off = PyTuple_GET_ITEM(t, 1);
+        long long o = PyLong_AsLongLong(off);  /* checked above */
         PyObject *units = PyDict_GetItemWithError(staged, name);
         if (units == NULL) {
             if (PyErr_Occurred())
-                return NULL;
+                goto done;
             units = PyList_New(2);
             if (!units)
-                return NULL;
+                goto done;
             PyList_SET_ITEM(units, 0, Py_NewRef(off));
             PyList_SET_ITEM(units, 1, Py_NewRef(unit));
             int r = PyDict_SetItem(staged, name, units);
             Py_DECREF(units);
             if (r < 0)
-                return NULL;
+                goto done;
         } else {
-            if (!PyList_Check(units)) {
+            if (!PyList_CheckExact(units)) {
                 PyErr_SetString(PyExc_TypeError, "staged units must be lists");
-                return NULL;
+                goto done;
             }
+            /* no Python code runs between the lookup and these appends */
             if (PyList_Append(units, off) < 0 || PyList_Append(units, unit) < 0)
-                return NULL;
+                goto done;
         }
-        long long o;
-        if (as_i64(off, &o) < 0)
-            return NULL;
         if (o == 0)
             created++;
         PyObject *next = PyLong_FromLongLong(o + 1);
         if (!next)
-            return NULL;
+            goto done;
         int r = PyDict_SetItem(cache, name, next);
         Py_DECREF(next);
         if (r < 0)
-            return NULL;
+            goto done;
     }
-    return PyLong_FromLong(created);
+    ret = PyLong_FromLong(created);
+done:
+    Py_DECREF(targets);
+    return ret;
 }
 
 /* ------------------------------------------------------------------ write_units
  * write_units(snapshot: dict[str, list], put, prefixes: dict[str, bytes]) -> int
  * LmqIndex.write_staged: for every queue name in sorted order, each staged (offset, value)
  * pair becomes put(b"u" name b"\x00" int64be(offset), value). `prefixes` caches the
- * b"u" name b"\x00" of each name (the caller bounds it). Returns the number of puts. */
+ * b"u" name b"\x00" of each name (the caller bounds it). Returns the number of puts.
+ * `put` is Python code that may change any of these containers: the prefix, the units
+ * list and the value of each call are held by strong references across it. */
 static PyObject *sp_write_units(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[2])) {
+    if (nargs != 3 || !PyDict_CheckExact(args[0]) || !PyCallable_Check(args[1]) ||
+        !PyDict_CheckExact(args[2])) {
         PyErr_SetString(PyExc_TypeError, "write_units(snapshot: dict, put, prefixes: dict)");
         return NULL;
     }
@@ -463,12 +572,19 @@ static PyObject *sp_write_units(PyObject *self, PyObject *const *args, Py_ssize_
     if (!names)
         return NULL;
     long count = 0;
-    PyObject *key = NULL;
-    if (PyList_Sort(names) < 0)
+    PyObject *prefix = NULL, *units = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "LMQ names must be str");
+            goto fail;
+        }
+    }
+    if (PyList_Sort(names) < 0)  /* str only: no Python code */
         goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
-        PyObject *name = PyList_GET_ITEM(names, i);
-        PyObject *prefix = PyDict_GetItemWithError(prefixes, name);
+        PyObject *name = PyList_GET_ITEM(names, i);  /* `names` is ours */
+        prefix = PyDict_GetItemWithError(prefixes, name);
+        Py_XINCREF(prefix);
         if (prefix == NULL) {
             if (PyErr_Occurred())
                 goto fail;
@@ -483,51 +599,48 @@ static PyObject *sp_write_units(PyObject *self, PyObject *const *args, Py_ssize_
             pp[0] = 'u';
             memcpy(pp + 1, ns, nl);
             pp[nl + 1] = 0;
-            int r = PyDict_SetItem(prefixes, name, prefix);
-            Py_DECREF(prefix);  /* the dict holds it */
-            if (r < 0)
+            if (PyDict_SetItem(prefixes, name, prefix) < 0)
                 goto fail;
         }
-        if (!PyBytes_Check(prefix)) {
+        if (!PyBytes_CheckExact(prefix)) {
             PyErr_SetString(PyExc_TypeError, "prefixes must be bytes");
             goto fail;
         }
         Py_ssize_t plen = PyBytes_GET_SIZE(prefix);
-        PyObject *units = PyDict_GetItemWithError(snapshot, name);
-        if (!units || !PyList_Check(units)) {
+        units = PyDict_GetItemWithError(snapshot, name);
+        Py_XINCREF(units);
+        if (!units || !PyList_CheckExact(units)) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError, "staged units must be lists");
             goto fail;
         }
-        Py_INCREF(units);
-        for (Py_ssize_t j = 0; j + 1 < PyList_GET_SIZE(units); j += 2) {
+        for (Py_ssize_t j = 0; j + 1 < PyList_GET_SIZE(units); j += 2) {  /* size re-read */
             long long off;
-            if (as_i64(PyList_GET_ITEM(units, j), &off) < 0) {
-                Py_DECREF(units);
+            if (as_i64(PyList_GET_ITEM(units, j), &off, "a unit offset") < 0)
                 goto fail;
-            }
-            key = PyBytes_FromStringAndSize(NULL, plen + 8);
-            if (!key) {
-                Py_DECREF(units);
+            PyObject *key = PyBytes_FromStringAndSize(NULL, plen + 8);
+            if (!key)
                 goto fail;
-            }
             memcpy(PyBytes_AS_STRING(key), PyBytes_AS_STRING(prefix), plen);
             put_u64((unsigned char *)PyBytes_AS_STRING(key) + plen, (uint64_t)off);
-            PyObject *callargs[2] = {key, PyList_GET_ITEM(units, j + 1)};
+            PyObject *value = Py_NewRef(PyList_GET_ITEM(units, j + 1));
+            PyObject *callargs[2] = {key, value};
             PyObject *r = PyObject_Vectorcall(put, callargs, 2, NULL);
-            Py_CLEAR(key);
-            if (!r) {
-                Py_DECREF(units);
+            Py_DECREF(key);
+            Py_DECREF(value);
+            if (!r)
                 goto fail;
-            }
             Py_DECREF(r);
             count++;
         }
-        Py_DECREF(units);
+        Py_CLEAR(units);
+        Py_CLEAR(prefix);
     }
     Py_DECREF(names);
     return PyLong_FromLong(count);
 fail:
+    Py_XDECREF(units);
+    Py_XDECREF(prefix);
     Py_DECREF(names);
     return NULL;
 }
@@ -633,24 +746,31 @@ static PyObject *canonical_multi(const unsigned char *p, Py_ssize_t n)
  * way the size checks of such an item are the caller's. */
 static PyObject *sp_split_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "split_batch(body: bytes, extra: bytes, ...9 more)");
+    if (nargs != 10 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "split_batch(body: bytes, extra: bytes, ...8 more)");
         return NULL;
     }
+    /* The truth tests first: they may run Python code (body and extra are immutable). */
+    int want_keys = PyObject_IsTrue(args[7]), want_uniq = PyObject_IsTrue(args[8]);
+    int multi_check = PyObject_IsTrue(args[9]);
+    if (want_keys < 0 || want_uniq < 0 || multi_check < 0)
+        return NULL;
     const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
     const unsigned char *extra = (const unsigned char *)PyBytes_AS_STRING(args[1]);
     Py_ssize_t xl = PyBytes_GET_SIZE(args[1]);
     long long fixed, max_record, max_body, max_props, x_tc = 0;
-    if (as_i64(args[2], &fixed) < 0 || as_i64(args[3], &max_record) < 0 ||
-        as_i64(args[4], &max_body) < 0 || as_i64(args[5], &max_props) < 0)
+    if (as_i64(args[2], &fixed, "fixed size") < 0 ||
+        as_i64(args[3], &max_record, "max record") < 0 ||
+        as_i64(args[4], &max_body, "max body") < 0 ||
+        as_i64(args[5], &max_props, "max properties") < 0)
         return NULL;
+    if (fixed < 0 || fixed > INT32_MAX || xl > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "split_batch: fixed size or extra out of range");
+        return NULL;
+    }
     int have_x_tc = args[6] != Py_None;
-    if (have_x_tc && as_i64(args[6], &x_tc) < 0)
-        return NULL;
-    int want_keys = PyObject_IsTrue(args[7]), want_uniq = PyObject_IsTrue(args[8]);
-    int multi_check = PyObject_IsTrue(args[9]);
-    if (want_keys < 0 || want_uniq < 0 || multi_check < 0)
+    if (have_x_tc && as_i64(args[6], &x_tc, "tag code") < 0)
         return NULL;
     PyObject *items = PyList_New(0);
     if (!items)
@@ -828,12 +948,56 @@ static int add_key_entry(PyObject *pending, char prefix, int32_t bucket, PyObjec
  *             cq_units, pending, topic_hash, bucket, x_keys, x_uniq) -> (i, pos)
  * Pass 2 of a MessageBatch put: records of items[i:] (split_batch items; the first item
  * of the batch has queue offset `queue_offset`, item i has queue_offset + i) packed into
- * `mm` from `pos` while they end at or before `limit`. For each: its offset msgId
- * (hex_host + %016X of base + pos) appended to `ids`, its ConsumeQueue unit (phys int64,
- * size int32, tag code int64) to the bytearray `cq_units`, and, when `pending` is a list,
- * its key-index entries (key_index.py layout; `topic_hash` is topic + "#"; x_keys /
- * x_uniq, when not None, are batch-level values that replace the item's). Returns where
- * it stopped: the next item and position (the caller rolls to a new file and goes on). */
+ * `mm` (an exact bytearray or mmap) from `pos` while they end at or before `limit`. For
+ * each: its offset msgId (hex_host + %016X of base + pos) appended to `ids`, its
+ * ConsumeQueue unit (phys int64, size int32, tag code int64) to the bytearray `cq_units`,
+ * and, when `pending` is a list, its key-index entries (key_index.py layout; `topic_hash`
+ * is topic + "#"; x_keys / x_uniq, when not None, are batch-level values that replace the
+ * item's). Returns where it stopped: the next item and position (the caller rolls to a
+ * new file and goes on). Checked as write_record checks, before a byte is written: exact
+ * types, 0 <= pos <= len(mm), 0 <= i <= len(items), and the fields of every item from i
+ * (int32 flag, body slice inside `body`, size matching its parts, properties at most 32767
+ * bytes, CRC in uint32, keys bytes or None). */
+static int bad_item(const char *why)
+{
+    PyErr_Format(PyExc_ValueError, "write_batch: %s", why);
+    return -1;
+}
+
+/* The fields of one split_batch item, checked. */
+static int batch_item(PyObject *it, Py_ssize_t bn, Py_ssize_t tlen, long long *flag,
+                      long long *b0, long long *blen, long long *tc, long long *total,
+                      long long *crc)
+{
+    if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 10) {
+        PyErr_SetString(PyExc_TypeError, "write_batch: an item must be a tuple of 10");
+        return -1;
+    }
+    PyObject *pb = PyTuple_GET_ITEM(it, 3), *keys = PyTuple_GET_ITEM(it, 7);
+    PyObject *uniq = PyTuple_GET_ITEM(it, 8);
+    if (as_i32(PyTuple_GET_ITEM(it, 0), flag, "flag") < 0 ||
+        as_i64(PyTuple_GET_ITEM(it, 1), b0, "body start") < 0 ||
+        as_i64(PyTuple_GET_ITEM(it, 2), blen, "body length") < 0 ||
+        as_i64(PyTuple_GET_ITEM(it, 4), tc, "tag code") < 0 ||
+        as_i64(PyTuple_GET_ITEM(it, 5), total, "record size") < 0 ||
+        as_i64(PyTuple_GET_ITEM(it, 6), crc, "body CRC") < 0)
+        return -1;
+    if (!PyBytes_CheckExact(pb) || (keys != Py_None && !PyBytes_CheckExact(keys)) ||
+        (uniq != Py_None && !PyBytes_CheckExact(uniq))) {
+        PyErr_SetString(PyExc_TypeError, "write_batch: properties and keys must be bytes");
+        return -1;
+    }
+    if (*b0 < 0 || *blen < 0 || *b0 > bn || *blen > bn - *b0 || *blen > INT32_MAX)
+        return bad_item("body slice outside the batch body");
+    if (PyBytes_GET_SIZE(pb) > 32767)
+        return bad_item("properties longer than 32767 bytes");
+    if (*total != 88 + *blen + tlen + 2 + PyBytes_GET_SIZE(pb) || *total > INT32_MAX)
+        return bad_item("record size does not match its parts");
+    if (*crc < 0 || *crc > UINT32_MAX)
+        return bad_item("body CRC out of range");
+    return 0;
+}
+
 static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 24) {
@@ -841,59 +1005,96 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     long long pos, limit, i0, qid, qoff, base, sys_flag, born_ts, store_ms, reconsume, bucket;
-    if (as_i64(args[1], &pos) < 0 || as_i64(args[2], &limit) < 0 || as_i64(args[4], &i0) < 0 ||
-        as_i32(args[5], &qid, "queue id") < 0 || as_i64(args[6], &qoff) < 0 ||
-        as_i64(args[7], &base) < 0 || as_i32(args[8], &sys_flag, "sys flag") < 0 ||
-        as_i64(args[9], &born_ts) < 0 || as_i64(args[11], &store_ms) < 0 ||
-        as_i32(args[13], &reconsume, "reconsume times") < 0 || as_i64(args[21], &bucket) < 0)
+    if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &limit, "limit") < 0 ||
+        as_i64(args[4], &i0, "item index") < 0 || as_i32(args[5], &qid, "queue id") < 0 ||
+        as_i64(args[6], &qoff, "queue offset") < 0 || as_i64(args[7], &base, "base") < 0 ||
+        as_i32(args[8], &sys_flag, "sys flag") < 0 ||
+        as_i64(args[9], &born_ts, "born timestamp") < 0 ||
+        as_i64(args[11], &store_ms, "store timestamp") < 0 ||
+        as_i32(args[13], &reconsume, "reconsume times") < 0 ||
+        as_i32(args[21], &bucket, "bucket") < 0)
         return NULL;
     PyObject *items = args[3], *born = args[10], *host = args[12], *body = args[14];
     PyObject *tail = args[15], *hexhost = args[16], *ids = args[17], *cq_units = args[18];
     PyObject *pending = args[19], *topic_hash = args[20], *x_keys = args[22], *x_uniq = args[23];
-    if (!PyList_Check(items) || !PyBytes_Check(born) || PyBytes_GET_SIZE(born) != 8 ||
-        !PyBytes_Check(host) || PyBytes_GET_SIZE(host) != 8 || !PyBytes_Check(body) ||
-        !PyBytes_Check(tail) || !PyUnicode_Check(hexhost) || !PyList_Check(ids) ||
-        !PyByteArray_Check(cq_units) || (pending != Py_None && !PyList_Check(pending)) ||
-        !PyBytes_Check(topic_hash) || (x_keys != Py_None && !PyList_Check(x_keys)) ||
-        (x_uniq != Py_None && !PyBytes_Check(x_uniq))) {
+    if (!PyList_CheckExact(items) || !PyBytes_CheckExact(born) || !PyBytes_CheckExact(host) ||
+        !PyBytes_CheckExact(body) || !PyBytes_CheckExact(tail) ||
+        !PyUnicode_CheckExact(hexhost) || !PyList_CheckExact(ids) ||
+        !PyByteArray_CheckExact(cq_units) || (pending != Py_None && !PyList_CheckExact(pending)) ||
+        !PyBytes_CheckExact(topic_hash) || (x_keys != Py_None && !PyList_CheckExact(x_keys)) ||
+        (x_uniq != Py_None && !PyBytes_CheckExact(x_uniq))) {
         PyErr_SetString(PyExc_TypeError, "write_batch: bad argument types");
         return NULL;
+    }
+    if (PyBytes_GET_SIZE(born) != 8 || PyBytes_GET_SIZE(host) != 8) {
+        PyErr_SetString(PyExc_ValueError, "hosts must be 8 bytes");
+        return NULL;
+    }
+    if (cq_units == args[0] || ids == items || pending == items || pending == ids ||
+        (x_keys != Py_None && (x_keys == ids || x_keys == pending))) {
+        PyErr_SetString(PyExc_ValueError, "write_batch: an output is also an input");
+        return NULL;
+    }
+    if (x_keys != Py_None) {
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(x_keys); k++) {
+            if (!PyBytes_CheckExact(PyList_GET_ITEM(x_keys, k))) {
+                PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+                return NULL;
+            }
+        }
     }
     Py_ssize_t hl;
     const char *hexs = PyUnicode_AsUTF8AndSize(hexhost, &hl);
     if (!hexs || hl > 64)
         return hexs ? (PyErr_SetString(PyExc_ValueError, "hex host too long"), NULL) : NULL;
-    Py_buffer mm;
-    if (PyObject_GetBuffer(args[0], &mm, PyBUF_WRITABLE) < 0)
+    /* No Python code runs from here on (exact types); the item list is still snapshotted
+     * and every item held while it is used. */
+    PyObject *snap = PyList_AsTuple(items);
+    if (!snap)
         return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(snap);
+    if (i0 < 0 || i0 > count) {
+        Py_DECREF(snap);
+        PyErr_SetString(PyExc_ValueError, "write_batch: item index out of range");
+        return NULL;
+    }
+    if (qoff > INT64_MAX - count || base < 0) {
+        Py_DECREF(snap);
+        PyErr_SetString(PyExc_OverflowError, "write_batch: queue offset or base out of range");
+        return NULL;
+    }
+    Py_buffer mm;
+    if (get_target(args[0], &mm) < 0) {
+        Py_DECREF(snap);
+        return NULL;
+    }
+    if (pos < 0 || pos > mm.len || base > INT64_MAX - mm.len) {
+        PyErr_SetString(PyExc_ValueError, "write_batch: position outside the mapping");
+        goto fail;
+    }
     if (limit > mm.len)
         limit = mm.len;
+    if (limit < 0)
+        limit = 0;
     const char *bsrc = PyBytes_AS_STRING(body);
     Py_ssize_t bn = PyBytes_GET_SIZE(body);
     Py_ssize_t tlen = PyBytes_GET_SIZE(tail);
     Py_ssize_t i = (Py_ssize_t)i0;
-    Py_ssize_t count = PyList_GET_SIZE(items);
     char idbuf[96];
     memcpy(idbuf, hexs, hl);
+    for (Py_ssize_t j = i; j < count; j++) {  /* all checked before a byte is written */
+        long long f, b, l, t, r, c;
+        if (batch_item(PyTuple_GET_ITEM(snap, j), bn, tlen, &f, &b, &l, &t, &r, &c) < 0)
+            goto fail;
+    }
     for (; i < count; i++) {
-        PyObject *it = PyList_GET_ITEM(items, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 10) {
-            PyErr_SetString(PyExc_TypeError, "write_batch: bad item");
-            goto fail;
-        }
+        PyObject *it = PyTuple_GET_ITEM(snap, i);  /* held by the snapshot */
         long long flag, b0, blen, tc, total, crc;
-        PyObject *pb = PyTuple_GET_ITEM(it, 3);
-        if (as_i64(PyTuple_GET_ITEM(it, 0), &flag) < 0 || as_i64(PyTuple_GET_ITEM(it, 1), &b0) < 0 ||
-            as_i64(PyTuple_GET_ITEM(it, 2), &blen) < 0 || as_i64(PyTuple_GET_ITEM(it, 4), &tc) < 0 ||
-            as_i64(PyTuple_GET_ITEM(it, 5), &total) < 0 || as_i64(PyTuple_GET_ITEM(it, 6), &crc) < 0)
+        if (batch_item(it, bn, tlen, &flag, &b0, &blen, &tc, &total, &crc) < 0)
             goto fail;
-        if (!PyBytes_Check(pb) || b0 < 0 || blen < 0 || b0 + blen > bn ||
-            total != 88 + blen + tlen + 2 + PyBytes_GET_SIZE(pb)) {
-            PyErr_SetString(PyExc_ValueError, "write_batch: inconsistent item");
-            goto fail;
-        }
-        if (pos + total > limit)
+        if (total > limit - pos)
             break;
+        PyObject *pb = PyTuple_GET_ITEM(it, 3);
         Py_ssize_t plen = PyBytes_GET_SIZE(pb);
         long long phys = base + pos;
         pack_record((unsigned char *)mm.buf + pos, total, (uint32_t)crc, qid, flag, qoff + i,
@@ -915,19 +1116,20 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         put_u32(unit + 8, (uint32_t)total);
         put_u64(unit + 12, (uint64_t)tc);
         Py_ssize_t ul = PyByteArray_GET_SIZE(cq_units);
-        if (PyByteArray_Resize(cq_units, ul + 20) < 0)
+        if (PyByteArray_Resize(cq_units, ul + 20) < 0) {
+            if (PyErr_ExceptionMatches(PyExc_BufferError)) {  /* exported elsewhere */
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "write_batch: cq_units cannot grow");
+            }
             goto fail;
+        }
         memcpy(PyByteArray_AS_STRING(cq_units) + ul, unit, 20);
         if (pending == Py_None)
             continue;
         /* key index: KEYS (space-separated), then UNIQ_KEY */
         if (x_keys != Py_None) {
             for (Py_ssize_t k = 0; k < PyList_GET_SIZE(x_keys); k++) {
-                PyObject *key = PyList_GET_ITEM(x_keys, k);
-                if (!PyBytes_Check(key)) {
-                    PyErr_SetString(PyExc_TypeError, "keys must be bytes");
-                    goto fail;
-                }
+                PyObject *key = PyList_GET_ITEM(x_keys, k);  /* checked exact bytes */
                 if (add_key_entry(pending, 'k', (int32_t)bucket, topic_hash, PyBytes_AS_STRING(key),
                                   PyBytes_GET_SIZE(key), store_ms, phys, total) < 0)
                     goto fail;
@@ -952,9 +1154,11 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
             goto fail;
     }
     PyBuffer_Release(&mm);
+    Py_DECREF(snap);
     return Py_BuildValue("(nL)", i, pos);
 fail:
     PyBuffer_Release(&mm);
+    Py_DECREF(snap);
     return NULL;
 }
 
@@ -986,6 +1190,13 @@ static struct PyModuleDef moddef = {
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     crc_init();
+    PyObject *mmap_mod = PyImport_ImportModule("mmap");
+    if (!mmap_mod)
+        return NULL;
+    mmap_type = PyObject_GetAttrString(mmap_mod, "mmap");
+    Py_DECREF(mmap_mod);
+    if (!mmap_type)
+        return NULL;
     S_WAIT = PyUnicode_InternFromString("WAIT");
     S_MULTI_OFFSETS = PyUnicode_InternFromString("INNER_MULTI_QUEUE_OFFSET");
     if (!S_WAIT || !S_MULTI_OFFSETS)

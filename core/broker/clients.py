@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.broker.filter import DEFAULT_FILTER_LIMITS, FilterLimits, FilterParseError
 from core.broker.filter.tags import parse_tag_expression
 
 SUB_ALL = "*"
@@ -45,6 +46,23 @@ def enum_name(value: Any, names: tuple[str, ...], default: str) -> str:
         if text in names:
             return text
     return default
+
+
+def check_expression_length(
+    expression_type: str | None, expression: str | None,
+    limits: FilterLimits = DEFAULT_FILTER_LIMITS,
+) -> None:
+    """FilterParseError (SUBSCRIPTION_PARSE_FAILED) when a peer's expression is longer
+    than the filter limits allow; checked before anything parses or stores it."""
+    if expression is None:
+        return
+    sql = (expression_type or EXPRESSION_TAG).upper() == EXPRESSION_SQL92
+    limit = limits.max_expression_length if sql else limits.max_tag_expression_length
+    if len(expression) > limit:
+        raise FilterParseError(
+            f"{'SQL92' if sql else 'tag'} expression is {len(expression)} characters long, "
+            f"the limit is {limit}"
+        )
 
 
 def parse_tags(sub_string: str | None) -> tuple[list[str], frozenset[int]] | None:
@@ -82,8 +100,12 @@ class SubscriptionData:
         return cls(topic, sub, etype, sub_version)
 
     @classmethod
-    def from_heartbeat(cls, raw: dict[str, Any]) -> SubscriptionData:
-        """Parse one `subscriptionDataSet` entry (C++ or Java form, §6.2)."""
+    def from_heartbeat(
+        cls, raw: dict[str, Any], limits: FilterLimits = DEFAULT_FILTER_LIMITS
+    ) -> SubscriptionData:
+        """Parse one `subscriptionDataSet` entry (C++ or Java form, §6.2). ValueError for
+        an unusable entry; FilterParseError (a ValueError) for an expression over the
+        limits, before it is parsed."""
         topic = raw.get("topic")
         if not isinstance(topic, str) or not topic:
             raise ValueError("subscription without topic")
@@ -92,12 +114,11 @@ class SubscriptionData:
         except ValueError:
             version = 0
         sub_string = raw.get("subString")
-        return cls.build(
-            topic,
-            sub_string if isinstance(sub_string, str) else None,
-            raw.get("expressionType") if isinstance(raw.get("expressionType"), str) else None,
-            version,
-        )
+        sub_string = sub_string if isinstance(sub_string, str) else None
+        etype = raw.get("expressionType")
+        etype = etype if isinstance(etype, str) else None
+        check_expression_length(etype, sub_string, limits)
+        return cls.build(topic, sub_string, etype, version)
 
     def same_filter(self, other: SubscriptionData) -> bool:
         return (
@@ -183,6 +204,18 @@ class ConsumerManager:
         self.groups: dict[str, ConsumerGroupInfo] = {}
         self.expiry_s = expiry_s
         self.on_change = on_change
+        self._by_connection: dict[Any, set[str]] = {}  # connection -> its groups
+
+    def groups_of_connection(self, connection: Any) -> set[str]:
+        """The groups `connection` is a member of (do not modify)."""
+        return self._by_connection.get(connection) or set()
+
+    def _left(self, group: str, connection: Any) -> None:
+        mine = self._by_connection.get(connection)
+        if mine is not None:
+            mine.discard(group)
+            if not mine:
+                del self._by_connection[connection]
 
     def _changed(self, group: str) -> None:
         if self.on_change is None:
@@ -218,6 +251,7 @@ class ConsumerManager:
             new_member = False
         else:
             info.channels[channel.connection] = channel
+            self._by_connection.setdefault(channel.connection, set()).add(group)
             new_member = True
         subs_changed = info.update_subscriptions(subscriptions)
         changed = new_member or subs_changed
@@ -234,6 +268,7 @@ class ConsumerManager:
         if ch is None or (client_id and ch.client_id != client_id):
             return False
         del info.channels[connection]
+        self._left(group, connection)
         if not info.channels:
             del self.groups[group]
         elif notify:
@@ -243,6 +278,7 @@ class ConsumerManager:
     def connection_closed(self, connection: Any) -> list[str]:
         """Drop `connection` from every group; returns the groups it left."""
         left = []
+        self._by_connection.pop(connection, None)
         for group, info in list(self.groups.items()):
             if info.channels.pop(connection, None) is None:
                 continue
@@ -262,6 +298,7 @@ class ConsumerManager:
             stale = [c for c, ch in info.channels.items() if now - ch.last_update > self.expiry_s]
             for conn in stale:
                 removed.append((group, info.channels.pop(conn).client_id, conn))
+                self._left(group, conn)
             if stale:
                 if not info.channels:
                     del self.groups[group]
@@ -286,6 +323,18 @@ class ProducerManager:
     def __init__(self, *, expiry_s: float = 120.0) -> None:
         self.groups: dict[str, dict[Any, ClientChannelInfo]] = {}
         self.expiry_s = expiry_s
+        self._by_connection: dict[Any, set[str]] = {}  # connection -> its groups
+
+    def groups_of_connection(self, connection: Any) -> set[str]:
+        """The groups `connection` is a member of (do not modify)."""
+        return self._by_connection.get(connection) or set()
+
+    def _left(self, group: str, connection: Any) -> None:
+        mine = self._by_connection.get(connection)
+        if mine is not None:
+            mine.discard(group)
+            if not mine:
+                del self._by_connection[connection]
 
     def register(self, group: str, channel: ClientChannelInfo) -> None:
         channels = self.groups.setdefault(group, {})
@@ -294,16 +343,19 @@ class ProducerManager:
             old.last_update = time.monotonic()
         else:
             channels[channel.connection] = channel
+            self._by_connection.setdefault(channel.connection, set()).add(group)
 
     def unregister(self, group: str, connection: Any) -> bool:
         channels = self.groups.get(group)
         if not channels or channels.pop(connection, None) is None:
             return False
+        self._left(group, connection)
         if not channels:
             del self.groups[group]
         return True
 
     def connection_closed(self, connection: Any) -> None:
+        self._by_connection.pop(connection, None)
         for group, channels in list(self.groups.items()):
             if channels.pop(connection, None) is not None and not channels:
                 del self.groups[group]
@@ -315,6 +367,7 @@ class ProducerManager:
         for group, channels in list(self.groups.items()):
             for conn in [c for c, ch in channels.items() if now - ch.last_update > self.expiry_s]:
                 removed.append((group, channels.pop(conn).client_id, conn))
+                self._left(group, conn)
             if not channels:
                 del self.groups[group]
         return removed

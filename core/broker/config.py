@@ -24,7 +24,7 @@ class BrokerConfig:
     broker_name: str = "broker-a"
     cluster_name: str = "DefaultCluster"
     broker_id: int = 0
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless told otherwise (docs/remoting.md)
     port: int = 10911
     # Address written into STOREHOST and registered with the name servers; clients
     # (the C++ consumer's send-back) connect to it (§5.1 step 5). None = derived from host.
@@ -47,13 +47,43 @@ class BrokerConfig:
     max_lmq_consume_queue_num: int = 20000
 
     # topics and groups
-    auto_create_topic: bool = True  # autoCreateTopicEnable
     auto_create_subscription_group: bool = True
     default_topic_queue_nums: int = 8
     cluster_topic_enable: bool = True
     broker_topic_enable: bool = True
     retry_max_times: int = 16  # SubscriptionGroupConfig.retryMaxTimes default
     max_topic_queue_nums: int = 1024  # UPDATE_AND_CREATE_TOPIC refuses more queues
+
+    # topics created by a send (autoCreateTopicEnable, docs/topics.md)
+    # None = the command's default: on for `lmq serve` (and embedded use), off for
+    # `lmq broker` (a cluster member), which is what RocketMQ users expect of each.
+    auto_create_topic_enable: bool | None = None
+    auto_create_topic: bool | None = None  # older name of the same setting
+    # Topics a send may create (TBW102 template or %RETRY% names) before sends to new
+    # names get TOPIC_NOT_EXIST. Each costs a ConsumeQueue file (a descriptor and a
+    # mapping) per written queue, up to default_topic_queue_nums: 256 stays within a
+    # few thousand descriptors, while a development setup auto-creates a few dozen.
+    max_auto_created_topics: int = 256
+
+    # client management: what one HEART_BEAT may register (docs/topics.md, "Consumer
+    # groups and heartbeats"). Each refusal uses RocketMQ's code, see each field.
+    # Subscription groups created because a client named one (autoCreateSubscriptionGroup
+    # above); beyond this an unknown group gets SUBSCRIPTION_GROUP_NOT_EXIST (26). Each
+    # costs an entry in subscriptionGroup.json (rewritten whole on a change) and, from a
+    # heartbeat, a %RETRY% topic, which counts against max_auto_created_topics.
+    max_auto_created_groups: int = 1000
+    # A heartbeat body is a few kB (one entry per producer/consumer group of a client
+    # instance). It bounds the work one heartbeat does on the loop: each TAG expression
+    # is capped (FilterLimits), but parsing tags costs ~0.15 s per MiB of them, so
+    # 256 KiB (a thousand subscriptions of 250 bytes) keeps a heartbeat under ~40 ms.
+    max_heartbeat_body_bytes: int = 256 * 1024
+    # Producer plus consumer entries in one heartbeat, and subscriptions over all its
+    # consumer entries: an application has a handful of groups, each a few topics.
+    max_heartbeat_groups: int = 256
+    max_heartbeat_subscriptions: int = 1024
+    # Groups (producer or consumer) one connection may be a member of; without it a
+    # connection could grow the broker's tables by max_heartbeat_groups per heartbeat.
+    max_groups_per_connection: int = 256
 
     # consumers and pulls
     long_polling: bool = True  # longPollingEnable
@@ -84,11 +114,56 @@ class BrokerConfig:
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
 
+    # access control (docs/acl.md)
+    acl_enable: bool = False  # aclEnable: every request is signed and checked
+    acl_file: str | None = None  # the TOML ACL file (plain_acl.yml keys)
+    # Credentials the broker signs its name-server requests with (REGISTER_BROKER needs
+    # an admin account when the name server has ACL on).
+    namesrv_access_key: str | None = None
+    namesrv_secret_key: str | None = field(default=None, repr=False)
+    # With ACL off, may TCP clients set INNER_* properties? (in-process peers always may;
+    # a stand-alone `lmq mqtt` gateway without ACL needs this on).
+    allow_inner_properties_without_acl: bool = False
+
+    # -- remoting listener: exposure, TLS, limits (docs/remoting.md) ----------------
+    #: Serve on a non-loopback host with ACL off (refused otherwise); logs a warning.
+    allow_unauthenticated_remote: bool = False
+    #: TLS on this port when both are set (PEM certificate chain and private key).
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    #: Open connections on this port / from one source address; more are closed at once.
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1_000
+    #: Descriptors kept free for the store: accept stops at RLIMIT_NOFILE minus this.
+    fd_reserve: int = 1_024
+    #: Bytes of partly received frames buffered for all peers of this port together;
+    #: the peer whose partial frame grows past it is closed.
+    max_pending_frame_bytes: int = 512 * 1024 * 1024
+    #: Close a connection silent (nothing read or written, no request running) this long
+    #: (Java's serverChannelMaxIdleTimeSeconds is 120).
+    idle_timeout_s: float = 120.0
+    #: Seconds a frame may take from its first byte to the end of its header, and from
+    #: there to its last body byte (slow or stalled senders are cut off).
+    frame_header_timeout_s: float = 10.0
+    frame_body_timeout_s: float = 60.0
+    #: TLS towards the name servers (registration): on/off, CA file (None = system
+    #: store), and whether to verify the certificate and host name.
+    namesrv_tls: bool = False
+    tls_ca_file: str | None = None
+    tls_verify: bool = True
+
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def topic_auto_creation(self) -> bool:
+        """autoCreateTopicEnable as resolved: either name, and on when neither is set."""
+        if self.auto_create_topic_enable is not None:
+            return self.auto_create_topic_enable
+        return self.auto_create_topic is not False
 
     @property
     def advertised_ip(self) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import trio
 
+from core.acl import credentials_or_none, guard_from_file, remoting_client
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
@@ -43,6 +44,7 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
 from core.remoting.processor import ProcessorTable
+from core.remoting.security import client_ssl_context
 from core.remoting.server import RemotingServer
 from core.store import MessageStore, PutResult, PutStatus, StoreConfig
 
@@ -115,7 +117,8 @@ class BrokerController:
             broker_name=config.broker_name,
             cluster_name=config.cluster_name,
             default_topic_queue_nums=config.default_topic_queue_nums,
-            auto_create_topic=config.auto_create_topic,
+            auto_create_topic=config.topic_auto_creation,
+            max_auto_created_topics=config.max_auto_created_topics,
             cluster_topic_enable=config.cluster_topic_enable,
             broker_topic_enable=config.broker_topic_enable,
             enable_lmq=config.enable_lmq,
@@ -126,6 +129,7 @@ class BrokerController:
             self.config_dir,
             auto_create=config.auto_create_subscription_group,
             retry_max_times=config.retry_max_times,
+            max_auto_created=config.max_auto_created_groups,
         )
         self.offset_manager = ConsumerOffsetManager(self.config_dir)
         self.consumer_manager = ConsumerManager(
@@ -146,6 +150,11 @@ class BrokerController:
         self.lock_manager = RebalanceLockManager(self)
 
         self.table = self.build_processor_table()
+        if config.acl_enable:
+            self.table.guard = guard_from_file(config.acl_file)
+        self.namesrv_credentials = credentials_or_none(
+            config.namesrv_access_key, config.namesrv_secret_key
+        )
         self.server: RemotingServer | None = None
         self.client: RemotingClient | None = None
         self._nursery: trio.Nursery | None = None
@@ -316,7 +325,10 @@ class BrokerController:
         }
         # A fresh client: this runs after the serving nursery (and its client) is gone.
         with trio.move_on_after(UNREGISTER_TIMEOUT_S):
-            async with RemotingClient(request_timeout=UNREGISTER_TIMEOUT_S) as client:
+            async with remoting_client(
+                self.namesrv_credentials, request_timeout=UNREGISTER_TIMEOUT_S,
+                ssl_context=self._namesrv_ssl()
+            ) as client:
                 async def one(addr: str) -> None:
                     try:
                         await client.invoke(
@@ -382,6 +394,12 @@ class BrokerController:
         self.subscription_group_manager.load()
         self.offset_manager.load()
 
+    def _namesrv_ssl(self):
+        """TLS context towards the name servers (None: plain TCP)."""
+        if not getattr(self.config, "namesrv_tls", False):
+            return None
+        return client_ssl_context(self.config.tls_ca_file, self.config.tls_verify)
+
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the broker until `stop()` or cancellation; reports itself when listening."""
         self._stop = trio.Event()
@@ -392,11 +410,14 @@ class BrokerController:
         try:
             for service in self.services:
                 service.load()
-            async with RemotingClient(request_timeout=self.config.register_timeout_s) as client:
+            async with remoting_client(
+                self.namesrv_credentials, request_timeout=self.config.register_timeout_s,
+                ssl_context=self._namesrv_ssl()
+            ) as client:
                 self.client = client
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    self.server = RemotingServer(self.table, self.config.host, self.config.port)
+                    self.server = RemotingServer.from_config(self.table, self.config, "broker")
                     await nursery.start(self.server.serve)
                     if self._group_commit is not None:
                         await nursery.start(self._group_commit.run)

@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 from core.broker.metadata import atomic_write_json, read_json
 from core.common import names
+
+log = logging.getLogger(__name__)
+
+# Default of BrokerConfig.max_auto_created_groups (the reason is given there).
+DEFAULT_MAX_AUTO_CREATED_GROUPS = 1000
 
 # JSON key of each field (Java bean names).
 _JSON_NAMES = {
@@ -60,17 +66,27 @@ class SubscriptionGroupConfig:
 
 class SubscriptionGroupManager:
     """Group table with auto-creation (`autoCreateSubscriptionGroup`, §9.3). Groups named
-    `%LMQ%…` are always accepted and never stored (§10.2)."""
+    `%LMQ%…` are always accepted and never stored (§10.2).
+
+    Groups created because a client named them (heartbeat, pull, send-back) rather than
+    by an administrator are remembered in `auto_created` (persisted as
+    `autoCreatedGroups`); once `max_auto_created` of them exist, an unknown group is
+    refused as if auto-creation were off (SUBSCRIPTION_GROUP_NOT_EXIST).
+    """
 
     FILE_NAME = "subscriptionGroup.json"
 
     def __init__(
-        self, config_dir: str, *, auto_create: bool = True, retry_max_times: int = 16
+        self, config_dir: str, *, auto_create: bool = True, retry_max_times: int = 16,
+        max_auto_created: int = DEFAULT_MAX_AUTO_CREATED_GROUPS,
     ) -> None:
         self.path = os.path.join(config_dir, self.FILE_NAME)
         self.table: dict[str, SubscriptionGroupConfig] = {}
         self._auto_create = auto_create
         self._retry_max_times = retry_max_times
+        self._max_auto_created = max_auto_created
+        self.auto_created: set[str] = set()
+        self._cap_logged = False
         self._dirty = False
 
     def load(self) -> None:
@@ -86,14 +102,17 @@ class SubscriptionGroupManager:
             names.TRANS_CHECK_GROUP,
         ):
             self.table.setdefault(group, self._new(group))
+        auto = data.get("autoCreatedGroups") or []
+        if isinstance(auto, list):
+            self.auto_created = {n for n in auto if isinstance(n, str) and n in self.table}
 
     def persist(self, *, force: bool = False) -> None:
         if not (self._dirty or force):
             return
-        atomic_write_json(
-            self.path,
-            {"subscriptionGroupTable": {n: g.to_json() for n, g in self.table.items()}},
-        )
+        atomic_write_json(self.path, {
+            "subscriptionGroupTable": {n: g.to_json() for n, g in self.table.items()},
+            "autoCreatedGroups": sorted(self.auto_created),
+        })
         self._dirty = False
 
     def _new(self, group: str) -> SubscriptionGroupConfig:
@@ -102,27 +121,49 @@ class SubscriptionGroupManager:
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self.table.get(group)
 
+    def may_create(self, group: str) -> bool:
+        """Would `find_or_create(group)` return a config? (logs the first refusal by the
+        cap only)"""
+        if group in self.table or names.is_lmq(group):
+            return True
+        if not self._auto_create:
+            return False
+        if len(self.auto_created) < self._max_auto_created:
+            return True
+        if not self._cap_logged:
+            self._cap_logged = True
+            log.warning(
+                "%d subscription groups were auto-created by clients (max_auto_created_groups):"
+                " new groups now get SUBSCRIPTION_GROUP_NOT_EXIST; create them with `lmq admin`",
+                len(self.auto_created),
+            )
+        return False
+
     def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
-        """The group's config; created with defaults when auto-creation is on, None when
-        it is off and the group is unknown (-> SUBSCRIPTION_GROUP_NOT_EXIST)."""
+        """The group's config; created with defaults when auto-creation is on and the cap
+        allows, None otherwise (-> SUBSCRIPTION_GROUP_NOT_EXIST)."""
         sg = self.table.get(group)
         if sg is not None:
             return sg
         if names.is_lmq(group):
             return self._new(group)
-        if not self._auto_create:
+        if not self.may_create(group):
             return None
         sg = self._new(group)
         self.table[group] = sg
+        self.auto_created.add(group)
         self._dirty = True
         return sg
 
     def update(self, sg: SubscriptionGroupConfig) -> None:
+        """Create or replace a group (administrator): it no longer counts as auto-created."""
         self.table[sg.group_name] = sg
+        self.auto_created.discard(sg.group_name)
         self._dirty = True
 
     def delete(self, group: str) -> bool:
         if self.table.pop(group, None) is None:
             return False
+        self.auto_created.discard(group)
         self._dirty = True
         return True

@@ -2,11 +2,13 @@
 
 The file holds a TopicConfigSerializeWrapper (protocol doc §6.5): `topicConfigTable` plus
 a `dataVersion` that changes with every edit, the same JSON the broker sends to the name
-servers in REGISTER_BROKER (§4.2).
+servers in REGISTER_BROKER (§4.2), and our own `autoCreatedTopics`: the names created by
+a send rather than by an administrator, which count against `max_auto_created_topics`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -17,7 +19,11 @@ from core.broker.metadata import atomic_write_json, read_json
 from core.common import names
 from core.common.sysflag import PermName
 
+log = logging.getLogger(__name__)
+
 SINGLE_TAG = "SINGLE_TAG"
+# Default of BrokerConfig.max_auto_created_topics (the reason is given there).
+DEFAULT_MAX_AUTO_CREATED_TOPICS = 256
 MULTI_TAG = "MULTI_TAG"
 
 
@@ -82,6 +88,12 @@ class TopicConfigManager:
 
     `on_change` (set by the controller) is called after every creation, update or
     deletion so the broker re-registers with the name servers right away, as Java does.
+
+    Topics created by a send (from the TBW102 template or a `%RETRY%` name) are
+    remembered; once `max_auto_created_topics` of them exist, a send to another unknown
+    topic creates nothing (the sender gets TOPIC_NOT_EXIST). With `auto_create_topic`
+    off, a send creates no topic from any template: RocketMQ still lets the cluster- or
+    broker-name topic serve as one, which would make the setting easy to bypass.
     """
 
     FILE_NAME = "topics.json"
@@ -98,6 +110,7 @@ class TopicConfigManager:
         broker_topic_enable: bool = True,
         enable_lmq: bool = True,
         schedule_queue_nums: int = 18,
+        max_auto_created_topics: int = DEFAULT_MAX_AUTO_CREATED_TOPICS,
     ) -> None:
         self.path = os.path.join(config_dir, self.FILE_NAME)
         self._schedule_queue_nums = schedule_queue_nums
@@ -111,6 +124,9 @@ class TopicConfigManager:
         self._cluster_topic = cluster_topic_enable
         self._broker_topic = broker_topic_enable
         self._enable_lmq = enable_lmq
+        self._max_auto_created = max_auto_created_topics
+        self.auto_created: set[str] = set()
+        self._cap_logged = False
         self._dirty = False
 
     # ------------------------------------------------------------------ persistence
@@ -123,6 +139,9 @@ class TopicConfigManager:
                 self.table[name] = TopicConfig.from_json(raw)
             except (KeyError, TypeError, ValueError):
                 continue
+        auto = data.get("autoCreatedTopics") or []
+        if isinstance(auto, list):
+            self.auto_created = {n for n in auto if isinstance(n, str) and n in self.table}
         version = data.get("dataVersion") or {}
         self.data_version = DataVersion(
             int(version.get("timestamp", 0) or 0), int(version.get("counter", 0) or 0)
@@ -134,7 +153,9 @@ class TopicConfigManager:
     def persist(self, *, force: bool = False) -> None:
         if not (self._dirty or force):
             return
-        atomic_write_json(self.path, self.wrapper_json())
+        data = self.wrapper_json()
+        data["autoCreatedTopics"] = sorted(self.auto_created)
+        atomic_write_json(self.path, data)
         self._dirty = False
 
     def wrapper_json(self) -> dict[str, Any]:
@@ -185,26 +206,59 @@ class TopicConfigManager:
         if self.on_change is not None:
             self.on_change()
 
+    def _may_auto_create(self, topic: str) -> bool:
+        """Room for one more topic created by a send? (logs the first refusal only)"""
+        if len(self.auto_created) < self._max_auto_created:
+            return True
+        if not self._cap_logged:
+            self._cap_logged = True
+            log.warning(
+                "%d topics were auto-created by sends (max_auto_created_topics): sends to "
+                "new topics now get TOPIC_NOT_EXIST; create topics with `lmq admin`",
+                len(self.auto_created),
+            )
+        return False
+
     def create_topic_in_send_message_method(
         self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
     ) -> TopicConfig | None:
-        """Auto-create `topic` from template `default_topic` (§5.1 step 2); None when the
-        template is missing or lacks the INHERIT bit."""
+        """Auto-create `topic` from template `default_topic` (§5.1 step 2); None when
+        auto-creation is off, the cap is reached, or the template is missing or lacks
+        the INHERIT bit."""
         existing = self.table.get(topic)
         if existing is not None:
             return existing
+        if not self._auto_create:
+            return None
         template = self.table.get(default_topic)
         if template is None or not PermName.is_inherited(template.perm):
             return None
-        if default_topic == names.AUTO_CREATE_TOPIC_KEY_TOPIC and not self._auto_create:
+        if not self._may_auto_create(topic):
             return None
         nums = max(1, min(int(queue_nums), template.write_queue_nums))
         tc = TopicConfig(
             topic, nums, nums, template.perm & ~PermName.INHERIT, topic_sys_flag=topic_sys_flag
         )
         self.table[topic] = tc
+        self.auto_created.add(topic)
         self._changed()
         return tc
+
+    def create_retry_topic_in_send_message_method(
+        self, topic: str, topic_sys_flag: int = 0
+    ) -> TopicConfig | None:
+        """A send to a `%RETRY%` topic that does not exist yet creates it, as in Java
+        (consumers' retry topics normally exist from their heartbeat); such topics count
+        against the cap like any auto-created topic. None when the cap is reached."""
+        existing = self.table.get(topic)
+        if existing is not None:
+            return existing
+        if not self._may_auto_create(topic):
+            return None
+        self.auto_created.add(topic)  # before the creation, which persists
+        return self.create_topic_in_send_back_method(
+            topic, 1, PermName.READ | PermName.WRITE, topic_sys_flag
+        )
 
     def create_topic_in_send_back_method(
         self, topic: str, queue_nums: int, perm: int, topic_sys_flag: int = 0
@@ -220,7 +274,13 @@ class TopicConfigManager:
 
     def update(self, tc: TopicConfig) -> None:
         """Create or replace a topic (UPDATE_AND_CREATE_TOPIC, §5.18)."""
+        # Configured by an administrator now: no longer counts as auto-created.
+        adopted = tc.topic_name in self.auto_created
+        self.auto_created.discard(tc.topic_name)
         if self.table.get(tc.topic_name) == tc:
+            if adopted:
+                self._dirty = True
+                self.persist()
             return
         self.table[tc.topic_name] = tc
         self._changed()
@@ -228,5 +288,6 @@ class TopicConfigManager:
     def delete(self, topic: str) -> bool:
         if self.table.pop(topic, None) is None:
             return False
+        self.auto_created.discard(topic)
         self._changed()
         return True

@@ -23,13 +23,15 @@ from core.client.model import (
     TopicRouteData,
     loads_lenient,
 )
-from core.common.codec import decode_record, decode_records
+from core.common.codec import MAX_INFLATED_BODY, decode_record, decode_records
 from core.common.message import MessageExt
 from core.common.properties import MessageConst
+from core.common.sysflag import MessageSysFlag
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
+from core.remoting.inflate import inflate_async
 
 R = RequestCode
 C = ResponseCode
@@ -48,6 +50,20 @@ _PULL_STATUS = {
     C.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
     C.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
 }
+
+
+async def inflate_bodies(msgs: list[MessageExt]) -> None:
+    """Inflate compressed bodies (sysflag bit 0) in place, as a consumer sees them:
+    bounded by MAX_INFLATED_BODY, large ones in a worker thread (a stored message is
+    whatever a producer sent, possibly a zlib bomb). A body that is not zlib or inflates
+    past the cap is delivered as stored, flag kept, instead of failing the whole pull."""
+    for msg in msgs:
+        if msg.sys_flag & MessageSysFlag.COMPRESSED:
+            try:
+                msg.body = await inflate_async(msg.body, MAX_INFLATED_BODY)
+            except ValueError:
+                continue
+            msg.sys_flag &= ~MessageSysFlag.COMPRESSED
 
 
 class MQClientAPI:
@@ -168,7 +184,8 @@ class MQClientAPI:
             raise MQBrokerError(resp.code, resp.remark, addr)
         msgs = []
         if status is PullStatus.FOUND and resp.body:
-            msgs = decode_records(resp.body_bytes(), decompress=True)
+            msgs = decode_records(resp.body_bytes())
+            await inflate_bodies(msgs)
         return PullResult(
             status,
             resp.ext_int("nextBeginOffset", 0),

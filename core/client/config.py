@@ -69,6 +69,17 @@ class ClientConfig:
     )
     #: `language` of our request headers (protocol doc §1.2).
     language: str = "PYTHON"
+    #: ACL credentials (docs/acl.md): when set, every request is signed as RocketMQ's
+    #: AclClientRPCHook signs it. Both or neither.
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+
+    # -- TLS to name servers and brokers (docs/remoting.md) ---------------------------
+    #: Connect over TLS; `tls_ca_file` (PEM) is trusted instead of the system store;
+    #: `tls_verify=False` encrypts without checking certificates (test setups only).
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_verify: bool = True
 
     def __post_init__(self) -> None:
         self.namesrv_addrs = parse_namesrv_addr(self.namesrv_addr)

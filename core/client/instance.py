@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from core.acl import credentials_or_none, remoting_client
 from core.client.api import MQClientAPI
 from core.client.config import ClientConfig
 from core.client.model import MASTER_ID, SubscriptionData, TopicRouteData
@@ -33,6 +34,7 @@ from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.processor import ProcessorTable, RequestContext
+from core.remoting.security import client_ssl_context
 
 if TYPE_CHECKING:
     from core.common.message import MessageExt
@@ -83,8 +85,13 @@ class ClientInstance:
         self.config = config
         self.client_id = config.client_id
         self.processors = ProcessorTable()
-        self.remoting = RemotingClient(request_timeout=config.request_timeout,
-                                       processors=self.processors)
+        self.remoting: RemotingClient = remoting_client(
+            credentials_or_none(config.access_key, config.secret_key),
+            request_timeout=config.request_timeout,
+            processors=self.processors,
+            ssl_context=client_ssl_context(config.tls_ca_file, config.tls_verify)
+            if config.tls else None,
+        )
         self.api = MQClientAPI(self.remoting, config)
         self.routes: dict[str, TopicRouteData] = {}
         #: broker name -> {broker id: address}

@@ -244,9 +244,41 @@ def record_topic(buf, pos: int = 0) -> str:
     return bytes(buf[lay.topic_start : lay.topic_start + lay.topic_length]).decode("utf-8")
 
 
+#: A compressed message body inflating past this is left compressed (sysflag bit 0 kept)
+#: instead of inflated: any producer may set the bit, and 4 MiB of zeros deflate to 4 KB,
+#: so without a cap one stored message could make every consumer allocate gigabytes.
+#: Producers compress only bodies within their max message size (4 MiB by default), so
+#: 16 MiB leaves room for raised limits.
+MAX_INFLATED_BODY = 16 * 1024 * 1024
+_INFLATE_STEP = 1024 * 1024
+
+
+def _inflate_body(body: bytes) -> bytes | None:
+    """The inflated body, or None when it is not zlib or inflates past the cap (the
+    message is then delivered as stored, rather than failing the whole pull)."""
+    # 1 MiB steps: a refused bomb costs the cap, not twice it (one growing buffer would).
+    inflater = zlib.decompressobj()
+    parts = []
+    size = 0
+    data = body
+    try:
+        while True:
+            part = inflater.decompress(data, _INFLATE_STEP)
+            parts.append(part)
+            size += len(part)
+            if size > MAX_INFLATED_BODY:
+                return None
+            data = inflater.unconsumed_tail
+            if len(part) < _INFLATE_STEP and not data:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+    except zlib.error:
+        return None
+
+
 def decode_record(buf, pos: int = 0, *, decompress: bool = False) -> MessageExt:
     """Decode the record at `pos` into a MessageExt. With `decompress`, a zlib body (sysflag
-    bit 0) is inflated and the flag cleared, as a consumer would see it."""
+    bit 0) is inflated and the flag cleared, as a consumer would see it; a body that is
+    not zlib or inflates past MAX_INFLATED_BODY stays as stored, flag set."""
     lay = parse_layout(buf, pos)
     sys_flag = lay.sys_flag
     crc, queue_id, flag = _CRC_QID_FLAG.unpack_from(buf, pos + OFF_BODY_CRC)
@@ -261,8 +293,10 @@ def decode_record(buf, pos: int = 0, *, decompress: bool = False) -> MessageExt:
     reconsume, prepared = struct.unpack_from(">iq", buf, p)
     body = bytes(buf[lay.body_start : lay.body_start + lay.body_length])
     if decompress and sys_flag & MessageSysFlag.COMPRESSED:
-        body = zlib.decompress(body)
-        sys_flag &= ~MessageSysFlag.COMPRESSED
+        inflated = _inflate_body(body)
+        if inflated is not None:
+            body = inflated
+            sys_flag &= ~MessageSysFlag.COMPRESSED
     topic = bytes(buf[lay.topic_start : lay.topic_start + lay.topic_length]).decode("utf-8")
     props = decode_properties_bytes(
         memoryview(buf)[lay.properties_start : lay.properties_start + lay.properties_length]

@@ -9,7 +9,9 @@ import re
 # with a 1-byte topic length, the only form the C++ client decodes (§7.1).
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 120  # "%RETRY%" + group must still fit in 127 bytes.
-_VALID_CHARS = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# Always used with fullmatch: with re.match, `$` also matches before a trailing newline,
+# which let "evil\n" through and created a directory with a newline in its name.
+_VALID_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
@@ -66,7 +68,7 @@ def validate_topic(topic: str | None) -> str | None:
         return "The specified topic is blank."
     if len(topic.encode("utf-8")) > TOPIC_MAX_LENGTH:
         return f"The specified topic is longer than topic max length {TOPIC_MAX_LENGTH}."
-    if not _VALID_CHARS.match(topic):
+    if not _VALID_CHARS.fullmatch(topic):
         return (
             f"The specified topic[{topic}] contains illegal characters, "
             "allowing only ^[%|a-zA-Z0-9_-]+$"
@@ -80,7 +82,7 @@ def validate_group(group: str | None) -> str | None:
         return "The specified group is blank."
     if len(group) > GROUP_MAX_LENGTH:
         return f"The specified group is longer than group max length {GROUP_MAX_LENGTH}."
-    if not _VALID_CHARS.match(group):
+    if not _VALID_CHARS.fullmatch(group):
         return (
             f"The specified group[{group}] contains illegal characters, "
             "allowing only ^[%|a-zA-Z0-9_-]+$"

@@ -13,6 +13,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.remoting.inflate import inflate
+
 __all__ = [
     "DataVersion",
     "RegisterBrokerBody",
@@ -21,6 +23,7 @@ __all__ = [
     "decode_register_body",
     "encode_json",
     "encode_register_body",
+    "parse_inflated_register_body",
 ]
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
@@ -165,15 +168,17 @@ def _decode_json_register_body(body: bytes) -> RegisterBrokerBody:
 
 
 def _decode_compressed_register_body(body: bytes, max_size: int) -> RegisterBrokerBody:
+    try:
+        raw = inflate(body, max_size)
+    except ValueError as exc:
+        raise ValueError(f"compressed register body: {exc}") from None
+    return parse_inflated_register_body(raw)
+
+
+def parse_inflated_register_body(raw: bytes) -> RegisterBrokerBody:
+    """Parse an inflated compressed REGISTER_BROKER body (see decode_register_body)."""
     # Layout (§4.2): zlib( int32 len + DataVersion JSON, int32 topicCount,
     # topicCount x (int32 len + "name read write perm filterType"), int32 len + filter JSON ).
-    inflater = zlib.decompressobj()
-    try:
-        raw = inflater.decompress(body, max_size)
-    except zlib.error as exc:
-        raise ValueError(f"register body is not a zlib stream: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise ValueError(f"decompressed register body exceeds {max_size} bytes")
     pos = 0
 
     def chunk() -> bytes:

@@ -15,12 +15,14 @@ from core.namesrv.bodies import (
     decode_data_version,
     decode_register_body,
     encode_json,
+    parse_inflated_register_body,
 )
 from core.namesrv.config import NamesrvConfig
 from core.namesrv.kvconfig import NAMESPACE_ORDER_TOPIC_CONFIG, KVConfigManager
 from core.namesrv.routes import RouteInfoManager
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
+from core.remoting.inflate import inflate_async, run_large
 from core.remoting.processor import ProcessorTable, RequestContext
 
 __all__ = ["NamesrvProcessors", "NamesrvStats"]
@@ -35,6 +37,8 @@ class NamesrvStats:
     """Request counters, and the latest route queries (topic, found) for diagnostics."""
 
     requests: Counter[int] = field(default_factory=Counter)
+    #: REGISTER_BROKERs refused because they would replace a live broker.
+    refused_registrations: int = 0
     recent_route_queries: deque[tuple[str, bool]] = field(
         default_factory=lambda: deque(maxlen=_RECENT_QUERIES)
     )
@@ -59,6 +63,8 @@ class NamesrvProcessors:
         self.stats = NamesrvStats()
         # Connection attribute marking that we watch its close (one callback each).
         self._watch_key = f"namesrv.{id(self)}.watched"
+        # Ids of the open connections brokers registered through.
+        self._open_channels: set[int] = set()
 
     def register(self, table: ProcessorTable) -> None:
         handlers = {
@@ -92,15 +98,29 @@ class NamesrvProcessors:
         ha_addr = cmd.ext_str("haServerAddr", "")
         body = cmd.body_bytes()
         crc = cmd.ext_int("bodyCrc32", 0)
-        if crc and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        # A peer-sent body may be 16 MiB (or inflate to the cap): the checksum, inflating
+        # and parsing of large ones run in a worker thread (core.remoting.inflate).
+        if crc and (await run_large(len(body), zlib.crc32, body) & 0x7FFFFFFF) != crc:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, "crc32 not match")
         try:
-            reg = decode_register_body(
-                body, cmd.ext_bool("compressed", False), self.config.max_register_body_bytes
-            )
+            if body and cmd.ext_bool("compressed", False):
+                try:
+                    raw = await inflate_async(body, self.config.max_register_body_bytes)
+                except ValueError as exc:
+                    raise ValueError(f"compressed register body: {exc}") from None
+                reg = await run_large(len(raw), parse_inflated_register_body, raw)
+            else:
+                reg = await run_large(len(body), decode_register_body, body)
         except ValueError as exc:
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, f"bad register body: {exc}")
         conn = ctx.connection
+        conflict = self.routes.registration_conflict(
+            name, broker_id, addr, conn.id, self._open_channels.__contains__
+        )
+        if conflict is not None:
+            self.stats.refused_registrations += 1
+            log.warning("REGISTER_BROKER from %s refused: %s", ctx.remote_addr, conflict)
+            return cmd.make_response(ResponseCode.SYSTEM_ERROR, conflict)
         result = self.routes.register_broker(
             cluster,
             addr,
@@ -116,7 +136,13 @@ class NamesrvProcessors:
             # A broker whose connection closes is dropped at once (§4).
             conn.attributes[self._watch_key] = True
             conn_id = conn.id
-            conn.add_close_callback(lambda: self.routes.on_channel_closed(conn_id))
+            self._open_channels.add(conn_id)
+
+            def closed() -> None:
+                self._open_channels.discard(conn_id)
+                self.routes.on_channel_closed(conn_id)
+
+            conn.add_close_callback(closed)
         ext = {}
         if result.ha_server_addr:
             ext["haServerAddr"] = result.ha_server_addr

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,44 @@ class RouteInfoManager:
         result.first_registration = live is None
         return result
 
+    def registration_conflict(
+        self,
+        broker_name: str,
+        broker_id: int,
+        broker_addr: str,
+        channel: Hashable | None,
+        channel_open: Callable[[Hashable], bool],
+        now: float | None = None,
+    ) -> str | None:
+        """Why a registration must not replace a live broker, or None (docs/acl.md §5).
+
+        A live (name, id) keeps its address until it unregisters or expires; a live
+        address keeps the connection it registered through while that stays open. So a
+        stray REGISTER_BROKER can neither take a broker's traffic nor, by closing its
+        connection, remove the real broker from the routes.
+        """
+        now = time.monotonic() if now is None else now
+        deadline = now - self.broker_expiry_s
+        broker = self.broker_addr_table.get(broker_name)
+        current = broker.broker_addrs.get(broker_id) if broker is not None else None
+        if current is not None and current != broker_addr:
+            live = self.broker_live_table.get(current)
+            if live is not None and live.last_update >= deadline:
+                return (f"broker {broker_name} id {broker_id} is registered at {current} and "
+                        f"alive; it must unregister or expire first")
+        live = self.broker_live_table.get(broker_addr)
+        if (
+            live is not None
+            and live.last_update >= deadline
+            and channel is not None
+            and live.channel is not None
+            and live.channel != channel
+            and channel_open(live.channel)
+        ):
+            return (f"broker address {broker_addr} is registered through another live "
+                    f"connection")
+        return None
+
     def _put_queue_data(self, broker_name: str, tc: TopicConfigData) -> None:
         queues = self.topic_queue_table.setdefault(tc.topic_name, {})
         queues[broker_name] = QueueData(
@@ -190,16 +228,20 @@ class RouteInfoManager:
 
     def unregister_broker(
         self, cluster_name: str, broker_addr: str, broker_name: str, broker_id: int
-    ) -> None:
-        """A broker left cleanly (UNREGISTER_BROKER)."""
+    ) -> bool:
+        """A broker left cleanly (UNREGISTER_BROKER). Only the entry registered at
+        `broker_addr` goes: another address for that name and id stays (docs/acl.md §5).
+        Returns whether anything was removed."""
+        broker = self.broker_addr_table.get(broker_name)
+        if broker is None or broker.broker_addrs.get(broker_id) != broker_addr:
+            return False
         self.broker_live_table.pop(broker_addr, None)
         self.filter_server_table.pop(broker_addr, None)
-        broker = self.broker_addr_table.get(broker_name)
-        if broker is not None and broker.broker_addrs.get(broker_id) == broker_addr:
-            del broker.broker_addrs[broker_id]
-            log.info("broker unregistered: %s %s id=%d", cluster_name, broker_addr, broker_id)
-            if not broker.broker_addrs:
-                self._drop_broker_name(broker)
+        del broker.broker_addrs[broker_id]
+        log.info("broker unregistered: %s %s id=%d", cluster_name, broker_addr, broker_id)
+        if not broker.broker_addrs:
+            self._drop_broker_name(broker)
+        return True
 
     def remove_broker_addr(self, broker_addr: str, reason: str = "") -> bool:
         """Forget everything about the broker at `broker_addr` (expired or disconnected)."""

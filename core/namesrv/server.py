@@ -6,6 +6,7 @@ import logging
 
 import trio
 
+from core.acl import guard_from_file
 from core.namesrv.config import NamesrvConfig
 from core.namesrv.kvconfig import KVConfigManager
 from core.namesrv.processors import NamesrvProcessors
@@ -33,12 +34,9 @@ class NameServer:
         self.processors = NamesrvProcessors(self.routes, self.kv, self.config)
         self.table = ProcessorTable()
         self.processors.register(self.table)
-        self.server = RemotingServer(
-            self.table,
-            self.config.host,
-            self.config.port,
-            max_frame_size=self.config.max_frame_size,
-        )
+        if self.config.acl_enable:
+            self.table.guard = guard_from_file(self.config.acl_file)
+        self.server = RemotingServer.from_config(self.table, self.config, "name server")
         self._cancel_scope: trio.CancelScope | None = None
         self._closing = False
 

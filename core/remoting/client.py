@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -59,6 +60,7 @@ class RemotingClient:
         max_frame_size: int | None = None,
         processors: ProcessorTable | None = None,
         limits: ConnectionLimits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         limits = limits or DEFAULT_LIMITS
         if max_frame_size is not None:
@@ -67,6 +69,8 @@ class RemotingClient:
         self.connect_timeout = request_timeout if connect_timeout is None else connect_timeout
         self.processors = processors if processors is not None else ProcessorTable()
         self.limits = limits
+        #: Connect with TLS using this context (`core.remoting.security.client_ssl_context`).
+        self.ssl_context = ssl_context
         self._connections: dict[str, Connection] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._local: dict[str, ProcessorTable] = {}
@@ -166,15 +170,23 @@ class RemotingClient:
             host, port = parse_addr(addr)
         except ValueError as exc:
             raise RemotingConnectError(str(exc)) from None
+        stream: trio.abc.Stream
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(host, port)
-        except (OSError, trio.TooSlowError) as exc:
+                tcp = stream = await trio.open_tcp_stream(host, port)
+                try:
+                    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
+                if self.ssl_context is not None:
+                    stream = trio.SSLStream(tcp, self.ssl_context, server_hostname=host)
+                    try:
+                        await stream.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(tcp)
+                        raise
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             raise RemotingConnectError(f"cannot connect to {addr}: {exc!r}") from None
-        try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
         if self._closed or self._nursery is None:
             await trio.aclose_forcefully(stream)
             raise RemotingConnectError("client closed while connecting")

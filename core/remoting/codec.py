@@ -487,13 +487,17 @@ class FrameDecoder:
     """Incremental frame decoder: `feed(bytes)` returns the complete commands so far.
 
     Raises `FrameError` on a malformed stream; the decoder then stays failed (the stream
-    cannot be resynchronised) and the connection must be closed.
+    cannot be resynchronised) and the connection must be closed. When valid frames come
+    before the malformed one in the same chunk, `feed` returns them first and sets
+    `error`; the caller answers them, then closes (the next `feed` raises).
     """
 
-    __slots__ = ("max_frame_size", "_buf", "_failed")
+    __slots__ = ("max_frame_size", "error", "_buf", "_failed")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
+        #: The FrameError met after the frames the last `feed` returned, if any.
+        self.error: FrameError | None = None
         self._buf = bytearray()
         self._failed = False
 
@@ -502,9 +506,20 @@ class FrameDecoder:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buf)
 
+    @property
+    def header_complete(self) -> bool:
+        """True once the buffered partial frame's prefix and whole header have arrived
+        (only its body is missing); False when nothing or less is buffered."""
+        buf = self._buf
+        n = len(buf)
+        if n < 8:
+            return False
+        hlen = _UINT.unpack_from(buf, 4)[0] & 0xFFFFFF
+        return n >= 8 + hlen
+
     def feed(self, data: Buffer) -> list[RemotingCommand]:
         if self._failed:
-            raise FrameError("decoder already failed on this stream")
+            raise self.error or FrameError("decoder already failed on this stream")
         buf = self._buf
         buf += data
         n = len(buf)
@@ -526,13 +541,18 @@ class FrameDecoder:
                         break
                     out.append(_decode_payload(mv, pos + 4, total))
                     pos = end
-        except FrameError:
+        except FrameError as exc:
+            # Slices of `buf` may live on in the traceback, so `buf` is dropped, not
+            # resized (resizing an exported bytearray raises BufferError).
             self._failed = True
+            self.error = exc
+            self._buf = bytearray()
+            if out:
+                return out
             raise
-        finally:
-            if pos:
-                # bytearray deletes a prefix in O(1) amortised (it moves its start).
-                del buf[:pos]
+        if pos:
+            # bytearray deletes a prefix in O(1) amortised (it moves its start).
+            del buf[:pos]
         return out
 
 

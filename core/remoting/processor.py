@@ -18,11 +18,16 @@ from core.remoting.errors import HeaderError
 if TYPE_CHECKING:
     from core.remoting.connection import Connection
 
-__all__ = ["Handler", "ProcessorTable", "RequestContext"]
+__all__ = ["Guard", "Handler", "ProcessorTable", "RequestContext"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[["RequestContext", RemotingCommand], Awaitable["RemotingCommand | None"]]
+# Runs before every handler (the ACL hook, core.acl): returns the context the handler
+# sees (possibly carrying the caller's identity) or the refusal to answer instead.
+Guard = Callable[
+    ["RequestContext", RemotingCommand], Awaitable["RequestContext | RemotingCommand"]
+]
 
 # Each (code, exception type) pair gets one full traceback; repeats are counted, so a
 # client that keeps sending a request that crashes a handler cannot flood the log.
@@ -30,14 +35,25 @@ _MAX_REPORTED = 1024
 
 
 class RequestContext:
-    """Where a request came from: one per connection, shared by all its requests."""
+    """Where a request came from: one per connection, shared by all its requests.
 
-    __slots__ = ("connection", "remote_addr", "local_addr")
+    `principal` is who signed the request (set by a guard on a per-request copy made by
+    `with_principal`; None without a guard).
+    """
+
+    __slots__ = ("connection", "remote_addr", "local_addr", "principal")
 
     def __init__(self, connection: Connection, remote_addr: str, local_addr: str) -> None:
         self.connection = connection
         self.remote_addr = remote_addr
         self.local_addr = local_addr
+        self.principal = None
+
+    def with_principal(self, principal: object) -> RequestContext:
+        """A copy of this context for one request of `principal`."""
+        ctx = RequestContext(self.connection, self.remote_addr, self.local_addr)
+        ctx.principal = principal
+        return ctx
 
     def __repr__(self) -> str:
         return f"<RequestContext {self.remote_addr} -> {self.local_addr}>"
@@ -63,12 +79,14 @@ class ProcessorTable:
     must be non-inline: an inline one blocks the very read loop that would receive it.
     """
 
-    __slots__ = ("_handlers", "_default", "_reported")
+    __slots__ = ("_handlers", "_default", "_reported", "guard")
 
     def __init__(self) -> None:
         self._handlers: dict[int, tuple[Handler, bool]] = {}
         self._default: tuple[Handler, bool] = (_not_supported, True)
         self._reported: dict[tuple[int, type], int] = {}
+        #: Checked before every handler, in-process requests included (see `Guard`).
+        self.guard: Guard | None = None
 
     def register(self, code: int, handler: Handler, *, inline: bool = True) -> None:
         """Route requests with `code` to `handler` (replacing any previous one)."""
@@ -103,7 +121,15 @@ class ProcessorTable:
         if handler is None:
             handler = self.lookup(cmd.code)[0]
         try:
-            response = await handler(ctx, cmd)
+            guard = self.guard
+            if guard is None:
+                response = await handler(ctx, cmd)
+            else:
+                checked = await guard(ctx, cmd)
+                if type(checked) is RemotingCommand:
+                    response = checked
+                else:
+                    response = await handler(checked, cmd)
         except HeaderError as exc:
             response = cmd.make_response(ResponseCode.SYSTEM_ERROR, str(exc))
         except Exception as exc:

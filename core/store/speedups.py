@@ -3,9 +3,12 @@ Python of core/store/speedups_py.py.
 
 The store plans every message in Python (validation, queue and LMQ offsets, file rolls)
 and calls these for the bytes. The Python versions are the reference: tests check that the
-C ones (core/_speedups.c) give the same bytes and raise the same exception types, and the
-store runs on them where no C compiler was available at install time. Set
-LMQ_PURE_PYTHON=1 to use them anyway.
+C ones (core/_speedups.c) give the same bytes wherever they accept an input, and the store
+runs on them where no C compiler was available at install time. Set LMQ_PURE_PYTHON=1 to
+use them anyway. The C ones take exact types only (int not bool, bytes not a subclass,
+list not tuple) and refuse anything else, or any position or length outside its buffer,
+with TypeError, ValueError or OverflowError (docs/store-api.md, "What the C functions
+accept").
 
 - crc32(data) -> int: zlib's CRC-32.
 - encode_props(props, offsets) -> bytes: the stored properties string; with an offsets list,

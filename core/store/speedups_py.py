@@ -1,9 +1,16 @@
 """The Python reference of core._speedups (see core/store/speedups.py, which picks one):
 what the C functions must do, byte for byte and exception type for exception type, and the
-store's fallback where the extension was not built."""
+store's fallback where the extension was not built.
+
+The C functions take exact types only (int, not bool; bytes, not a subclass; list, not
+tuple; dict, str) and refuse anything else with TypeError, ValueError or OverflowError;
+wherever they accept an input they return what these return. These refuse the same inputs
+where checking costs little (encode_props, write_record); elsewhere they may accept more
+than the C code (tests/core/store/test_speedups_fuzz.py checks both ways)."""
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 
@@ -16,6 +23,8 @@ _OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
 _PAIR = "\x01".join
 _INT64 = struct.Struct(">q")
 _FIXED = HEADER.size + 1 + 2
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_TARGETS = (bytearray, mmap.mmap)
 
 
 def crc32(data) -> int:
@@ -23,10 +32,20 @@ def crc32(data) -> int:
 
 
 def encode_props(props: dict, offsets: list[int] | None) -> bytes:
-    if not isinstance(props, dict):
+    if type(props) is not dict:
         raise TypeError("properties must be a dict")
+    for k, v in props.items():
+        if type(k) is not str or type(v) is not str:
+            raise TypeError("property names and values must be str")
     if offsets is None:
         return "\x02".join(map(_PAIR, props.items())).encode()
+    if type(offsets) is not list:
+        raise TypeError("offsets must be a list")
+    for o in offsets:
+        if type(o) is not int:
+            raise TypeError("an offset must be an int")
+        if not _I64_MIN <= o <= _I64_MAX:
+            raise OverflowError("an offset out of int64 range")
     text = "\x02".join([
         k + "\x01" + v for k, v in props.items() if k != _WAIT and k != _MULTI_OFFSETS
     ])
@@ -45,9 +64,11 @@ def write_record(
         raise TypeError("tail and properties must be bytes")
     if len(pb) > 32767:
         raise ValueError("properties longer than 32767 bytes")
-    blen = len(memoryview(body))
+    blen = memoryview(body).nbytes
     if total != _FIXED - 1 + blen + len(tail) + len(pb):
         raise ValueError("record size does not match its parts")
+    if type(mm) not in _TARGETS:
+        raise TypeError("the target must be a bytearray or an mmap")
     if pos < 0 or pos + total > len(mm):
         raise ValueError("record does not fit in the mapping")
     for name, value in (("queue id", queue_id), ("flag", flag), ("sys flag", sys_flag),

@@ -3,7 +3,10 @@
 Password file: one `user:hash` per line, managed by `lmq mqtt passwd FILE USER`; the hash
 is `$scrypt$n=<N>,r=<r>,p=<p>$<salt b64>$<key b64>` (hashlib.scrypt, 16-byte salt,
 32-byte key; N=2^14, r=8, p=1 as RFC 7914 suggests for interactive logins). Verification
-compares in constant time.
+compares in constant time, runs in a worker thread (one scrypt costs ~40 ms of CPU: on
+the event loop, ~25 bad CONNECTs a second would stall every client), at most
+`password_check_threads` at once, and an unknown user name is checked against a dummy
+hash of the same cost, so the answer time does not tell which names exist.
 
 ACL file: one rule per line, first matching rule wins, lines starting with `#` are
 comments:
@@ -14,8 +17,11 @@ The filter may contain `%u` (user name) and `%c` (client id); a rule using `%u` 
 apply to an anonymous client, and a substituted value holding `/`, `+` or `#` makes the
 rule not apply (no wildcard injection). A publish is decided by the first rule whose
 filter matches the topic; a subscription by the first rule whose filter covers the whole
-requested filter, where a `deny` rule above it whose filter merely overlaps also refuses
-(`deny subscribe any secret/#` above `allow subscribe any #` blocks a `#` subscription).
+requested filter; a `deny` rule refuses a subscription only when its filter covers the
+whole requested filter. A `deny` rule above the deciding `allow` whose filter merely
+overlaps (`deny subscribe any secret/#` above `allow subscribe any #`, subscribing to
+`#`) does not refuse: the subscription is granted and each message is checked before it
+is delivered (`may_read`), so `secret/...` never reaches the client, as in Mosquitto.
 Nothing matching: refused when an ACL file is configured.
 """
 
@@ -28,16 +34,25 @@ import logging
 import os
 from dataclasses import dataclass
 
+import trio
+
 from gateway.mqtt.topics import topic_matches
 
 __all__ = ["Acl", "AclRule", "Authenticator", "hash_password", "verify_password",
-           "read_password_file", "write_password_file", "filter_covers", "filters_overlap"]
+           "read_password_file", "write_password_file", "filter_covers", "filters_overlap",
+           "SUB_REFUSED", "SUB_ALLOWED", "SUB_CHECKED"]
 
 log = logging.getLogger(__name__)
 
 SCRYPT_N = 1 << 14
 SCRYPT_R = 8
 SCRYPT_P = 1
+
+#: `Acl.subscription` answers: refused; every topic under the filter readable; granted,
+#: but some topics under it are denied (check each message with `may_read`).
+SUB_REFUSED = 0
+SUB_ALLOWED = 1
+SUB_CHECKED = 2
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
@@ -198,18 +213,34 @@ class Acl:
                 return rule.allow
         return False
 
-    def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
+    def subscription(self, username: str | None, client_id: str, topic_filter: str) -> int:
+        """SUB_REFUSED, SUB_ALLOWED or SUB_CHECKED (see the module doc)."""
+        partial_deny = False
         for rule in self.rules:
             if not rule.subscribe or not rule.applies(username, client_id):
                 continue
             f = rule.filter_for(username, client_id)
             if f is None:
                 continue
-            if rule.allow:
-                if filter_covers(f, topic_filter):
-                    return True
-            elif filters_overlap(f, topic_filter):
-                return False
+            if filter_covers(f, topic_filter):
+                if not rule.allow:
+                    return SUB_REFUSED
+                return SUB_CHECKED if partial_deny else SUB_ALLOWED
+            if not rule.allow and filters_overlap(f, topic_filter):
+                partial_deny = True
+        return SUB_REFUSED
+
+    def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
+        return self.subscription(username, client_id, topic_filter) != SUB_REFUSED
+
+    def can_read(self, username: str | None, client_id: str, topic: str) -> bool:
+        """May a message on `topic` be delivered? (first subscribe rule matching it)"""
+        for rule in self.rules:
+            if not rule.subscribe or not rule.applies(username, client_id):
+                continue
+            f = rule.filter_for(username, client_id)
+            if f is not None and topic_matches(f, topic):
+                return rule.allow
         return False
 
 
@@ -217,27 +248,45 @@ class Authenticator:
     """Password check, anonymous policy and ACL of one gateway (files read at start)."""
 
     def __init__(self, allow_anonymous: bool = True, password_file: str | None = None,
-                 acl_file: str | None = None) -> None:
+                 acl_file: str | None = None, *, password_check_threads: int = 2) -> None:
         self.allow_anonymous = allow_anonymous
         self.users = read_password_file(password_file) if password_file else None
         self.acl: Acl | None = None
         if acl_file:
             with open(acl_file, encoding="utf-8") as fh:
                 self.acl = Acl.parse(fh.read(), acl_file)
+        self._limiter = trio.CapacityLimiter(password_check_threads)
+        # Unknown names are verified against this: same parameters, same cost.
+        self._dummy = hash_password(os.urandom(16).hex()) if self.users is not None else ""
 
-    def authenticate(self, username: str | None, password: bytes | None) -> int:
+    def check_password(self, username: str, password: bytes | None) -> bool:
+        """The scrypt check itself (blocking: call it in a worker thread)."""
+        encoded = self.users.get(username)
+        known = encoded is not None
+        ok = verify_password(password if password is not None else b"",
+                             encoded if known else self._dummy)
+        return ok and known and password is not None
+
+    async def authenticate(self, username: str | None, password: bytes | None) -> int:
         """0 if the client may connect, else the v5 CONNACK reason code."""
         if username is None:
             return 0 if self.allow_anonymous else 0x87  # Not authorized
         if self.users is None:
             return 0  # no password file: a user name is only a name (for the ACL)
-        encoded = self.users.get(username)
-        if encoded is None or password is None or not verify_password(password, encoded):
-            return 0x86  # Bad User Name or Password
-        return 0
+        ok = await trio.to_thread.run_sync(self.check_password, username, password,
+                                           limiter=self._limiter)
+        return 0 if ok else 0x86  # Bad User Name or Password
 
     def can_publish(self, username: str | None, client_id: str, topic: str) -> bool:
         return self.acl is None or self.acl.can_publish(username, client_id, topic)
 
+    def subscription(self, username: str | None, client_id: str, topic_filter: str) -> int:
+        if self.acl is None:
+            return SUB_ALLOWED
+        return self.acl.subscription(username, client_id, topic_filter)
+
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
-        return self.acl is None or self.acl.can_subscribe(username, client_id, topic_filter)
+        return self.subscription(username, client_id, topic_filter) != SUB_REFUSED
+
+    def can_read(self, username: str | None, client_id: str, topic: str) -> bool:
+        return self.acl is None or self.acl.can_read(username, client_id, topic)

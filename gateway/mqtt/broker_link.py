@@ -278,9 +278,15 @@ class BrokerLink:
         return st
 
     def release(self, st: LmqState) -> None:
-        """Forget a state nobody reads and nothing writes (keeps the table bounded)."""
-        if not st.watchers and not st.pending:
-            self.states.pop((st.broker, st.lmq), None)
+        """Forget a state nobody reads and nothing writes (keeps the table bounded).
+
+        Only `st` itself: a cursor may still hold an older, already forgotten state of
+        the same LMQ, and releasing that must not drop the live state that replaced it
+        (its readers would no longer be woken nor get the predicted offsets: acknowledged
+        messages were never delivered under subscribe churn, issue 9 §4)."""
+        key = (st.broker, st.lmq)
+        if not st.watchers and not st.pending and self.states.get(key) is st:
+            del self.states[key]
 
     # -- publishing ----------------------------------------------------------------------
 

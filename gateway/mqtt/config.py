@@ -8,11 +8,12 @@ the protocol's own reason code (docs/mqtt.md lists which).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MqttConfig", "load_mqtt_config"]
+__all__ = ["MqttConfig", "host_is_loopback", "load_mqtt_config"]
 
 
 @dataclass
@@ -20,7 +21,8 @@ class MqttConfig:
     """Settings of one MQTT gateway process."""
 
     # -- listeners ------------------------------------------------------------------
-    host: str = "0.0.0.0"
+    #: Bind address of every listener: loopback unless told otherwise (as Mosquitto 2).
+    host: str = "127.0.0.1"
     #: Plain TCP listener (MQTT's registered port); None disables it.
     port: int | None = 1883
     #: WebSocket listener (subprotocol "mqtt"); None disables it.
@@ -41,6 +43,11 @@ class MqttConfig:
     store_queues: int = 8
     #: Consumer group used for LMQ pulls (LMQ groups are broker-fabricated).
     pull_group: str = "%LMQ%mqtt_gateway"
+    #: ACL credentials the gateway signs its broker and name-server requests with
+    #: (docs/acl.md). Its account needs `innerProperties = true` (multi-dispatch into
+    #: LMQs) and PUB|SUB on the store topic and the LMQs; both or neither.
+    broker_access_key: str | None = None
+    broker_secret_key: str | None = field(default=None, repr=False)
     #: Messages per LMQ pull.
     pull_batch: int = 32
     #: Session offsets / in-flight state written behind at this period (a kill -9 can
@@ -58,6 +65,22 @@ class MqttConfig:
     max_packet_size: int = 1024 * 1024
     #: Seconds a TCP connection may take to send CONNECT.
     connect_timeout_s: float = 10.0
+    #: Seconds a control packet may take to arrive once its first byte did (keep alive
+    #: or not; DISCONNECT 0x8D). A max_packet_size (1 MiB) packet needs ~33 s at
+    #: 256 kbit/s, so 60 s leaves slow links room while a stalled half-sent packet holds
+    #: its buffer (at most max_packet_size) for a minute, not for ever.
+    packet_read_timeout_s: float = 60.0
+    #: Bytes of incomplete packets buffered across all connections (each holds at most
+    #: max_packet_size). While the others hold more than this, a connection with an
+    #: incomplete packet is not read (TCP back pressure; its packet_read_timeout_s keeps
+    #: running), so half-sent packets cannot pile up memory. 64 MiB: 64 max-size
+    #: packets arriving at the same time.
+    max_partial_packet_bytes: int = 64 * 1024 * 1024
+    #: Lingering close after a DISCONNECT / refusing CONNACK: input is read and dropped
+    #: for at most this long and this many bytes before the socket closes, so the client
+    #: reads the reason instead of a connection reset.
+    close_linger_s: float = 2.0
+    close_linger_bytes: int = 1024 * 1024
     #: Keep alive granted at most (v5 Server Keep Alive; 0 = accept the client's value).
     max_keepalive: int = 0
     #: Receive Maximum we advertise: unacknowledged QoS 1/2 PUBLISHes a client may send
@@ -79,8 +102,16 @@ class MqttConfig:
     #: Longest client identifier accepted (3.1.1 allows servers to refuse long ids).
     max_client_id_length: int = 256
     #: Session Expiry Interval granted at most, seconds (v5; also the lifetime of a
-    #: 3.1.1 persistent session when not None).
-    max_session_expiry_s: int | None = None
+    #: 3.1.1 persistent session, as Mosquitto's persistent_client_expiration); None =
+    #: sessions may live for ever. 7 days: an offline session keeps its filters live
+    #: (every matching publish is indexed for it), so an abandoned client id must not
+    #: cost that for ever.
+    max_session_expiry_s: int | None = 7 * 86400
+    #: Persistent sessions stored at most (connected or not). A CONNECT that would create
+    #: one more is refused (v5 CONNACK 0x97 Quota exceeded, 3.1.1 0x03 Server
+    #: unavailable); resuming an existing one always works. Refused rather than evicting
+    #: the oldest: eviction would let anyone with many client ids wipe real sessions.
+    max_stored_sessions: int = 100_000
     #: Largest QoS granted to subscriptions and accepted on publish (0, 1 or 2).
     maximum_qos: int = 2
     #: Retained messages kept at most (a new topic over it: PUBACK 0x97, dropped).
@@ -89,8 +120,14 @@ class MqttConfig:
     max_pending_publishes: int = 10_000
 
     # -- security -------------------------------------------------------------------
-    #: Connections without user name allowed.
-    allow_anonymous: bool = True
+    #: Connections without user name: None (default) = allowed only when `host` is a
+    #: loopback address (Mosquitto 2's local-only default); True = allowed on any
+    #: address (a warning is logged at start when `host` is not loopback); False =
+    #: refused (CONNACK 0x87 / 3.1.1 0x05).
+    allow_anonymous: bool | None = None
+    #: Password checks (scrypt, ~40 ms of CPU each) run in worker threads, at most this
+    #: many at once; more CONNECTs wait their turn, nothing else does.
+    password_check_threads: int = 2
     #: Password file written by `lmq mqtt passwd` (scrypt hashes); None = no passwords.
     password_file: str | None = None
     #: ACL file (see docs/mqtt.md); None = everything allowed.
@@ -114,6 +151,12 @@ class MqttConfig:
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
 
+    def anonymous_allowed(self) -> bool:
+        """`allow_anonymous` resolved (None: only on a loopback `host`)."""
+        if self.allow_anonymous is not None:
+            return self.allow_anonymous
+        return host_is_loopback(self.host)
+
     def __post_init__(self) -> None:
         if self.maximum_qos not in (0, 1, 2):
             raise ValueError("maximum_qos must be 0, 1 or 2")
@@ -125,6 +168,8 @@ class MqttConfig:
             raise ValueError("topic_alias_maximum must be 0..65535")
         if not 16 <= self.max_packet_size <= 268_435_460:
             raise ValueError("max_packet_size must be 16..268435460")
+        if self.packet_read_timeout_s <= 0 or self.close_linger_s < 0:
+            raise ValueError("packet_read_timeout_s must be positive, close_linger_s >= 0")
         if self.store_queues < 1 or self.pull_batch < 1:
             raise ValueError("store_queues and pull_batch must be positive")
         if self.tls_port is not None and not (self.certfile and self.keyfile):
@@ -132,9 +177,20 @@ class MqttConfig:
         for name in ("max_connections", "max_topic_length", "max_topic_levels",
                      "max_subscriptions_per_client", "max_client_id_length", "max_retained",
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
-                     "backpressure_lag", "max_queued_messages"):
+                     "password_check_threads", "max_stored_sessions", "close_linger_bytes",
+                     "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+
+
+def host_is_loopback(host: str) -> bool:
+    """Is `host` (a bind address or name) loopback only? ("" and 0.0.0.0 are not.)"""
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_mqtt_config(path: str | None, overrides: dict[str, Any] | None = None) -> MqttConfig:

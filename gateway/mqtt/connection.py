@@ -10,7 +10,9 @@ Refusals use the protocol's own codes (docs/mqtt.md has the table): CONNACK reas
 (3.1.1 return codes), PUBACK / PUBREC / SUBACK / UNSUBACK reason codes in v5 (3.1.1:
 SUBACK 0x80; a refused 3.1.1 publish is still acknowledged and dropped), and a
 DISCONNECT with the reason code before closing in v5 (3.1.1: the connection just closes).
-Each refusal logs one line.
+Each refusal logs one line; what a peer chose (client id, topic, user name) is logged
+through `logtext.shown` (a short prefix and the length). Read deadlines, the budget for
+incomplete packets, the lingering close and ACL read checks are in `connection_guards`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.mqtt.auth import SUB_REFUSED
 from gateway.mqtt.codec import MqttCodec
+from gateway.mqtt.connection_guards import ConnectionGuards
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
+from gateway.mqtt.logtext import shown
 from gateway.mqtt.packets import (
     NO_PROPERTIES,
     PINGRESP,
@@ -44,6 +49,7 @@ from gateway.mqtt.packets import (
     Unsuback,
     Unsubscribe,
 )
+from gateway.mqtt.registry import SessionQuotaExceeded
 from gateway.mqtt.session import Session, Subscription
 from gateway.mqtt.topics import validate_topic_filter, validate_topic_name
 
@@ -63,7 +69,7 @@ RETAINED_SETTLE_TIMEOUT_S = 2.0
 NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
 
 
-class Connection(PublishHandler):
+class Connection(ConnectionGuards, PublishHandler):
     """Protocol state of one network connection (TCP, TLS or WebSocket)."""
 
     def __init__(self, gw: MqttGateway, stream, remote: str, transport: str) -> None:
@@ -96,6 +102,13 @@ class Connection(PublishHandler):
         self._final: object | None = None  # a packet to write before closing
         self._send_will = True
         self._connect_expiry = 0
+        #: Filters granted although the ACL denies some topics under them: while any
+        #: exists, each delivered message is checked (`may_read`), else none is.
+        self.acl_checked: set[str] = set()
+        self._readable: dict[str, bool] = {}
+        self._ka_deadline = float("inf")  # trio time: keep alive runs out
+        self._packet_deadline = float("inf")  # trio time: the partial packet must be complete
+        self._partial = 0  # bytes of an incomplete packet counted in gw.partial_bytes
 
     # -- output ---------------------------------------------------------------------------
 
@@ -155,7 +168,7 @@ class Connection(PublishHandler):
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             self._lost()
         except Exception:
-            log.exception("delivery to %r failed", self.client_id)
+            log.exception("delivery to %s failed", shown(self.client_id))
             self.close(0x80)
 
     def wake(self) -> None:
@@ -187,12 +200,19 @@ class Connection(PublishHandler):
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await self._serve()
-                nursery.cancel_scope.cancel()
+                try:
+                    await self._serve()
+                finally:
+                    # Closed before the nursery is: a broker answer arriving while the
+                    # nursery winds down (it yields once even when empty) must not start
+                    # a pump in it ("Nursery is closed to new arrivals").
+                    self.closed = True
+                    nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer went away: an abnormal close (the will is sent)
         finally:
             self.closed = True
+            self._release_partial()
             sess = self.session
             if sess is not None:
                 gw.stats.clients -= 1
@@ -202,7 +222,8 @@ class Connection(PublishHandler):
             self.finished.set()
 
     async def _goodbye(self) -> None:
-        with trio.move_on_after(CLOSE_GRACE_S):
+        cfg = self.gw.config
+        with trio.move_on_after(CLOSE_GRACE_S + cfg.close_linger_s):
             final = self._final
             if final is None and self._close_reason is not None and self.version == 5 \
                     and self.session is not None:
@@ -210,7 +231,9 @@ class Connection(PublishHandler):
             if final is not None:
                 try:
                     data = b"".join(self.out) + self.codec.encode(final)
-                    await self.stream.send_all(data)
+                    with trio.move_on_after(CLOSE_GRACE_S):
+                        await self.stream.send_all(data)
+                    await self._linger()
                 except Exception:
                     pass
             try:
@@ -241,16 +264,15 @@ class Connection(PublishHandler):
         if not await self._handle(packets[1:]):
             return
         stats = self.gw.stats
+        self._packet_seen()
         gate = self.gw.link.gate
         while not self.closed:
             if self.publishing and not gate.is_open:
-                await gate.wait_open()  # back pressure on publishers (flow.py)
-            timeout = self.keepalive * 1.5 if self.keepalive else float("inf")
-            with trio.move_on_after(timeout) as scope:
+                await self.wait_gate()  # back pressure on publishers (flow.py)
+            with trio.move_on_at(self._read_deadline()) as scope:
                 data = await self.stream.receive_some(READ_SIZE)
             if scope.cancelled_caught:
-                log.info("client %r: keep alive timeout (%d s)", self.client_id, self.keepalive)
-                self.close(0x8D)  # Keep Alive timeout
+                self._read_timed_out()
                 return
             if not data:
                 return
@@ -263,6 +285,12 @@ class Connection(PublishHandler):
                 return
             if not await self._handle(packets):
                 return
+            if packets:
+                self._packet_seen()
+            self._count_partial()
+            if self._partial and not await self._within_partial_budget():
+                self._read_timed_out()
+                return
             if self.out:
                 await self.flush()
                 if self.out_bytes > cfg.max_out_buffer:
@@ -271,15 +299,17 @@ class Connection(PublishHandler):
                     await self.wait_drained()
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
-        log.info("client %r from %s: %s", self.client_id, self.remote, exc)
+        # The codec's message may quote what the peer sent (e.g. a protocol name).
+        log.info("client %s from %s: %s", shown(self.client_id), self.remote,
+                 shown(str(exc), 200))
         self._final = self.codec.error_reply(exc)
         self.close()
 
     # -- CONNECT ------------------------------------------------------------------------------
 
     def _refuse_connect(self, code: int, why: str) -> bool:
-        log.info("CONNECT of %r from %s refused (0x%02X): %s", self.client_id, self.remote,
-                 code, why)
+        log.info("CONNECT of %s from %s refused (0x%02X): %s", shown(self.client_id),
+                 self.remote, code, why)
         self._final = Connack(False, code)
         self.close()
         return False
@@ -302,7 +332,7 @@ class Connection(PublishHandler):
             return self._refuse_connect(0x8C, "enhanced authentication is not supported")
         if gw.stopping:
             return self._refuse_connect(0x8B, "server shutting down")
-        rc = gw.auth.authenticate(connect.username, connect.password)
+        rc = await gw.auth.authenticate(connect.username, connect.password)
         if rc:
             return self._refuse_connect(rc, "authentication failed")
         self.username = connect.username
@@ -318,7 +348,7 @@ class Connection(PublishHandler):
             except MqttProtocolError as exc:
                 return self._refuse_connect(0x90, f"will topic: {exc.message}")
             if not gw.auth.can_publish(self.username, cid, will.topic):
-                return self._refuse_connect(0x87, f"will topic {will.topic!r} not allowed")
+                return self._refuse_connect(0x87, f"will topic {shown(will.topic)} not allowed")
         ka = connect.keepalive
         server_ka = None
         if v == 5 and cfg.max_keepalive and (ka == 0 or ka > cfg.max_keepalive):
@@ -338,10 +368,17 @@ class Connection(PublishHandler):
             self.inflight_limit = min(rx, cfg.max_inflight_out)
             self.alias_max = props.topic_alias_maximum or 0
             self.problem_info = props.request_problem_information != 0
-        sess, present = await gw.registry.open(self, cid, v, connect.clean_start,
-                                               granted_expiry, will)
+        try:
+            sess, present = await gw.registry.open(self, cid, v, connect.clean_start,
+                                                   granted_expiry, will)
+        except SessionQuotaExceeded:
+            # v5: Quota exceeded; 3.1.1 has no such code: Server unavailable (0x03).
+            return self._refuse_connect(0x97, f"max_stored_sessions "
+                                        f"({cfg.max_stored_sessions}) reached")
         self.session = sess
         gw.stats.clients += 1
+        for f in sess.subs:
+            self._note_acl(f, self._acl_decision(f))
         ack_props = NO_PROPERTIES
         if v == 5:
             ack_props = Properties(
@@ -384,7 +421,7 @@ class Connection(PublishHandler):
                 self._on_disconnect(p)
                 return False
             else:  # AUTH without an authentication method
-                log.info("client %r sent an unexpected %s", self.client_id, t.__name__)
+                log.info("client %s sent an unexpected %s", shown(self.client_id), t.__name__)
                 self.close(0x82)
                 return False
         return not self.closed
@@ -441,7 +478,8 @@ class Connection(PublishHandler):
             try:
                 existed = await gw.registry.subscribe(sess, sub)
             except Exception as exc:
-                log.warning("subscribe of %r to %r failed: %r", self.client_id, s.topic_filter, exc)
+                log.warning("subscribe of %s to %s failed: %r", shown(self.client_id),
+                            shown(s.topic_filter), exc)
                 codes.append(0x80)
                 continue
             codes.append(granted)
@@ -467,25 +505,28 @@ class Connection(PublishHandler):
         cfg = gw.config
         sess = self.session
         try:
-            shared = validate_topic_filter(topic_filter, max_length=cfg.max_topic_length,
+            validate_topic_filter(topic_filter, max_length=cfg.max_topic_length,
                                            max_levels=cfg.max_topic_levels)
         except MqttProtocolError as exc:
-            log.info("client %r: subscription %r refused: %s", self.client_id, topic_filter,
-                     exc.message)
+            log.info("client %s: subscription %s refused: %s", shown(self.client_id),
+                     shown(topic_filter), exc.message)
             return 0x8F
         if len(sess.subs) >= cfg.max_subscriptions_per_client and topic_filter not in sess.subs:
-            log.info("client %r: subscription %r refused: max_subscriptions_per_client (%d)",
-                     self.client_id, topic_filter, cfg.max_subscriptions_per_client)
+            log.info("client %s: subscription %s refused: max_subscriptions_per_client (%d)",
+                     shown(self.client_id), shown(topic_filter), cfg.max_subscriptions_per_client)
             return 0x97
-        inner = shared.filter if shared is not None else topic_filter
-        if not gw.auth.can_subscribe(self.username, self.client_id, inner):
-            log.info("client %r: subscription %r refused by the ACL", self.client_id, topic_filter)
+        decision = self._acl_decision(topic_filter)
+        if decision == SUB_REFUSED:
+            log.info("client %s: subscription %s refused by the ACL", shown(self.client_id),
+                     shown(topic_filter))
             return 0x87
+        self._note_acl(topic_filter, decision)
         return 0
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         registry = self.gw.registry
         codes = tuple(0 if registry.unsubscribe(self.session, f) else 0x11 for f in p.topic_filters)
+        self.acl_checked.difference_update(p.topic_filters)
         self.send(Unsuback(p.packet_id, codes if self.version == 5 else ()))
 
     def _on_disconnect(self, p: Disconnect) -> None:
@@ -494,7 +535,8 @@ class Connection(PublishHandler):
             new = p.properties.session_expiry_interval
             if new is not None:
                 if self._connect_expiry == 0 and new != 0:
-                    log.info("client %r: DISCONNECT sets a session expiry after 0", self.client_id)
+                    log.info("client %s: DISCONNECT sets a session expiry after 0",
+                             shown(self.client_id))
                     self.close(0x82)  # MQTT-3.14.2-2
                     return
                 cap = self.gw.config.max_session_expiry_s

@@ -14,6 +14,9 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import trio
+
+from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import NO_PROPERTIES, MqttProtocolError, Puback, Publish, Pubrec
 from gateway.mqtt.topics import validate_topic_name
@@ -36,6 +39,15 @@ class PublishHandler:
     #: gate (flow.py); connections that only subscribe always read.
     publishing = False
 
+    async def wait_gate(self: Connection) -> None:
+        """Wait while the delivery gate is closed (flow.py). The time the gateway does not
+        read is not the client's: keep alive and packet deadlines move by as much."""
+        start = trio.current_time()
+        await self.gw.link.gate.wait_open()
+        waited = trio.current_time() - start
+        self._ka_deadline += waited
+        self._packet_deadline += waited
+
     async def on_publish(self: Connection, p: Publish) -> None:
         self.publishing = True
         gw = self.gw
@@ -46,7 +58,7 @@ class PublishHandler:
         pid = p.packet_id
         v5 = self.version == 5
         if qos > cfg.maximum_qos:
-            log.info("client %r: PUBLISH QoS %d above maximum_qos", self.client_id, qos)
+            log.info("client %s: PUBLISH QoS %d above maximum_qos", shown(self.client_id), qos)
             self.close(0x9B)  # QoS not supported
             return
         if qos == 2 and (pid in self.qos2_pending or pid in self.session.inbound_qos2):
@@ -54,8 +66,8 @@ class PublishHandler:
                 self.send(Pubrec(pid))  # a retransmission: acknowledged once (§4.3.3)
             return
         if qos and v5 and self.inbound >= cfg.receive_maximum:
-            log.info("client %r: more than %d QoS 1/2 PUBLISHes unacknowledged",
-                     self.client_id, cfg.receive_maximum)
+            log.info("client %s: more than %d QoS 1/2 PUBLISHes unacknowledged",
+                     shown(self.client_id), cfg.receive_maximum)
             self.close(0x93)  # Receive Maximum exceeded
             return
         topic = p.topic
@@ -75,8 +87,8 @@ class PublishHandler:
             elif p.properties.payload_format_indicator == 1 and not _utf8(p.payload):
                 code, why = 0x99, "payload is not UTF-8 as its format indicator says"
         if code:
-            log.info("client %r: PUBLISH to %r refused (0x%02X): %s", self.client_id, topic,
-                     code, why)
+            log.info("client %s: PUBLISH to %s refused (0x%02X): %s", shown(self.client_id),
+                     shown(topic), code, why)
             self._refused(p, code)
             return
         props = p.properties
@@ -122,7 +134,7 @@ class PublishHandler:
         if self.version != 5:
             if code >= 0x80:
                 # 3.1.1 has no way to say "not stored": close, the client will resend.
-                log.warning("client %r: publish not stored; closing", self.client_id)
+                log.warning("client %s: publish not stored; closing", shown(self.client_id))
                 self.close()
                 return
             code = 0

@@ -541,6 +541,11 @@ class Pump:
               refs: list, group: object, now: int) -> int:
         sess = self.session
         conn = self.conn
+        # ACL read check (auth.py): only while a granted filter overlaps a deny rule.
+        if conn.acl_checked and not conn.may_read(msg.topic):
+            if group is not None:
+                group[0].ack(group[1], group[2])
+            return 0  # consumed unsent, as an expired message
         pid = None
         entry = None
         if qos:

@@ -39,7 +39,7 @@ class MqttService:
         if cfg.data_dir == MqttConfig.data_dir:
             cfg.data_dir = os.path.join(server.broker_config.data_dir, "mqtt")
         namesrv_addr = server.namesrv_addr or ";".join(server.broker_config.namesrv_addrs)
-        async with ClientInstance(namesrv_addr=namesrv_addr) as client:
+        async with ClientInstance(namesrv_addr=namesrv_addr, **_credentials(cfg)) as client:
             if server.namesrv is not None:
                 client.remoting.register_local(server.namesrv_addr, server.namesrv.table)
             broker = server.broker
@@ -71,6 +71,11 @@ class MqttService:
             self.gateway.stop()
 
 
+def _credentials(config: MqttConfig) -> dict[str, str | None]:
+    """The ACL credentials the gateway's client signs with (docs/acl.md)."""
+    return {"access_key": config.broker_access_key, "secret_key": config.broker_secret_key}
+
+
 class _Status:
     """A task_status whose `started` also records that it was called."""
 
@@ -79,8 +84,11 @@ class _Status:
 
 
 async def run_standalone(config: MqttConfig, namesrv_addr: str,
-                         task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """The gateway alone, reaching the brokers of `namesrv_addr` over TCP."""
-    async with ClientInstance(namesrv_addr=namesrv_addr) as client:
+                         task_status=trio.TASK_STATUS_IGNORED, *,
+                         client_options: dict | None = None) -> None:
+    """The gateway alone, reaching the brokers of `namesrv_addr` over TCP.
+    `client_options` are extra ClientConfig fields (TLS: tls, tls_ca_file, tls_verify)."""
+    async with ClientInstance(namesrv_addr=namesrv_addr, **_credentials(config),
+                              **(client_options or {})) as client:
         gateway = MqttGateway(config, client)
         await gateway.serve(task_status=task_status)

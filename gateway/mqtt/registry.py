@@ -9,6 +9,8 @@
   structurally; offsets, in-flight and QoS 2 state are written behind by `flush()`.
 * Session takeover (MQTT-3.1.4-3): a CONNECT for a client id that is connected closes the
   older connection (v5: DISCONNECT 0x8E) and waits for it to wind down first.
+* Persistent sessions are counted (`stored`); a CONNECT that would create one more than
+  `max_stored_sessions` raises `SessionQuotaExceeded` (the connection refuses it).
 * Will messages: published at once on an abnormal close, or after the Will Delay
   Interval, or when the session ends, whichever comes first (v5 §3.1.3.2.2).
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import Will
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
@@ -31,9 +34,13 @@ from gateway.routing.topic_trie import TopicTrie
 if TYPE_CHECKING:
     from gateway.mqtt.server import MqttGateway
 
-__all__ = ["SessionRegistry"]
+__all__ = ["SessionQuotaExceeded", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+class SessionQuotaExceeded(Exception):
+    """A new persistent session would exceed `max_stored_sessions`."""
 
 
 class SessionRegistry:
@@ -46,6 +53,8 @@ class SessionRegistry:
         self.groups: dict[str, SharedGroup] = {}
         self._group_offsets: dict[str, int] = {}
         self.subscription_count = 0
+        #: client ids of persistent sessions (max_stored_sessions counts these)
+        self.stored: set[str] = set()
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -59,8 +68,12 @@ class SessionRegistry:
         self._group_offsets = store.load_group_offsets()
         now_wall = now_ms()
         now = trio.current_time()
+        cap = self.gw.config.max_session_expiry_s
         for client_id, record in list(store.load_sessions()):
-            sess = Session(client_id, record.get("v", 4), record.get("exp"))
+            expiry = record.get("exp")
+            if cap is not None and (expiry is None or expiry > cap):
+                expiry = cap  # stored under a larger (or no) max_session_expiry_s
+            sess = Session(client_id, record.get("v", 4), expiry)
             gone = record.get("gone") or now_wall
             sess.gone_ms = gone
             sess.gone_at = now - max(0.0, (now_wall - gone) / 1000)
@@ -95,6 +108,7 @@ class SessionRegistry:
                 if pair is not None and not c.unacked:
                     c.next = c.sent = pair[0]
             self.sessions[client_id] = sess
+            self.stored.add(client_id)
         return len(self.sessions)
 
     # -- connect / disconnect ------------------------------------------------------------------
@@ -112,6 +126,8 @@ class SessionRegistry:
             self.end(old)
             old = None
         if old is None:
+            if expiry != 0 and len(self.stored) >= self.gw.config.max_stored_sessions:
+                raise SessionQuotaExceeded(client_id)
             sess = Session(client_id, version, expiry)
             self.sessions[client_id] = sess
             present = False
@@ -128,6 +144,7 @@ class SessionRegistry:
         sess.gone_at = None
         sess.gone_ms = None
         if sess.persistent:
+            self.stored.add(client_id)
             self.gw.store.put_session(client_id, sess.record())
         elif present:
             self.gw.store.delete_session(client_id)
@@ -198,6 +215,7 @@ class SessionRegistry:
         sess.inflight.clear()
         if self.sessions.get(sess.client_id) is sess:
             del self.sessions[sess.client_id]
+            self.stored.discard(sess.client_id)
             self.gw.store.delete_session(sess.client_id)
 
     def tick(self) -> None:
@@ -209,7 +227,7 @@ class SessionRegistry:
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
-                log.info("session %r expired", sess.client_id)
+                log.info("session %s expired", shown(sess.client_id))
                 self.end(sess)
 
     # -- subscriptions -------------------------------------------------------------------------

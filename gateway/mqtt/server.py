@@ -25,7 +25,7 @@ import trio
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
 from gateway.mqtt.broker_link import BrokerLink
-from gateway.mqtt.config import MqttConfig
+from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
 from gateway.mqtt.message import MqttMessage
 from gateway.mqtt.registry import SessionRegistry
@@ -64,7 +64,9 @@ class MqttGateway:
         self.config = config
         self.client = client
         self.stats = Stats()
-        self.auth = Authenticator(config.allow_anonymous, config.password_file, config.acl_file)
+        self.auth = Authenticator(config.anonymous_allowed(), config.password_file,
+                                  config.acl_file,
+                                  password_check_threads=config.password_check_threads)
         self.store: SessionStore | None = None
         self.retained: RetainedStore | None = None
         self.registry = SessionRegistry(self)
@@ -75,6 +77,9 @@ class MqttGateway:
         self.ports: dict[str, int] = {}
         self.stopping = False
         self._stop = trio.Event()
+        #: bytes of incomplete packets buffered by all connections (max_partial_packet_bytes)
+        self.partial_bytes = 0
+        self._partial_freed: trio.Event | None = None
 
     @property
     def groups(self):
@@ -92,6 +97,7 @@ class MqttGateway:
             await self.link.start()
             loaded = self.registry.load()
             bound = await self._open_listeners()  # a taken port: plain OSError, nothing runs
+            self._warn_insecure()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.link.run)
                 nursery.start_soon(self.link.refresh_loop)
@@ -121,6 +127,19 @@ class MqttGateway:
         finally:
             self.registry.flush()
             self.store.close()
+
+    def _warn_insecure(self) -> None:
+        cfg = self.config
+        if host_is_loopback(cfg.host):
+            return
+        if cfg.allow_anonymous:
+            log.warning("MQTT: anonymous clients are allowed on %s, a non-loopback address "
+                        "(allow_anonymous = true); set a password_file and allow_anonymous "
+                        "= false unless this network is trusted", cfg.host or "all addresses")
+        elif cfg.allow_anonymous is None:
+            log.info("MQTT: listening on %s, a non-loopback address: anonymous clients "
+                        "are refused (set allow_anonymous = true to allow them)",
+                        cfg.host or "all addresses")
 
     def stop(self) -> None:
         """Stop listening, disconnect clients (v5: 0x8B), persist, return from serve()."""
@@ -197,6 +216,20 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    # -- incomplete packets ------------------------------------------------------------------
+
+    def partial_bytes_changed(self, delta: int) -> None:
+        self.partial_bytes += delta
+        if delta < 0 and self._partial_freed is not None:
+            self._partial_freed.set()
+            self._partial_freed = None
+
+    async def partial_bytes_freed(self) -> None:
+        """Wait until some connection's incomplete packet completed or went away."""
+        if self._partial_freed is None:
+            self._partial_freed = trio.Event()
+        await self._partial_freed.wait()
 
     # -- messages -------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import resource
 import signal
 
 import trio
@@ -20,12 +21,13 @@ def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -
     parser.add_argument("--config", metavar="FILE",
                         help="TOML file; keys are BrokerConfig / NamesrvConfig field names")
     parser.add_argument("--data-dir", help="data directory (default ./data)")
-    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
     parser.add_argument(
         "--advertise-host",
         help="address clients use to reach the broker (default: 127.0.0.1 when binding "
         "0.0.0.0, else --host)",
     )
+    add_remoting_security_options(parser, broker=True)
     if namesrv_port:
         parser.add_argument("--namesrv-port", type=int, help="name server port (default 9876)")
     parser.add_argument("--broker-port", type=int, help="broker port (default 10911)")
@@ -42,8 +44,56 @@ def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
 
 
+def add_remoting_security_options(parser: argparse.ArgumentParser, *, broker: bool) -> None:
+    """Exposure and TLS flags of the remoting ports (docs/remoting.md)."""
+    parser.add_argument(
+        "--allow-unauthenticated", action="store_true", default=None,
+        help="allow serving remoting ports on a non-loopback --host with ACL off "
+        "(anyone who reaches them can administer the server; logged as a warning)",
+    )
+    parser.add_argument("--tls-certfile", help="serve the remoting ports over TLS: "
+                        "certificate chain (PEM); needs --tls-keyfile")
+    parser.add_argument("--tls-keyfile", help="TLS private key (PEM)")
+    if broker:
+        parser.add_argument("--namesrv-tls", action="store_true", default=None,
+                            help="connect to the name servers over TLS")
+        parser.add_argument("--tls-ca-file",
+                            help="CA certificates (PEM) trusted for TLS to the name servers")
+        parser.add_argument("--tls-no-verify", dest="tls_verify", action="store_false",
+                            default=None, help="do not verify the name servers' certificates")
+
+
+def remoting_security_overrides(args: argparse.Namespace) -> dict:
+    """The exposure / TLS fields shared by BrokerConfig and NamesrvConfig."""
+    return {
+        "allow_unauthenticated_remote": args.allow_unauthenticated,
+        "tls_certfile": args.tls_certfile,
+        "tls_keyfile": args.tls_keyfile,
+    }
+
+
+def refuse_insecure(*configs) -> str | None:
+    """The error message when a config would expose a remoting port without ACL and
+    without allow_unauthenticated_remote (checked before anything starts)."""
+    from core.remoting.security import InsecureListenerError, check_exposure
+
+    for config in configs:
+        if config is None or getattr(config, "allow_unauthenticated_remote", False):
+            continue  # the server logs the warning itself when it starts
+        try:
+            check_exposure(config.host, acl_enable=getattr(config, "acl_enable", False),
+                           allow_unauthenticated=False, what="the remoting ports")
+        except InsecureListenerError as exc:
+            return str(exc)
+    return None
+
+
 def broker_overrides(args: argparse.Namespace) -> dict:
     return {
+        **remoting_security_overrides(args),
+        "namesrv_tls": args.namesrv_tls,
+        "tls_ca_file": args.tls_ca_file,
+        "tls_verify": args.tls_verify,
         "data_dir": args.data_dir,
         "host": args.host,
         "advertise_host": args.advertise_host,
@@ -105,9 +155,21 @@ def _os_error(exc: BaseException) -> OSError | None:
 GC_YOUNG_THRESHOLD = 20_000
 
 
+def raise_fd_limit() -> None:
+    """Lift the soft RLIMIT_NOFILE to the hard limit: every connection costs a descriptor,
+    and the remoting servers keep a reserve below the soft limit for the store."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        pass
+
+
 def run_server(server) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
     not writable) is one log line and exit code 1, not a traceback."""
+    raise_fd_limit()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
     try:

@@ -42,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="name servers, host:port[;host:port] (default %(default)s)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     common.add_argument("--timeout", type=float, default=5.0, help="request timeout in seconds")
+    # ACL credentials (docs/acl.md); admin commands need an account with admin = true.
+    common.add_argument("--access-key", default=os.environ.get("LMQ_ACCESS_KEY"),
+                        help="ACL access key (default: $LMQ_ACCESS_KEY)")
+    common.add_argument("--secret-key", default=os.environ.get("LMQ_SECRET_KEY"),
+                        help="ACL secret key (default: $LMQ_SECRET_KEY; prefer the variable: "
+                        "a flag shows in the process list)")
     cmds = parser.add_subparsers(dest="admin_command", metavar="SUBCOMMAND")
 
     p = cmds.add_parser("clusterList", parents=[common], help="brokers of every cluster")
@@ -148,7 +154,11 @@ def _runner(body: Callable[[Any, argparse.Namespace], Awaitable[Any]]) -> Callab
         try:
             if args.timeout <= 0:
                 raise ValueError("--timeout must be positive")
-            config = ClientConfig(namesrv_addr=args.namesrv_addr, request_timeout=args.timeout)
+            if bool(args.access_key) != bool(args.secret_key):
+                raise ValueError("give both --access-key and --secret-key, or neither")
+            config = ClientConfig(namesrv_addr=args.namesrv_addr, request_timeout=args.timeout,
+                                  access_key=args.access_key or None,
+                                  secret_key=args.secret_key or None)
         except ValueError as exc:
             print(f"lmq admin: error: {exc}", file=sys.stderr)
             return EXIT_USAGE

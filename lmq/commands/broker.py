@@ -11,6 +11,7 @@ from lmq.commands._broker_args import (
     add_broker_options,
     broker_overrides,
     log,
+    refuse_insecure,
     run_server,
     setup_logging,
 )
@@ -35,8 +36,16 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
+    if broker_config.auto_create_topic_enable is None and broker_config.auto_create_topic is None:
+        # A cluster broker creates no topic on a send unless configured to (RocketMQ's
+        # autoCreateTopicEnable=false in production); `lmq serve` keeps it on.
+        broker_config.auto_create_topic_enable = False
     if not broker_config.namesrv_addrs:
         log.error("no name server: give --namesrv-addr (or namesrv_addrs in --config)")
+        return 2
+    problem = refuse_insecure(broker_config)
+    if problem:
+        log.error("%s", problem)
         return 2
     server = EmbeddedServer(broker_config, None)
     return run_server(server)

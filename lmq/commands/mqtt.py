@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import getpass
 import logging
 import os
@@ -68,8 +69,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
                         help="name server address(es), ';'-separated (default %(default)s)")
     parser.add_argument("--data-dir", help="gateway state directory (default ./data/mqtt)")
-    parser.add_argument("--host", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--remoting-tls", action="store_true",
+                        help="reach the name servers and brokers over TLS")
+    parser.add_argument("--remoting-tls-ca-file",
+                        help="CA certificates (PEM) trusted for --remoting-tls")
+    parser.add_argument("--remoting-tls-no-verify", action="store_true",
+                        help="do not verify the remoting servers' certificates")
     add_mqtt_options(parser, embedded=False)
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="mqtt_command", metavar="passwd")
@@ -100,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                gateway = await nursery.start(run_standalone, config, args.namesrv_addr)
+                tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
+                       "tls_verify": not args.remoting_tls_no_verify}
+                gateway = await nursery.start(functools.partial(
+                    run_standalone, config, args.namesrv_addr,
+                    client_options=tls if args.remoting_tls else None,
+                ))
 
                 async def watch() -> None:
                     async for _ in signals:

@@ -9,6 +9,12 @@ import signal
 import trio
 
 from core.namesrv import NameServer, NamesrvConfig
+from lmq.commands._broker_args import (
+    add_remoting_security_options,
+    raise_fd_limit,
+    refuse_insecure,
+    remoting_security_overrides,
+)
 
 log = logging.getLogger("lmq.namesrv")
 
@@ -20,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a RocketMQ 4.x compatible name server.",
     )
     defaults = NamesrvConfig()
-    parser.add_argument("--host", default=defaults.host, help="listen address (default %(default)s)")
+    parser.add_argument("--host", default=defaults.host,
+                        help="listen address (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=defaults.port, help="listen port (default %(default)s)")
     parser.add_argument(
         "--broker-expiry",
@@ -30,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="forget a broker silent for this long (default %(default)s)",
     )
     parser.add_argument(
+        "--acl-file", metavar="FILE",
+        help="turn ACL on with this TOML ACL file (docs/acl.md); default: ACL off",
+    )
+    parser.add_argument(
         "--log-level", default="INFO", help="logging level (default %(default)s)"
     )
+    add_remoting_security_options(parser, broker=False)
     parser.set_defaults(func=run)
 
 
@@ -40,10 +52,23 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    config = NamesrvConfig(host=args.host, port=args.port, broker_expiry_s=args.broker_expiry)
+    security = {k: v for k, v in remoting_security_overrides(args).items() if v is not None}
+    try:
+        config = NamesrvConfig(
+            host=args.host, port=args.port, broker_expiry_s=args.broker_expiry,
+            acl_enable=bool(args.acl_file), acl_file=args.acl_file, **security
+        )
+    except (TypeError, ValueError) as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+    problem = refuse_insecure(config)
+    if problem:
+        log.error("%s", problem)
+        return 2
+    raise_fd_limit()
     try:
         trio.run(_serve, config)
-    except OSError as exc:  # e.g. the port is taken
+    except (OSError, ValueError) as exc:  # e.g. the port is taken, a bad certificate
         log.error("cannot start the name server: %s", exc)
         return 1
     return 0

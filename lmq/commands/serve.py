@@ -1,6 +1,7 @@
 """`lmq serve`: name server + broker + MQTT gateway in one process.
 
-    lmq serve --data-dir ./data                     # 9876 + 10911 + MQTT 1883 on 0.0.0.0
+    lmq serve --data-dir ./data                     # 9876 + 10911 + MQTT 1883 on 127.0.0.1
+    lmq serve --host 0.0.0.0 --allow-unauthenticated   # reachable from other hosts, no ACL
     lmq serve --config lmq.toml --flush sync
     lmq serve --mqtt-port 1884 --mqtt-ws-port 8083 --mqtt-config mqtt.toml
     lmq serve --no-mqtt
@@ -14,6 +15,8 @@ from lmq.commands._broker_args import (
     add_broker_options,
     broker_overrides,
     log,
+    refuse_insecure,
+    remoting_security_overrides,
     run_server,
     setup_logging,
 )
@@ -35,13 +38,24 @@ def run(args: argparse.Namespace) -> int:
     from core.cluster import EmbeddedServer, build_configs
 
     setup_logging(args.log_level)
-    namesrv_overrides = {"host": args.host, "port": args.namesrv_port}
+    namesrv_overrides = {
+        "host": args.host, "port": args.namesrv_port, **remoting_security_overrides(args)
+    }
     try:
         broker_config, namesrv_config = build_configs(
             args.config, broker_overrides(args), namesrv_overrides
         )
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
+        return 2
+    if broker_config.tls_certfile and namesrv_config.tls_certfile and not args.namesrv_tls:
+        # The embedded broker registers with the embedded name server over TLS too,
+        # trusting its certificate unless a CA file is given.
+        broker_config.namesrv_tls = True
+        broker_config.tls_ca_file = broker_config.tls_ca_file or namesrv_config.tls_certfile
+    problem = refuse_insecure(broker_config, namesrv_config)
+    if problem:
+        log.error("%s", problem)
         return 2
     try:
         services = mqtt_services(args)

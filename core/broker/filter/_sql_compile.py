@@ -56,17 +56,28 @@ _LONG_MAX = (1 << 63) - 1
 _JAVA_TRIM = "".join(map(chr, range(0x21)))
 # Double.valueOf's decimal syntax, with optional f/d suffix. NaN is left out on purpose:
 # Java orders NaN above every number, which would make `a > 1` true for a = "NaN".
+# Every character has exactly one way to match (the digits before a dot belong to the
+# first group, those after it to the optional fraction), so a failing match costs linear
+# time. The former `[0-9]+\.?[0-9]*` could split a run of digits at any point and made a
+# 20 kB property take seconds to reject.
 _JAVA_DOUBLE = re.compile(
-    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?|Infinity)"
+    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?|Infinity)"
 )
+# Property values longer than this never convert to a number: the comparison is unknown
+# (FilterLimits.max_number_length, where the default is explained).
+DEFAULT_MAX_NUMBER_LENGTH = 256
 
 _ORDER = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 # `5 < a` is `a > 5`.
 _FLIP = {">": "<", ">=": "<=", "<": ">", "<=": ">="}
 
 
-def to_long(text: str) -> int | None:
-    """Java ``Long.valueOf``: optional sign and decimal digits, 64-bit range; else None."""
+def to_long(text: str, max_length: int = DEFAULT_MAX_NUMBER_LENGTH) -> int | None:
+    """Java ``Long.valueOf``: optional sign and decimal digits, 64-bit range; else None.
+
+    Text longer than ``max_length`` characters is None without being looked at."""
+    if len(text) > max_length:
+        return None
     body = text[1:] if text[:1] in ("+", "-") else text
     if not body.isdecimal():  # also rejects "", spaces and "_" that int() would take
         return None
@@ -77,8 +88,12 @@ def to_long(text: str) -> int | None:
     return value if _LONG_MIN <= value <= _LONG_MAX else None
 
 
-def to_double(text: str) -> float | None:
-    """Java ``Double.valueOf`` (decimal forms and Infinity, not NaN or hex); else None."""
+def to_double(text: str, max_length: int = DEFAULT_MAX_NUMBER_LENGTH) -> float | None:
+    """Java ``Double.valueOf`` (decimal forms and Infinity, not NaN or hex); else None.
+
+    Text longer than ``max_length`` characters (before trimming) is None."""
+    if len(text) > max_length:
+        return None
     text = text.strip(_JAVA_TRIM)
     if _JAVA_DOUBLE.fullmatch(text) is None:
         return None
@@ -87,8 +102,11 @@ def to_double(text: str) -> float | None:
     return float(text)
 
 
-def _converter(literal: int | float) -> Callable[[str], int | float | None]:
-    return to_double if isinstance(literal, float) else to_long
+def _converter(literal: int | float, max_length: int) -> Callable[[str], int | float | None]:
+    convert = to_double if isinstance(literal, float) else to_long
+    if max_length == DEFAULT_MAX_NUMBER_LENGTH:
+        return convert
+    return lambda text: convert(text, max_length)
 
 
 def _java_bool(text: str) -> bool:
@@ -117,12 +135,14 @@ def _dyn(fn: BoolFn) -> _V:
     return _V("bool", fn=fn)
 
 
-def compile_node(node: Node) -> _V:
-    """Compile the whole expression; the result is a boolean value (const or closure)."""
-    return _condition(_compile(node), node)
+def compile_node(node: Node, max_number_length: int = DEFAULT_MAX_NUMBER_LENGTH) -> _V:
+    """Compile the whole expression; the result is a boolean value (const or closure).
+
+    ``max_number_length``: longest property value converted to a number."""
+    return _condition(_compile(node, max_number_length), node)
 
 
-def _compile(node: Node) -> _V:
+def _compile(node: Node, cap: int) -> _V:
     if isinstance(node, Prop):
         return _V("prop", value=node.name)
     if isinstance(node, StrLit):
@@ -134,24 +154,24 @@ def _compile(node: Node) -> _V:
     if isinstance(node, NullLit):
         return _V("null")
     if isinstance(node, Not):
-        return _not(_condition(_compile(node.operand), node.operand))
+        return _not(_condition(_compile(node.operand, cap), node.operand))
     if isinstance(node, And | Or):
-        operands = [_condition(_compile(child), child) for child in node.operands]
+        operands = [_condition(_compile(child, cap), child) for child in node.operands]
         return _and(operands) if isinstance(node, And) else _or(operands)
     if isinstance(node, Compare):
-        left, right = _compile(node.left), _compile(node.right)
+        left, right = _compile(node.left, cap), _compile(node.right, cap)
         if node.op in ("=", "<>"):
-            result = _equal(left, right, node)
+            result = _equal(left, right, node, cap)
             return _not(result) if node.op == "<>" else result
-        return _ordering(node.op, left, right, node)
+        return _ordering(node.op, left, right, node, cap)
     if isinstance(node, IsNull):
-        return _is_null(_compile(node.operand), node.negated)
+        return _is_null(_compile(node.operand, cap), node.negated)
     if isinstance(node, Between):
-        return _between(node)
+        return _between(node, cap)
     if isinstance(node, In):
-        return _in(node)
+        return _in(node, cap)
     if isinstance(node, StrMatch):
-        return _str_match(node)
+        return _str_match(node, cap)
     raise AssertionError(f"unknown node {node!r}")  # pragma: no cover
 
 
@@ -270,7 +290,7 @@ def _or(operands: list[_V]) -> _V:
     return _dyn(or_n)
 
 
-def _equal(left: _V, right: _V, node: Node) -> _V:
+def _equal(left: _V, right: _V, node: Node, cap: int) -> _V:
     """``left = right`` (``<>`` is its negation)."""
     kinds = {left.kind, right.kind}
     if "null" in kinds:
@@ -309,7 +329,7 @@ def _equal(left: _V, right: _V, node: Node) -> _V:
         if kinds == {"num"}:
             return _const(left.value == right.value)
         num, other = (left, right) if left.kind == "num" else (right, left)
-        return _scalar_vs_number(other, operator.eq, num.value)
+        return _scalar_vs_number(other, operator.eq, num.value, cap)
     # Strings and properties: string equality.
     if left.const and right.const:
         return _const(left.value == right.value)
@@ -332,9 +352,11 @@ def _equal(left: _V, right: _V, node: Node) -> _V:
     return _dyn(prop_eq_str)
 
 
-def _scalar_vs_number(v: _V, op: Callable[[Any, Any], bool], number: int | float) -> _V:
+def _scalar_vs_number(
+    v: _V, op: Callable[[Any, Any], bool], number: int | float, cap: int
+) -> _V:
     """``op(convert(v), number)`` for a property or string literal ``v``."""
-    convert = _converter(number)
+    convert = _converter(number, cap)
     if v.kind == "str":
         x = convert(v.value)
         return _const(None if x is None else op(x, number))
@@ -350,7 +372,7 @@ def _scalar_vs_number(v: _V, op: Callable[[Any, Any], bool], number: int | float
     return _dyn(prop_vs_number)
 
 
-def _ordering(op: str, left: _V, right: _V, node: Node) -> _V:
+def _ordering(op: str, left: _V, right: _V, node: Node, cap: int) -> _V:
     """``> >= < <=``: only numbers and properties (compared as numbers) may be ordered."""
     for v in (left, right):
         if v.kind not in ("prop", "num"):
@@ -359,9 +381,9 @@ def _ordering(op: str, left: _V, right: _V, node: Node) -> _V:
     if left.kind == "num" and right.kind == "num":
         return _const(_ORDER[op](left.value, right.value))
     if right.kind == "num":
-        return _scalar_vs_number(left, _ORDER[op], right.value)
+        return _scalar_vs_number(left, _ORDER[op], right.value, cap)
     if left.kind == "num":
-        return _scalar_vs_number(right, _ORDER[_FLIP[op]], left.value)
+        return _scalar_vs_number(right, _ORDER[_FLIP[op]], left.value, cap)
     # Two properties: RocketMQ converts both with Double.valueOf.
     a_name, b_name, cmp = left.value, right.value, _ORDER[op]
 
@@ -370,25 +392,30 @@ def _ordering(op: str, left: _V, right: _V, node: Node) -> _V:
         b = p.get(b_name)
         if a is None or b is None:
             return None
-        x = to_double(a)
-        y = to_double(b)
+        x = to_double(a, cap)
+        y = to_double(b, cap)
         return None if x is None or y is None else cmp(x, y)
 
     return _dyn(prop_vs_prop)
 
 
-def _between(node: Between) -> _V:
-    value, low, high = _compile(node.operand), _compile(node.low), _compile(node.high)
+def _between(node: Between, cap: int) -> _V:
+    value = _compile(node.operand, cap)
+    low, high = _compile(node.low, cap), _compile(node.high, cap)
     if node.negated:
-        return _or([_ordering("<", value, low, node), _ordering(">", value, high, node)])
+        return _or(
+            [_ordering("<", value, low, node, cap), _ordering(">", value, high, node, cap)]
+        )
     if low.kind == "num" and high.kind == "num" and high.value < low.value:
         # RocketMQ refuses an empty range at compile time (createBetween).
         raise FilterParseError(f"BETWEEN bounds are reversed ({low.value} > {high.value}): {node}")
-    return _and([_ordering(">=", value, low, node), _ordering("<=", value, high, node)])
+    return _and(
+        [_ordering(">=", value, low, node, cap), _ordering("<=", value, high, node, cap)]
+    )
 
 
-def _in(node: In) -> _V:
-    operand = _compile(node.operand)
+def _in(node: In, cap: int) -> _V:
+    operand = _compile(node.operand, cap)
     if operand.kind != "prop":
         raise FilterParseError(f"IN needs a property on its left: {node}")
     name, values, negated = operand.value, frozenset(node.values), node.negated
@@ -402,8 +429,8 @@ def _in(node: In) -> _V:
     return _dyn(in_)
 
 
-def _str_match(node: StrMatch) -> _V:
-    operand = _compile(node.operand)
+def _str_match(node: StrMatch, cap: int) -> _V:
+    operand = _compile(node.operand, cap)
     if operand.kind not in ("prop", "str"):
         raise FilterParseError(f"{node.op} needs a property or a string on its left: {node}")
     pattern, negated = node.pattern, node.negated

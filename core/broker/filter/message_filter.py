@@ -163,6 +163,11 @@ def build_message_filter(
     answers with SUBSCRIPTION_PARSE_FAILED (23).
     """
     if ExpressionType.is_tag_type(expression_type):
+        if expression is not None and len(expression) > limits.max_tag_expression_length:
+            raise FilterParseError(
+                f"tag expression is {len(expression)} characters long, "
+                f"the limit is {limits.max_tag_expression_length}"
+            )
         subscription = parse_tag_expression(expression)
         if subscription.match_all:
             return None

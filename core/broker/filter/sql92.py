@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from core.broker.filter._sql_compile import compile_node
+from core.broker.filter._sql_compile import DEFAULT_MAX_NUMBER_LENGTH, compile_node
 from core.broker.filter._sql_parser import Node, parse, property_names
 from core.broker.filter.errors import FilterParseError
 
@@ -32,6 +32,8 @@ __all__ = [
     "DEFAULT_FILTER_LIMITS",
     "DEFAULT_MAX_EXPRESSION_LENGTH",
     "DEFAULT_MAX_NESTING_DEPTH",
+    "DEFAULT_MAX_NUMBER_LENGTH",
+    "DEFAULT_MAX_TAG_EXPRESSION_LENGTH",
     "FilterLimits",
     "FilterParseError",
     "SqlFilter",
@@ -43,6 +45,9 @@ __all__ = [
 # write by hand while keeping parsing and evaluation well inside Python's stack.
 DEFAULT_MAX_EXPRESSION_LENGTH = 4096
 DEFAULT_MAX_NESTING_DEPTH = 64
+# A tag expression ("TagA || TagB") costs a Java hash per character, in Python: about
+# 0.4 us a character, so a 16 MiB one held the loop for seconds. 16 KiB is ~1000 tags.
+DEFAULT_MAX_TAG_EXPRESSION_LENGTH = 16384
 # Each nesting level costs up to six parser frames; above this the interpreter's own
 # recursion limit (1000) would be at risk.
 _HARD_MAX_NESTING_DEPTH = 128
@@ -56,16 +61,28 @@ class FilterLimits:
     ``max_nesting_depth``: parentheses/unary operators nested, and height of the parsed
     tree (default 64, at most 128).
     Exceeding either raises FilterParseError (SUBSCRIPTION_PARSE_FAILED).
+    ``max_number_length``: the longest property value (in characters) that a comparison
+    with a number converts (default 256); a longer value makes the comparison unknown, as
+    a value that is not a number does. The publisher controls property values (up to
+    32 KiB): the cap keeps the per-message work small whatever they send. A Java
+    ``long`` needs at most 20 characters and the shortest text of any ``double`` at most
+    24, so 256 leaves room for padding, leading zeros and long decimal expansions.
+    ``max_tag_expression_length``: characters in a TAG expression (default 16384); a
+    longer one raises FilterParseError (SUBSCRIPTION_PARSE_FAILED).
     """
 
     max_expression_length: int = DEFAULT_MAX_EXPRESSION_LENGTH
     max_nesting_depth: int = DEFAULT_MAX_NESTING_DEPTH
+    max_number_length: int = DEFAULT_MAX_NUMBER_LENGTH
+    max_tag_expression_length: int = DEFAULT_MAX_TAG_EXPRESSION_LENGTH
 
     def __post_init__(self) -> None:
         if self.max_expression_length < 1:
             raise ValueError("max_expression_length must be at least 1")
         if not 1 <= self.max_nesting_depth <= _HARD_MAX_NESTING_DEPTH:
             raise ValueError(f"max_nesting_depth must be within 1..{_HARD_MAX_NESTING_DEPTH}")
+        if self.max_number_length < 1:
+            raise ValueError("max_number_length must be at least 1")
 
 
 DEFAULT_FILTER_LIMITS = FilterLimits()
@@ -80,11 +97,13 @@ class SqlFilter:
 
     __slots__ = ("expression", "ast", "property_names", "_fn")
 
-    def __init__(self, expression: str, ast: Node) -> None:
+    def __init__(
+        self, expression: str, ast: Node, max_number_length: int = DEFAULT_MAX_NUMBER_LENGTH
+    ) -> None:
         self.expression = expression
         self.ast = ast
         self.property_names: frozenset[str] = property_names(ast)
-        compiled = compile_node(ast)
+        compiled = compile_node(ast, max_number_length)
         if compiled.const:
             value = compiled.value
             self._fn = lambda props: value
@@ -125,6 +144,6 @@ def _compile_cached(expression: str, limits: FilterLimits) -> SqlFilter:
     # one bounded parse.
     try:
         ast = parse(expression, limits.max_nesting_depth)
-        return SqlFilter(expression, ast)
+        return SqlFilter(expression, ast, limits.max_number_length)
     except RecursionError:  # defence in depth: the depth limits should prevent it
         raise FilterParseError("expression nested too deeply") from None

@@ -30,15 +30,17 @@ from .common import error, json_body, ok, parse_json_body, required_group
 
 log = logging.getLogger(__name__)
 
-# A heartbeat naming more groups or subscriptions than this is refused (named limits;
-# real clients send a handful).
-MAX_GROUPS_PER_HEARTBEAT = 1000
-MAX_SUBSCRIPTIONS_PER_GROUP = 1000
-
 
 def _as_list(value: Any) -> list:
     """Missing/null sets are empty (C++ omits empty sets, §6.2)."""
     return value if isinstance(value, list) else []
+
+
+def _valid_group(raw: Any) -> str | None:
+    group = raw.get("groupName") if isinstance(raw, dict) else None
+    if not isinstance(group, str) or names.validate_group(group) is not None:
+        return None
+    return group
 
 
 class ClientProcessor:
@@ -48,8 +50,20 @@ class ClientProcessor:
         self.broker = broker
         self.config = broker.config
 
+    def _read_body(self, cmd: RemotingCommand) -> Any:
+        """The JSON body, refused unparsed above `max_heartbeat_body_bytes`."""
+        limit = self.config.max_heartbeat_body_bytes
+        if cmd.body_length > limit:
+            raise HeaderError("body", f"body is {cmd.body_length} bytes, the limit is {limit}")
+        return parse_json_body(cmd)
+
     async def heart_beat(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
-        data = parse_json_body(cmd)
+        """Everything is checked before anything is registered: a refused heartbeat
+        changes nothing, except that groups the broker may not create (auto-creation
+        off or `max_auto_created_groups` reached) are skipped and answered with
+        SUBSCRIPTION_GROUP_NOT_EXIST while the others are registered."""
+        config = self.config
+        data = self._read_body(cmd)
         if not isinstance(data, dict):
             raise HeaderError("body", "heartbeat body is not a JSON object")
         client_id = data.get("clientID")
@@ -57,41 +71,57 @@ class ClientProcessor:
             raise HeaderError("clientID", "heartbeat without clientID")
         consumers = _as_list(data.get("consumerDataSet"))
         producers = _as_list(data.get("producerDataSet"))
-        if len(consumers) + len(producers) > MAX_GROUPS_PER_HEARTBEAT:
-            return error(cmd, ResponseCode.SYSTEM_ERROR, "too many groups in one heartbeat")
-        broker = self.broker
-        conn = ctx.connection
-        broker.watch_connection(conn)
-        version = cmd.version if isinstance(cmd.version, int) else 0
+        if len(consumers) + len(producers) > config.max_heartbeat_groups:
+            return error(cmd, ResponseCode.SYSTEM_ERROR,
+                         f"too many groups in one heartbeat (max_heartbeat_groups "
+                         f"{config.max_heartbeat_groups})")
+        n_subs = sum(len(_as_list(raw.get("subscriptionDataSet")))
+                     for raw in consumers if isinstance(raw, dict))
+        if n_subs > config.max_heartbeat_subscriptions:
+            return error(cmd, ResponseCode.SYSTEM_ERROR,
+                         f"too many subscriptions in one heartbeat (max_heartbeat_subscriptions "
+                         f"{config.max_heartbeat_subscriptions})")
+        # Validate every consumer entry first; an over-long expression is refused unparsed.
+        entries: list[tuple[str, dict, list[SubscriptionData]]] = []
         for raw in consumers:
-            if not isinstance(raw, dict):
+            group = _valid_group(raw)
+            if group is None:
                 continue
-            group = raw.get("groupName")
-            if not isinstance(group, str) or names.validate_group(group) is not None:
-                continue
-            subs_raw = _as_list(raw.get("subscriptionDataSet"))
-            if len(subs_raw) > MAX_SUBSCRIPTIONS_PER_GROUP:
-                return error(cmd, ResponseCode.SYSTEM_ERROR, "too many subscriptions in one group")
             subs = []
-            for s in subs_raw:
+            for s in _as_list(raw.get("subscriptionDataSet")):
                 if not isinstance(s, dict):
                     continue
                 try:
                     sub = SubscriptionData.from_heartbeat(s)
+                except FilterParseError as exc:
+                    return error(cmd, exc.response_code, f"group {group}: {exc}")
                 except ValueError:
                     continue
                 if names.validate_topic(sub.topic) is None:
                     subs.append(sub)
-            sg = broker.subscription_group_manager.find_or_create(group)
-            notify = self.config.notify_consumer_ids_changed
-            if sg is not None:
-                notify = notify and sg.notify_consumer_ids_changed_enable
-                if not names.is_lmq(group):
-                    sys_flag = TopicSysFlag.UNIT_SUB if raw.get("unitMode") is True else 0
-                    broker.topic_config_manager.create_topic_in_send_back_method(
-                        names.retry_topic(group), sg.retry_queue_nums,
-                        PermName.READ | PermName.WRITE, sys_flag,
-                    )
+            entries.append((group, raw, subs))
+        producer_groups = [g for g in map(_valid_group, producers) if g is not None]
+        broker = self.broker
+        conn = ctx.connection
+        for manager, named in ((broker.consumer_manager, [e[0] for e in entries]),
+                               (broker.producer_manager, producer_groups)):
+            mine = manager.groups_of_connection(conn)
+            if len(mine | set(named)) > config.max_groups_per_connection:
+                return error(cmd, ResponseCode.SYSTEM_ERROR,
+                             f"a connection may be a member of at most "
+                             f"{config.max_groups_per_connection} groups "
+                             f"(max_groups_per_connection)")
+        broker.watch_connection(conn)
+        version = cmd.version if isinstance(cmd.version, int) else 0
+        refused: list[str] = []
+        for group, raw, subs in entries:
+            if not self._ensure_group(group, raw):
+                refused.append(group)
+                continue
+            sg = broker.subscription_group_manager.get(group)
+            notify = config.notify_consumer_ids_changed and (
+                sg is None or sg.notify_consumer_ids_changed_enable
+            )
             broker.consumer_manager.register(
                 group,
                 ClientChannelInfo(conn, client_id, str(cmd.language), version),
@@ -103,16 +133,38 @@ class ClientProcessor:
                 subscriptions=subs,
                 notify=notify,
             )
-        for raw in producers:
-            if not isinstance(raw, dict):
-                continue
-            group = raw.get("groupName")
-            if not isinstance(group, str) or names.validate_group(group) is not None:
-                continue
+        for group in producer_groups:
             broker.producer_manager.register(
                 group, ClientChannelInfo(conn, client_id, str(cmd.language), version)
             )
+        if refused:
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            return error(cmd, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                         f"subscription group [{refused[0]}] does not exist{more}")
         return ok(cmd)
+
+    def _ensure_group(self, group: str, raw: dict) -> bool:
+        """The group's config (created if allowed) and its %RETRY% topic; False when the
+        group may not be created. A retry topic made for an auto-created group counts
+        against max_auto_created_topics; past that cap the group gets none (a send-back
+        then creates it or fails as any send does)."""
+        broker = self.broker
+        sgm = broker.subscription_group_manager
+        if names.is_lmq(group):
+            return True
+        sg = sgm.find_or_create(group)
+        if sg is None:
+            return False
+        tcm = broker.topic_config_manager
+        retry = names.retry_topic(group)
+        sys_flag = TopicSysFlag.UNIT_SUB if raw.get("unitMode") is True else 0
+        if group in sgm.auto_created:
+            tcm.create_retry_topic_in_send_message_method(retry, sys_flag)
+        else:
+            tcm.create_topic_in_send_back_method(
+                retry, sg.retry_queue_nums, PermName.READ | PermName.WRITE, sys_flag
+            )
+        return True
 
     async def unregister_client(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         client_id = cmd.ext_str("clientID", required=True)
@@ -141,11 +193,15 @@ class ClientProcessor:
     async def check_client_config(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """CHECK_CLIENT_CONFIG: does the broker accept this subscription? (Java clients
         call it before subscribing with SQL92.)"""
-        data = parse_json_body(cmd)
+        data = self._read_body(cmd)
         sub = data.get("subscriptionData") if isinstance(data, dict) else None
         if isinstance(sub, dict):
+            etype, expression = sub.get("expressionType"), sub.get("subString")
             try:
-                build_message_filter(sub.get("expressionType"), sub.get("subString"))
+                build_message_filter(
+                    etype if isinstance(etype, str) else None,
+                    expression if isinstance(expression, str) else None,
+                )
             except FilterParseError as exc:
                 return error(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return ok(cmd)

@@ -36,8 +36,33 @@ _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
+def java_int(value: object) -> int:
+    """An integer header value as Java's Integer.parseInt / Long.parseLong reads it: an
+    optional sign and digits, nothing else (no blanks, no `_`, no JSON true). Digits are
+    ASCII only (Java would also take other Unicode decimal digits; no client sends
+    them). JSON numbers from the C++ client are taken as they are. ValueError
+    otherwise; the caller checks the range."""
+    if type(value) is int:
+        return value
+    if type(value) is not str:
+        raise ValueError(value)
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(value)
+    return int(value)
+
+
 def _ranged(cmd: RemotingCommand, name: str, default, required: bool, bounds, kind: str):
-    value = cmd.ext_int(name, default, required)
+    ext = cmd.ext_fields
+    raw = ext.get(name) if ext else None
+    if raw is None or raw == "":
+        if required:
+            raise HeaderError(name, "missing required ext field")
+        return default
+    try:
+        value = java_int(raw)
+    except ValueError:
+        raise HeaderError(name, f"invalid integer {raw!r} in ext field") from None
     if value is not None and not bounds[0] <= value <= bounds[1]:
         # Java's Integer/Long.parseLong rejects these too (NumberFormatException).
         raise HeaderError(name, f"value {value} out of range for a {kind}")

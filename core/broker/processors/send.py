@@ -9,9 +9,9 @@ then split, and its sub-messages are stored uncompressed.
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 
+from core.acl import may_write_inner
 from core.broker.topic_config import TopicConfig
 from core.common import names
 from core.common.codec import RecordError, decode_batch
@@ -21,9 +21,10 @@ from core.common.sysflag import MessageSysFlag, PermName, TopicSysFlag
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import FLAG_RESPONSE, MQVersion, RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
+from core.remoting.inflate import InflateLimitError, inflate_async
 from core.store.results import PutStatus
 
-from .common import error
+from .common import error, java_int
 
 _rng = random.Random()
 
@@ -69,6 +70,16 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 _MISSING = "missing required ext field"
 
 
+def _fast_int(value: object) -> int:
+    """java_int for the usual forms only (a JSON number, unsigned digits); anything else
+    raises and the header takes the checked path."""
+    if type(value) is int:
+        return value
+    if value.isdigit() and value.isascii():  # AttributeError for a non-string
+        return int(value)
+    raise ValueError(value)
+
+
 def _int(ext: dict, name: str, bounds: tuple[int, int], default: int | None = None) -> int:
     """One integer ext field, parsed inline: this runs several times per message (the
     generic `ext_int32` path costs ~15% of a send). `default=None` means required."""
@@ -78,8 +89,8 @@ def _int(ext: dict, name: str, bounds: tuple[int, int], default: int | None = No
             raise HeaderError(name, _MISSING)
         return default
     try:
-        number = int(value)
-    except (TypeError, ValueError):
+        number = java_int(value)
+    except ValueError:
         raise HeaderError(name, f"invalid integer {value!r} in ext field") from None
     if not bounds[0] <= number <= bounds[1]:
         raise HeaderError(name, f"value {number} out of range")
@@ -129,16 +140,16 @@ def decode_send_header(cmd: RemotingCommand) -> SendHeader:
         group = ext[n[0]]
         topic = ext[n[1]]
         default_topic = ext[n[2]]
-        queue_nums = int(ext[n[3]])
-        queue_id = int(ext[n[4]])
-        sys_flag = int(ext[n[5]])
-        born = int(ext[n[6]])
-        flag = int(ext[n[7]])
+        queue_nums = _fast_int(ext[n[3]])
+        queue_id = _fast_int(ext[n[4]])
+        sys_flag = _fast_int(ext[n[5]])
+        born = _fast_int(ext[n[6]])
+        flag = _fast_int(ext[n[7]])
         reconsume = ext.get(n[9])
-        reconsume = 0 if reconsume is None or reconsume == "" else int(reconsume)
+        reconsume = 0 if reconsume is None or reconsume == "" else _fast_int(reconsume)
         max_reconsume = ext.get(n[11])
         if max_reconsume is not None and max_reconsume != "":
-            max_reconsume = int(max_reconsume)
+            max_reconsume = _fast_int(max_reconsume)
             if not _I32_MIN <= max_reconsume <= _I32_MAX:
                 raise ValueError
         else:
@@ -155,7 +166,7 @@ def decode_send_header(cmd: RemotingCommand) -> SendHeader:
                 None if props is None else str(props), reconsume, _flag(cmd, ext, n[10]),
                 max_reconsume, batch,
             )
-    except (KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         pass
     props = ext.get(n[8])
     max_reconsume = ext.get(n[11])
@@ -200,6 +211,15 @@ _CODE_BY_STATUS = {st: _status_code(st.name) for st in PutStatus}
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
+# Broker-internal properties a client may not set without the right (docs/acl.md §4):
+# they make the store index the message into other queues (LMQs) at chosen offsets.
+RESERVED_PROPERTIES = (
+    MessageConst.INNER_MULTI_DISPATCH,
+    MessageConst.INNER_MULTI_QUEUE_OFFSET,
+)
+# Every reserved name starts with this; a send without it anywhere needs no closer look.
+_INNER_MARK = "INNER_MULTI_"
+_INNER_MARK_BYTES = _INNER_MARK.encode()
 
 
 class SendProcessor:
@@ -228,9 +248,7 @@ class SendProcessor:
         if tc is None:
             sys_flag = TopicSysFlag.UNIT if h.unit_mode else 0
             if names.is_retry_topic(h.topic):
-                tc = tcm.create_topic_in_send_back_method(
-                    h.topic, 1, PermName.READ | PermName.WRITE, sys_flag
-                )
+                tc = tcm.create_retry_topic_in_send_message_method(h.topic, sys_flag)
             elif names.validate_topic(h.default_topic) is None:
                 tc = tcm.create_topic_in_send_message_method(
                     h.topic, h.default_topic, h.default_topic_queue_nums, sys_flag
@@ -319,7 +337,7 @@ class SendProcessor:
         _tc, queue_id = checked
         body = cmd.body_bytes()
         if h.batch:
-            return await self._send_batch(cmd, h, queue_id, body, remote)
+            return await self._send_batch(ctx, cmd, h, queue_id, body, remote)
         if len(body) > self.config.max_message_size:
             return error(
                 cmd, ResponseCode.MESSAGE_ILLEGAL,
@@ -327,6 +345,15 @@ class SendProcessor:
             )
         broker = self.broker
         props = self._base_properties(h)
+        if h.properties and _INNER_MARK in h.properties:
+            reserved = [k for k in RESERVED_PROPERTIES if k in props]
+            if reserved:
+                if names.is_retry_topic(h.topic):
+                    # A consumer's send-back copies the consumed message's properties.
+                    for key in reserved:
+                        del props[key]
+                elif not self._may_write_inner(ctx):
+                    return _reserved_refusal(cmd, reserved[0])
         inner = InnerMessage(
             h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
             broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
@@ -359,8 +386,36 @@ class SendProcessor:
         result = await broker.put_message(inner)
         return self._response(cmd, result, response_queue_id)
 
+    def _may_write_inner(self, ctx) -> bool:
+        return may_write_inner(
+            ctx,
+            acl_enable=self.config.acl_enable,
+            allow_without_acl=self.config.allow_inner_properties_without_acl,
+        )
+
+    @staticmethod
+    def _check_batch_inner(cmd: RemotingCommand, h: SendHeader, batch_props: dict,
+                           body: bytes):
+        """Refusal if the batch or one of its messages sets a reserved property."""
+        reserved = []
+        if h.properties and _INNER_MARK in h.properties:
+            reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
+        if not reserved and _INNER_MARK_BYTES in body:
+            try:
+                items = decode_batch(body)
+            except RecordError:
+                return None  # answered as a malformed batch below
+            for item in items:
+                props = decode_properties(item.properties)
+                reserved = [k for k in RESERVED_PROPERTIES if k in props]
+                if reserved:
+                    break
+        if reserved:
+            return _reserved_refusal(cmd, reserved[0])
+        return None
+
     async def _send_batch(
-        self, cmd: RemotingCommand, h: SendHeader, queue_id: int, body: bytes, remote: str
+        self, ctx, cmd: RemotingCommand, h: SendHeader, queue_id: int, body: bytes, remote: str
     ) -> RemotingCommand:
         limit = self.config.max_message_size
         if names.is_retry_topic(h.topic):
@@ -372,16 +427,16 @@ class SendProcessor:
         sys_flag = h.sys_flag
         if sys_flag & MessageSysFlag.COMPRESSED:
             # C++ 1.2.3 compresses the whole batch (§7.8): inflate, bounded by the limit.
+            # Bounded, and off the loop past its first 64 KiB (core.remoting.inflate).
             try:
-                inflater = zlib.decompressobj()
-                body = inflater.decompress(body, limit + 1)
-            except zlib.error as exc:
-                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, f"cannot inflate batch body: {exc}")
-            if len(body) > limit or inflater.unconsumed_tail:
+                body = await inflate_async(body, limit)
+            except InflateLimitError:
                 return error(
                     cmd, ResponseCode.MESSAGE_ILLEGAL,
                     f"the message body size over max value, MAX: {limit}",
                 )
+            except ValueError as exc:
+                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, f"cannot inflate batch body: {exc}")
             sys_flag &= ~MessageSysFlag.COMPRESSED
         elif len(body) > limit:
             return error(
@@ -390,6 +445,10 @@ class SendProcessor:
             )
         broker = self.broker
         batch_props = self._base_properties(h)
+        if not self._may_write_inner(ctx):
+            refused = self._check_batch_inner(cmd, h, batch_props, body)
+            if refused is not None:
+                return refused
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
@@ -454,6 +513,13 @@ class SendProcessor:
             code, opaque=cmd.opaque, flag=FLAG_RESPONSE, remark=result.remark if code else None,
             ext_fields=ext, serialize_type=cmd.serialize_type,
         )
+
+
+def _reserved_refusal(cmd: RemotingCommand, key: str) -> RemotingCommand:
+    return error(
+        cmd, ResponseCode.NO_PERMISSION,
+        f"the message property {key} is reserved for the broker and gateways",
+    )
 
 
 def _positive_int(value: str | None) -> bool:

@@ -116,6 +116,10 @@ async def send_back(broker, cmd: RemotingCommand) -> RemotingCommand:
 
     inner = inner_from_ext(msg, topic=new_topic, queue_id=queue_id, store_host=broker.store_host)
     inner.reconsume_times = msg.reconsume_times + 1
+    # The copy is for the group's retry/DLQ topic only: indexing it into the LMQs the
+    # original went to would deliver it to their subscribers again (docs/acl.md §4).
+    clear_property(inner, MessageConst.INNER_MULTI_DISPATCH)
+    clear_property(inner, MessageConst.INNER_MULTI_QUEUE_OFFSET)
     if not inner.properties.get(MessageConst.ORIGIN_MESSAGE_ID):
         # The first send-back names the stored message by its offset msgId (Java's
         # MessageExt.getMsgId() of a record read from the store).

@@ -93,9 +93,10 @@ def test_random_bytes(broker, data):
 
 
 ext_values = st.one_of(
-    st.text(max_size=20), st.integers(-2**63, 2**63).map(str),
+    st.text(max_size=64), st.integers(-2**63, 2**63).map(str),
     st.sampled_from(["", "-1", "0", "1", "true", "%LMQ%x", "TBW102", "*", "TagA || TagB",
-                     "SQL92", "a > 1", "99999999999999999999", "SCHEDULE_TOPIC_XXXX"]),
+                     "SQL92", "a > 1", "99999999999999999999", "SCHEDULE_TOPIC_XXXX",
+                     "evil\n", "%RETRY%x\n", "a > 1.5 OR b BETWEEN 1 AND 2", "1" * 5000 + "x"]),
 )
 
 
@@ -169,7 +170,7 @@ extreme = st.one_of(
     st.sampled_from(["", "-1", "2147483648", "-2147483649", "9223372036854775808", "NaN",
                      "1e3", " 1", "0x10", "%RETRY%G", "%DLQ%G", "%LMQ%q", "a" * 300,
                      "SCHEDULE_TOPIC_XXXX", "TBW102", "true", "1"]),
-    st.text(max_size=10),
+    st.text(max_size=64),
 )
 
 
@@ -180,7 +181,7 @@ extreme = st.one_of(
                                                            "delayLevel", "commitOrRollback",
                                                            "tranStateTableOffset",
                                                            "commitLogOffset"]),
-                            extreme, min_size=1, max_size=3),
+                            extreme, min_size=1, max_size=8),
     drop_body=st.booleans(),
 )
 def test_mutated_valid_requests(broker, template, changes, drop_body):

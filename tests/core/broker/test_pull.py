@@ -213,7 +213,7 @@ def test_lmq_pull_and_offsets(tmp_path):
         assert om.lmq_table == {"%LMQ%dev1@%LMQ%grp": 2}
         assert "%LMQ%dev1" not in server.broker.topic_config_manager.table
 
-    run_embedded(body, tmp_path)
+    run_embedded(body, tmp_path, allow_inner_properties_without_acl=True)
 
 
 def test_cpp_heartbeat_then_pull_without_subscription_bit(tmp_path):

@@ -165,7 +165,7 @@ def test_unknown_topic_without_auto_create(tmp_path):
         resp = await client.invoke(server.broker.broker_addr, send_request("NoAuto"))
         assert resp.code == 17 and "not exist" in resp.remark
 
-    run_embedded(body, tmp_path, auto_create_topic=False)
+    run_embedded(body, tmp_path, auto_create_topic_enable=False)
 
 
 def test_retry_topic_over_max_goes_to_dlq(tmp_path):

@@ -36,7 +36,9 @@ async def send_dispatched(client, n: int, start: int = 0) -> dict[str, int]:
 
 @trio_test
 async def test_lmq_listener_reads_every_broker_and_keeps_offsets_per_broker():
-    async with cluster(2) as c, ClientInstance(namesrv_addr=c.namesrv_addr) as client:
+    # Without ACL only in-process peers may multi-dispatch unless the broker allows it.
+    async with cluster(2, allow_inner_properties_without_acl=True) as c, \
+            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
         await create_parent_topic(client)
         got: list[tuple[str, bytes, int]] = []
 
@@ -74,7 +76,9 @@ async def test_lmq_listener_reads_every_broker_and_keeps_offsets_per_broker():
 
 @trio_test
 async def test_lmq_poll_mode():
-    async with cluster(2) as c, ClientInstance(namesrv_addr=c.namesrv_addr) as client:
+    # Without ACL only in-process peers may multi-dispatch unless the broker allows it.
+    async with cluster(2, allow_inner_properties_without_acl=True) as c, \
+            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
         await create_parent_topic(client)
         await send_dispatched(client, 10)
         consumer = LmqConsumer(client, "CG_LMQ_POLL", "%LMQ%dev2", consume_from_where="FIRST_OFFSET")

@@ -56,10 +56,27 @@ def test_properties_round_trip(props):
         ("a b", False),
         ("x" * 127, True),
         ("x" * 128, False),
+        # The whole name must match: `$` with re.match also matched before a final "\n".
+        ("evil\n", False),
+        ("evil\r", False),
+        ("\nevil", False),
+        ("ev\nil", False),
+        ("evil\x00", False),
+        ("évil", False),
     ],
 )
 def test_validate_topic(topic, ok):
     assert (names.validate_topic(topic) is None) is ok
+
+
+@pytest.mark.parametrize("group", ["G\n", "G\r\n", "\nG", "G\x00", "G/1"])
+def test_validate_group_refuses(group):
+    assert names.validate_group(group) is not None
+    assert names.validate_group("G") is None
+
+
+def test_validate_lmq_refuses_trailing_newline():
+    assert names.validate_lmq("%LMQ%dev1\n") is not None
 
 
 def test_lmq_names():

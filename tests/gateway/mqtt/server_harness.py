@@ -91,8 +91,11 @@ class GatewayServer:
             await nursery.start(self.server.serve)
             self.others = []
             for i in range(self.extra_brokers):
+                # Reached over TCP: without broker ACL it must allow multi-dispatch
+                # from TCP clients (docs/acl.md §4).
                 other = EmbeddedServer(BrokerConfig(
                     host="127.0.0.1", port=free_port(), broker_name=f"broker-x{i}",
+                    allow_inner_properties_without_acl=True,
                     namesrv_addrs=[self.server.namesrv_addr],
                     data_dir=os.path.join(self.data_dir, f"broker-x{i}"), **SMALL_STORE), None)
                 await nursery.start(other.serve)
@@ -233,8 +236,11 @@ class ServeProcess:
         os.makedirs(self.data_dir, exist_ok=True)
         toml = os.path.join(self.data_dir, "lmq.toml")
         with open(toml, "w") as fh:
+            # allow_inner_properties_without_acl: a stand-alone gateway may reach it
+            # over TCP (docs/acl.md §4).
             fh.write("[broker]\ncommitlog_file_size = 8388608\n"
-                     "consume_queue_units_per_file = 20000\npreallocate_files = false\n")
+                     "consume_queue_units_per_file = 20000\npreallocate_files = false\n"
+                     "allow_inner_properties_without_acl = true\n")
         cmd = [sys.executable, "-m", "lmq", "serve", "--data-dir", self.data_dir, "--config", toml,
                "--host", "127.0.0.1", "--namesrv-port", str(self.namesrv_port),
                "--broker-port", str(self.broker_port), "--mqtt-port", str(self.mqtt_port),

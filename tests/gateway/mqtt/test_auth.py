@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
+import trio
 
 from gateway.mqtt.auth import (
+    SUB_ALLOWED,
+    SUB_CHECKED,
+    SUB_REFUSED,
     Acl,
     Authenticator,
     filter_covers,
@@ -31,11 +37,39 @@ def test_password_file_roundtrip(tmp_path):
     users = read_password_file(str(path))
     assert sorted(users) == ["a", "b"]
     auth = Authenticator(allow_anonymous=False, password_file=str(path))
-    assert auth.authenticate("a", b"1") == 0
-    assert auth.authenticate("a", b"2") == 0x86
-    assert auth.authenticate("a", None) == 0x86
-    assert auth.authenticate("zz", b"1") == 0x86
-    assert auth.authenticate(None, None) == 0x87
+
+    async def check():
+        assert await auth.authenticate("a", b"1") == 0
+        assert await auth.authenticate("a", b"2") == 0x86
+        assert await auth.authenticate("a", None) == 0x86
+        assert await auth.authenticate("zz", b"1") == 0x86
+        assert await auth.authenticate(None, None) == 0x87
+
+    trio.run(check)
+
+
+def test_unknown_user_goes_through_the_same_kdf(tmp_path, monkeypatch):
+    """An unknown name costs one scrypt with the default parameters, like a known one."""
+    path = tmp_path / "pw"
+    write_password_file(str(path), {"known": hash_password("right")})
+    auth = Authenticator(allow_anonymous=False, password_file=str(path))
+    calls = []
+    real = hashlib.scrypt
+
+    def counting(password, **kw):
+        calls.append((kw["n"], kw["r"], kw["p"], len(kw["salt"]), kw["dklen"]))
+        return real(password, **kw)
+
+    monkeypatch.setattr(hashlib, "scrypt", counting)
+
+    async def attempts():
+        return [await auth.authenticate(user, pw) for user, pw in (
+            ("known", b"wrong"), ("nobody", b"wrong"), ("nobody", None), ("known", None),
+            ("known", b"right"))]
+
+    assert trio.run(attempts) == [0x86, 0x86, 0x86, 0x86, 0]
+    # one KDF call per attempt, all with the same parameters, known name or not
+    assert len(calls) == 5 and len(set(calls)) == 1, calls
 
 
 def test_password_file_syntax_error(tmp_path):
@@ -80,7 +114,12 @@ def test_acl_rules_in_order():
     assert acl.can_subscribe("bob", "x", "cmd/bob/go")
     assert not acl.can_publish("bob", "x", "cmd/bob/go")
     assert not acl.can_subscribe(None, "x", "secret/a")
-    assert not acl.can_subscribe(None, "x", "#")  # overlaps the deny above the allow
+    # '#' overlaps the deny above the allow: granted, and each message is checked
+    assert acl.subscription(None, "x", "#") == SUB_CHECKED
+    assert not acl.can_read(None, "x", "secret/a") and acl.can_read(None, "x", "open/a")
+    assert acl.subscription(None, "x", "secret/#") == SUB_REFUSED  # exactly the denied one
+    assert acl.subscription(None, "x", "secret/+/b") == SUB_REFUSED  # inside the subtree
+    assert acl.subscription(None, "x", "open/#") == SUB_ALLOWED  # no check needed
     assert acl.can_subscribe(None, "x", "open/a")
     assert acl.can_publish(None, "admin-1", "anything")  # its own rule (publish: no deny)
     assert not acl.can_subscribe(None, "admin-1", "secret/x")  # the deny above comes first

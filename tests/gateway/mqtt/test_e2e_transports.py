@@ -159,7 +159,10 @@ def test_standalone_gateway_process(tmp_path):
     from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG
 
     ns_port, broker_port, mqtt_port = free_port(), free_port(), free_port()
-    write_toml(tmp_path / "broker.toml", {"broker": BROKER_TEST_CONFIG})
+    # Without broker ACL only in-process peers may multi-dispatch (docs/acl.md §4): a
+    # gateway in a process of its own needs the broker to allow it over TCP.
+    write_toml(tmp_path / "broker.toml", {"broker": {
+        **BROKER_TEST_CONFIG, "allow_inner_properties_without_acl": True}})
     write_toml(tmp_path / "mqtt.toml", DEFAULT_TEST_CONFIG)
     brokers = _Proc([sys.executable, "-m", "lmq", "serve", "--no-mqtt", "--host", "127.0.0.1",
                      "--data-dir", str(tmp_path / "store"), "--config", str(tmp_path / "broker.toml"),

@@ -98,7 +98,8 @@ def test_acl_subscribe_codes(server):
     raw.connect("dev9", username="alice", password=b"wonder")
     raw.send(Subscribe(1, (Subscription("cmd/dev9/#", 1), Subscription("secret/x", 0),
                            Subscription("#", 0), Subscription("public/a", 0))))
-    assert raw.recv_type(Suback).reason_codes == (1, 0x87, 0x87, 0)
+    # '#' is granted (secret/... is filtered per message), secret/x refused
+    assert raw.recv_type(Suback).reason_codes == (1, 0x87, 0, 0)
     raw4 = RawClient(server.port, 4)
     raw4.connect("dev10", username="alice", password=b"wonder")
     raw4.send(Subscribe(1, (Subscription("secret/y", 0),)))
