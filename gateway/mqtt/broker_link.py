@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -30,20 +29,17 @@ import trio
 
 from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
 from core.client.errors import MQClientError
-from core.client.model import SubscriptionData
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
-from core.common.sysflag import PullSysFlag
-from core.remoting.codes import RequestCode, ResponseCode
+from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
-from core.store.record_view import iter_record_views
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
+from gateway.mqtt.lmq_state import LmqState, pull_views
 from gateway.mqtt.message import (
     MqttMessage,
     from_message_ext,
-    from_record_view,
     lmq_dispatch_value,
     to_properties,
 )
@@ -59,9 +55,6 @@ NO_MATCHING_SUBSCRIBERS = 0x10
 SEND_FAILED = 0x80
 QUOTA_EXCEEDED = 0x97
 
-#: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
-RECENT_ENTRIES = 4096
-RECENT_BYTES = 2 * 1024 * 1024
 #: Decoded messages kept by (broker, commitlog offset): overlapping filters share them.
 DECODED_CACHE = 4096
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
@@ -76,80 +69,7 @@ SEND_ATTEMPTS = 2
 CLUSTER_WAIT_S = 30.0
 CLUSTER_REFRESH_S = 30.0
 
-_PULL_FLAGS = str(int(PullSysFlag.SUBSCRIPTION))
-_PULL_CODES = {
-    ResponseCode.SUCCESS: PullStatus.FOUND,
-    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
-    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
-    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
-}
-
 PublishDone = Callable[[int], None]
-Waker = Any  # an object with a `wake()` method (a session's delivery pump)
-
-
-class LmqState:
-    """What the gateway knows of one LMQ on one broker (see the module doc).
-
-    `tail` is the offset the next write will get, when known: learnt from a pull that
-    found the end with no write in progress, then advanced by the dispatcher for each
-    message it stores (it is the only writer of its LMQs). While it is known, stored
-    messages enter `recent` at their offsets directly and readers at the end need no pull.
-    """
-
-    __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
-                 "tail", "sub", "top", "tail_clog", "pulling", "pull_waiters")
-
-    def __init__(self, broker: str, lmq: str) -> None:
-        self.broker = broker
-        self.lmq = lmq
-        self.pending = 0
-        self.version = 0
-        self.watchers: set[Waker] = set()
-        # Oldest first. An OrderedDict: evicting from the front of a plain dict makes
-        # next(iter(d)) walk the deleted slots (measured: 8 % of a fan-in's CPU).
-        self.recent: OrderedDict[int, MqttMessage] = OrderedDict()
-        self.recent_bytes = 0
-        self.tail: int | None = None
-        self.sub = SubscriptionData.build(lmq, "*")
-        #: highest next-write offset seen (tail or a pull's max offset): readers' lag
-        self.top = 0
-        #: commitlog offset of the entry before `tail` when a pull learnt it (-1: none);
-        #: stored messages up to it are already counted in the tail
-        self.tail_clog = -1
-        #: offset of the pull in flight (-1: none): readers of the same entries wait for
-        #: it (they find them in `recent`) instead of pulling them again
-        self.pulling = -1
-        self.pull_waiters = False
-
-    def remember(self, offset: int, msg: MqttMessage) -> None:
-        recent = self.recent
-        if offset in recent:
-            return
-        recent[offset] = msg
-        self.recent_bytes += len(msg.payload)
-        while len(recent) > RECENT_ENTRIES or (self.recent_bytes > RECENT_BYTES and len(recent) > 1):
-            self.recent_bytes -= len(recent.popitem(last=False)[1].payload)
-
-    def pull_covers(self, offset: int, batch: int) -> bool:
-        """Will the pull in flight bring the entry at `offset`? (The caller waits.)"""
-        start = self.pulling
-        if start >= 0 and start <= offset < start + batch:
-            self.pull_waiters = True
-            return True
-        return False
-
-    def learn_tail(self, max_offset: int, v0: int) -> None:
-        """A read that began at version `v0` with nothing pending saw `max_offset`."""
-        if self.version == v0 and not self.pending:
-            self.tail = max_offset
-
-    def completed(self) -> None:
-        """A write to this LMQ finished: wake whoever reads it."""
-        self.pending -= 1
-        self.version += 1
-        for w in self.watchers:
-            w.wake()
 
 
 class _Request:
@@ -556,42 +476,6 @@ class BrokerLink:
                 del cache[next(iter(cache))]
         return msg
 
-    async def _pull_raw(self, st: LmqState, offset: int) -> PullResult:
-        """PULL_MESSAGE of `st`'s LMQ, its records read as views (record_view.py) into
-        MqttMessages: no MessageExt, no full decode; a message seen before (an overlapping
-        filter's read) is not parsed again. `messages` holds MqttMessages."""
-        sub = st.sub
-        ext = {
-            "consumerGroup": self.config.pull_group, "topic": st.lmq, "queueId": "0",
-            "queueOffset": str(offset), "maxMsgNums": str(self.config.pull_batch),
-            "sysFlag": _PULL_FLAGS, "commitOffset": "0", "suspendTimeoutMillis": "0",
-            "subscription": sub.sub_string, "subVersion": str(sub.sub_version),
-            "expressionType": sub.expression_type,
-        }
-        addr = self.addr(st.broker)
-        self.stats["pulls"] += 1
-        resp = await self.client.api.call(addr, RequestCode.PULL_MESSAGE, ext, ok=_PULL_CODES)
-        status = _PULL_CODES[resp.code]
-        msgs: list[MqttMessage] = []
-        if status is PullStatus.FOUND and resp.body:
-            broker = st.broker
-            cache = self._decoded
-            for view in iter_record_views(resp.body_bytes()):
-                key = (broker, view.commitlog_offset)
-                msg = cache.get(key)
-                if msg is None:
-                    msg = from_record_view(view, broker)
-                    if msg is None:
-                        continue  # not written by a gateway
-                    cache[key] = msg
-                    if len(cache) > DECODED_CACHE:
-                        del cache[next(iter(cache))]
-                msgs.append(msg)
-            if not msgs:
-                status = PullStatus.NO_MATCHED_MSG
-        return PullResult(status, resp.ext_int("nextBeginOffset", 0),
-                          resp.ext_int("minOffset", 0), resp.ext_int("maxOffset", 0), msgs)
-
     async def pull(self, st: LmqState, offset: int) -> PullResult:
         """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`);
         `messages` of the result are MqttMessages (records of other writers left out)."""
@@ -602,7 +486,10 @@ class BrokerLink:
         quiet = -1 if self._sending else self._sent_chunks
         st.pulling = offset
         try:
-            result = await self._pull_raw(st, offset)
+            self.stats["pulls"] += 1
+            result = await pull_views(self.client, self.addr(st.broker), self.config.pull_group,
+                                      st, offset, self.config.pull_batch, self._decoded,
+                                      DECODED_CACHE)
         finally:
             st.pulling = -1
             if st.pull_waiters:
