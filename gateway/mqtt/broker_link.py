@@ -362,8 +362,6 @@ class BrokerLink:
                 if not stored or msg.commitlog_offset < 0:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
-                if msg.commitlog_offset <= st.tail_clog:
-                    continue  # a pull that learnt the tail already counted it
                 offset = st.tail
                 st.tail = st.top = offset + 1
                 msg.lmq_offsets[lmq] = offset
@@ -513,14 +511,6 @@ class BrokerLink:
         if result.status is not PullStatus.OFFSET_ILLEGAL:
             if result.max_offset > st.top:
                 st.top = result.max_offset
-            if st.tail is None and result.messages \
-                    and result.next_begin_offset >= result.max_offset:
-                # Read to the end: the last entry tells which writes the max offset counts
-                # (sends in progress or not); _advance_tails skips those (tail_clog).
-                last = result.messages[-1]
-                if last.lmq_offsets.get(st.lmq) == result.max_offset - 1:
-                    st.tail = result.max_offset
-                    st.tail_clog = last.commitlog_offset
             if quiet >= 0 and not self._sending and self._sent_chunks == quiet \
                     and st.tail is None:
                 st.tail = result.max_offset

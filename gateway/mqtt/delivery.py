@@ -300,6 +300,13 @@ class Pump:
             if st.broker not in brokers:
                 continue  # a broker that left the cluster: nothing to read there now
             if self.session not in st.watchers:
+                live = link.states.get((st.broker, st.lmq))
+                if live is not st:
+                    # Released before this session watched it (a subscription added while
+                    # another session left): a forgotten state never learns of writes,
+                    # and a tail learnt on it would stay at the end for good.
+                    st = c.st = link.state(st.broker, st.lmq)
+                    c.end_version = -1
                 st.watchers.add(self.session)
             if st.tail is not None and st.tail - c.next > lag:
                 self._cut(c, st.tail - lag, "more than max_session_lag behind")
