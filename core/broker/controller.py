@@ -60,6 +60,7 @@ PROCESSOR_MODULES = (
     "send_back",
     "end_transaction",
     "lock",
+    "pop",  # RocketMQ 5 POP (docs/pop.md); sets broker.pop_service
 )
 
 # Upper bound of each shutdown step (a dead name server must not hang the exit).

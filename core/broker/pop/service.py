@@ -1,0 +1,272 @@
+"""POP hand-out, acknowledgement and polling over the store (docs/pop.md).
+
+`PopService` owns the broker's `PopState`. `pop` hands out up to `max_nums` messages of
+(group, topic) from the given queues — redeliveries (visible again) first, lowest offset
+first, then new messages from the pop cursor — and answers what the POP_MESSAGE response
+needs. First deliveries are the stored records as they are (zero copy; clients build the
+receipt handle from the response header, as Apache's clients do); a redelivery is
+re-encoded with its POP_CK property and RECONSUMETIMES raised by one per earlier
+delivery, as Apache re-encodes its pop-retry messages.
+
+Long polling: `wait` parks a request until a message is dispatched to the topic, a message
+of it is made visible again (nack), or its earliest deadline passes; dispatches reach it
+through the broker's dispatch-listener hook, so nothing polls.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from core.broker.pop.handle import build_extra_info
+from core.broker.pop.state import PopState, QueueState
+from core.common import names
+from core.common.codec import (
+    INT64,
+    OFF_QUEUE_OFFSET,
+    decode_record,
+    encode_host,
+    encode_record,
+    record_properties,
+)
+from core.common.message import MessageExt
+from core.common.properties import MessageConst, encode_properties
+
+__all__ = ["PopService", "PopBatch", "POP_CK", "INIT_MODE_MIN", "INIT_MODE_MAX"]
+
+POP_CK = "POP_CK"
+INIT_MODE_MIN = 0
+INIT_MODE_MAX = 1
+
+#: Most messages one POP_MESSAGE may ask for (Apache's limit; INVALID_PARAMETER above).
+POP_MAX_NUMS = 32
+#: Longest invisible time accepted (ms; INVALID_PARAMETER above).
+POP_MAX_INVISIBLE_MS = 12 * 3600 * 1000
+#: Longest poll a POP_MESSAGE may hold (ms; longer requests are clamped).
+POP_MAX_POLL_MS = 20_000
+#: Most messages of one (group, topic, queue) in flight; past it only redeliveries go out.
+POP_MAX_INFLIGHT_PER_QUEUE = 10_000
+#: Most POP_MESSAGE requests held at once (POLLING_FULL beyond).
+POP_MAX_POLLING = 10_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class PopBatch:
+    """What one pop found: records to send and the response-header material."""
+
+    pop_time: int
+    buffers: list = field(default_factory=list)
+    start_offset_info: list[str] = field(default_factory=list)
+    msg_offset_info: list[str] = field(default_factory=list)
+    rest_num: int = 0
+
+    @property
+    def count(self) -> int:
+        return len(self.buffers)
+
+
+class PopService:
+    """The broker's POP state and the operations the processors call."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+        self.state = PopState()
+        self._waiters: dict[str, set[trio.Event]] = {}
+        self.polling = 0
+        self._rotation = 0
+
+    # ------------------------------------------------------------------ wake-ups
+    def on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
+        waiters = self._waiters.pop(topic, None)
+        if waiters:
+            for ev in waiters:
+                ev.set()
+
+    def wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for ev in waiters:
+                ev.set()
+        self._waiters.clear()
+
+    async def wait(self, topic: str, timeout_s: float) -> None:
+        """Until something may be visible in `topic`, or `timeout_s` passed."""
+        ev = trio.Event()
+        waiters = self._waiters.setdefault(topic, set())
+        waiters.add(ev)
+        self.polling += 1
+        try:
+            with trio.move_on_after(max(0.0, timeout_s)):
+                await ev.wait()
+        finally:
+            self.polling -= 1
+            current = self._waiters.get(topic)
+            if current is not None:
+                current.discard(ev)
+                if not current:
+                    del self._waiters[topic]
+
+    def next_deadline(self, group: str, topic: str, queue_ids) -> int | None:
+        best = None
+        for qid in queue_ids:
+            qs = self.state.get(group, topic, qid)
+            if qs is None:
+                continue
+            d = qs.next_deadline()
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    # ------------------------------------------------------------------ pop
+    def _init_offset(self, group: str, topic: str, queue_id: int, init_mode: int) -> int:
+        broker = self.broker
+        committed = broker.offset_manager.query(group, topic, queue_id)
+        if committed >= 0:
+            return committed
+        store = broker.store
+        if init_mode == INIT_MODE_MIN:
+            offset = store.min_offset(topic, queue_id)
+        else:
+            # Apache's MAX: start at the newest message already stored.
+            offset = max(store.max_offset(topic, queue_id) - 1, 0)
+        broker.offset_manager.commit(group, topic, queue_id, offset)
+        return offset
+
+    def queue_state(self, group: str, topic: str, queue_id: int, init_mode: int) -> QueueState:
+        qs = self.state.get(group, topic, queue_id)
+        if qs is None:
+            start = self._init_offset(group, topic, queue_id, init_mode)
+            qs = self.state.get_or_create(group, topic, queue_id, start)
+        return qs
+
+    def rotate(self, queue_nums: int) -> list[int]:
+        """All queue ids of a topic, starting at a rotating one (fairness)."""
+        self._rotation = (self._rotation + 1) % max(queue_nums, 1)
+        r = self._rotation
+        return [(r + i) % queue_nums for i in range(queue_nums)]
+
+    def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
+            invisible_ms: int, init_mode: int, filt) -> PopBatch:
+        """Hand out up to `max_nums` messages (no awaiting: pops never interleave)."""
+        broker = self.broker
+        store = broker.store
+        config = broker.config
+        now = now_ms()
+        pop_time = self.state.new_pop_time(now)
+        batch = PopBatch(pop_time)
+        broker_name = config.broker_name
+        is_lmq = names.is_lmq(topic)
+        for qid in queue_ids:
+            need = max_nums - batch.count
+            qs = self.queue_state(group, topic, qid, init_mode)
+            offsets: list[int] = []
+            records: list = []
+            if need > 0:
+                # Redeliveries first.
+                for offset, entry in qs.take_visible(now, need):
+                    got = store.get(topic, qid, offset, 1)
+                    if got.status.name != "FOUND" or not got.buffers:
+                        qs.drop(offset)  # gone from the store (retention)
+                        continue
+                    qs.redeliver(offset, entry, pop_time, invisible_ms)
+                    records.append((offset, got.buffers[0], entry.deliveries))
+                    offsets.append(offset)
+                need = max_nums - batch.count - len(records)
+                if need > 0 and len(qs.inflight) < POP_MAX_INFLIGHT_PER_QUEUE:
+                    need = min(need, POP_MAX_INFLIGHT_PER_QUEUE - len(qs.inflight))
+                    got = store.get(topic, qid, qs.next_offset, need, config.max_pull_bytes, filt)
+                    status = got.status.name
+                    if status == "FOUND":
+                        for buf in got.buffers:
+                            offset = _queue_offset(buf, topic, is_lmq)
+                            qs.hand_out(offset, pop_time, invisible_ms)
+                            records.append((offset, buf, 1))
+                            offsets.append(offset)
+                    if got.next_begin_offset > qs.next_offset and status in _ADVANCE:
+                        qs.next_offset = got.next_begin_offset
+                    batch.rest_num += max(got.max_offset - qs.next_offset, 0)
+            if records:
+                ck = min(offsets)
+                batch.start_offset_info.append(f"0 {qid} {ck}")
+                batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
+                for offset, buf, deliveries in records:
+                    if deliveries > 1:
+                        handle = build_extra_info(ck, pop_time, invisible_ms, 0, broker_name,
+                                                  qid, offset)
+                        buf = _redelivery_record(buf, handle, deliveries - 1)
+                    batch.buffers.append(buf)
+            self._commit(group, topic, qid, qs)
+        return batch
+
+    def _commit(self, group: str, topic: str, queue_id: int, qs: QueueState) -> None:
+        committed = qs.committed()
+        om = self.broker.offset_manager
+        if om.query(group, topic, queue_id) != committed:
+            om.commit(group, topic, queue_id, committed)
+
+    # ------------------------------------------------------------------ ack / change
+    def ack(self, group: str, topic: str, queue_id: int, offset: int, pop_time: int) -> bool:
+        qs = self.state.get(group, topic, queue_id)
+        if qs is None or not qs.ack(offset, pop_time):
+            return False
+        self._commit(group, topic, queue_id, qs)
+        return True
+
+    def change_invisible(self, group: str, topic: str, queue_id: int, offset: int,
+                         pop_time: int, invisible_ms: int) -> int | None:
+        """The new pop time, or None when the handle is not current."""
+        qs = self.state.get(group, topic, queue_id)
+        if qs is None:
+            return None
+        new_pop_time = self.state.new_pop_time(now_ms())
+        if not qs.change(offset, pop_time, new_pop_time, invisible_ms):
+            return None
+        if invisible_ms <= 0:
+            self.on_dispatch(topic, queue_id, 0)
+        return new_pop_time
+
+
+# Store statuses after which the cursor may move to nextBeginOffset (nothing there to
+# hand out: filtered out, removed, or the cursor was outside the queue).
+_ADVANCE = frozenset({
+    "FOUND", "NO_MATCHED_MESSAGE", "MESSAGE_WAS_REMOVING", "OFFSET_TOO_SMALL",
+    "OFFSET_OVERFLOW_BADLY", "OFFSET_FOUND_NULL",
+})
+
+
+def _queue_offset(buf, topic: str, is_lmq: bool) -> int:
+    """The offset of a stored record in `topic` (an LMQ's is in its properties)."""
+    if is_lmq:
+        props = record_properties(buf)
+        names_ = props.get(MessageConst.INNER_MULTI_DISPATCH, "").split(",")
+        offsets = props.get(MessageConst.INNER_MULTI_QUEUE_OFFSET, "").split(",")
+        return int(offsets[names_.index(topic)])
+    return INT64.unpack_from(buf, OFF_QUEUE_OFFSET)[0]
+
+
+def _redelivery_record(buf, handle: str, extra_deliveries: int) -> bytes:
+    """The record with POP_CK set and RECONSUMETIMES raised (a new copy)."""
+    msg: MessageExt = decode_record(buf)
+    props = dict(msg.properties)
+    props[POP_CK] = handle
+    return encode_record(
+        topic=msg.topic.encode("utf-8"),
+        body=msg.body,
+        properties=encode_properties(props).encode("utf-8"),
+        queue_id=msg.queue_id,
+        flag=msg.flag,
+        queue_offset=msg.queue_offset,
+        physical_offset=msg.commitlog_offset,
+        sys_flag=msg.sys_flag,
+        born_timestamp=msg.born_timestamp,
+        born_host=encode_host(msg.born_host),
+        store_timestamp=msg.store_timestamp,
+        store_host=encode_host(msg.store_host),
+        reconsume_times=msg.reconsume_times + extra_deliveries,
+        prepared_transaction_offset=msg.prepared_transaction_offset,
+    )
