@@ -173,7 +173,8 @@ class BrokerController:
 
     @property
     def services(self) -> list:
-        return [s for s in (self.schedule_service, self.transaction_service, self.lock_manager)
+        return [s for s in (self.schedule_service, self.transaction_service, self.lock_manager,
+                            getattr(self, "pop_service", None))  # set by processors/pop.py
                 if s is not None]
 
     def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:

@@ -15,13 +15,17 @@ through the broker's dispatch-listener hook, so nothing polls.
 
 from __future__ import annotations
 
+import heapq
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
 
+from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
-from core.broker.pop.state import PopState, QueueState
+from core.broker.pop.state import DEAD_LETTERING, PopState, QueueState
 from core.common import names
 from core.common.codec import (
     INT64,
@@ -33,6 +37,9 @@ from core.common.codec import (
 )
 from core.common.message import MessageExt
 from core.common.properties import MessageConst, encode_properties
+from core.common.sysflag import PermName
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PopService", "PopBatch", "POP_CK", "INIT_MODE_MIN", "INIT_MODE_MAX"]
 
@@ -50,6 +57,11 @@ POP_MAX_POLL_MS = 20_000
 POP_MAX_INFLIGHT_PER_QUEUE = 10_000
 #: Most POP_MESSAGE requests held at once (POLLING_FULL beyond).
 POP_MAX_POLLING = 10_000
+#: Period of the revive timer (s) and the most deadlines / dead-letterings it handles
+#: per tick (the rest waits for the next tick).
+POP_REVIVE_INTERVAL_S = 0.2
+POP_REVIVE_BATCH = 2_000
+POP_DLQ_BATCH = 64
 
 
 def now_ms() -> int:
@@ -80,6 +92,110 @@ class PopService:
         self._waiters: dict[str, set[trio.Event]] = {}
         self.polling = 0
         self._rotation = 0
+        # (deadline, group, topic, queue) of every deadline set: the revive timer's work.
+        self._due: list[tuple[int, str, str, int]] = []
+        # (group, topic, queue, offset, pop_time) parked for the dead-letter topic.
+        self._dlq: deque[tuple[str, str, int, int, int]] = deque()
+        self.dead_lettered = 0
+        broker.add_dispatch_listener(self.on_dispatch)
+
+    # ------------------------------------------------------------------ service
+    def load(self) -> None:
+        pass
+
+    def persist(self) -> None:
+        pass
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The revive timer: deadlines that passed make messages visible (waking polls),
+        messages past the group's retryMaxTimes go to its %DLQ% topic."""
+        task_status.started()
+        while True:
+            await trio.sleep(POP_REVIVE_INTERVAL_S)
+            try:
+                self.revive(now_ms())
+                await self.dead_letter_some()
+            except Exception:
+                log.exception("pop revive failed")
+
+    def revive(self, now: int) -> int:
+        """One tick of deadlines (bounded by POP_REVIVE_BATCH)."""
+        due = self._due
+        budget = POP_REVIVE_BATCH
+        woken: set[str] = set()
+        expired: list = []
+        while due and due[0][0] <= now and budget > 0:
+            _, group, topic, qid = heapq.heappop(due)
+            qs = self.state.get(group, topic, qid)
+            if qs is None:
+                continue
+            expired.clear()
+            budget -= qs.expire(now, budget, expired)
+            if not expired:
+                continue
+            max_deliveries = self._max_deliveries(group)
+            for offset, entry in expired:
+                if entry.deliveries >= max_deliveries:
+                    self._park(group, topic, qid, qs, offset, entry)
+                else:
+                    woken.add(topic)
+            if qs.next_deadline() is not None and qs.next_deadline() <= now:
+                heapq.heappush(due, (now, group, topic, qid))  # budget ran out
+        for topic in woken:
+            self.on_dispatch(topic, 0, 0)
+        return POP_REVIVE_BATCH - budget
+
+    def _max_deliveries(self, group: str) -> int:
+        """1 + the group's retryMaxTimes (as RocketMQ: that many redeliveries)."""
+        sg = self.broker.subscription_group_manager.find_or_create(group)
+        retry = sg.retry_max_times if sg is not None else self.broker.config.retry_max_times
+        return 1 + max(retry, 0)
+
+    def _park(self, group, topic, qid, qs: QueueState, offset: int, entry) -> None:
+        qs.park(entry)
+        self._dlq.append((group, topic, qid, offset, entry.pop_time))
+
+    async def dead_letter_some(self) -> None:
+        """Move up to POP_DLQ_BATCH parked messages to their group's %DLQ% topic."""
+        for _ in range(min(len(self._dlq), POP_DLQ_BATCH)):
+            item = self._dlq.popleft()
+            try:
+                done = await self._dead_letter(*item)
+            except Exception:
+                log.exception("pop: dead-lettering %r failed", item)
+                done = False
+            if not done:
+                self._dlq.append(item)  # try again next tick
+
+    async def _dead_letter(self, group: str, topic: str, qid: int, offset: int,
+                           pop_time: int) -> bool:
+        broker = self.broker
+        qs = self.state.get(group, topic, qid)
+        entry = qs.inflight.get(offset) if qs is not None else None
+        if entry is None or entry.pop_time != pop_time or entry.deadline != DEAD_LETTERING:
+            return True
+        got = broker.store.get(topic, qid, offset, 1)
+        if got.status.name == "FOUND" and got.buffers:
+            dlq = names.dlq_topic(group)
+            tc = broker.topic_config_manager.create_topic_in_send_back_method(
+                dlq, 1, PermName.READ | PermName.WRITE, 0)
+            if tc is None:
+                return False
+            inner = inner_from_record(got.buffers[0], topic=dlq, queue_id=0,
+                                      store_host=broker.store_host)
+            inner.reconsume_times += entry.deliveries
+            if not inner.properties.get(MessageConst.RETRY_TOPIC):
+                put_property(inner, MessageConst.RETRY_TOPIC, topic)
+            for key in (MessageConst.INNER_MULTI_DISPATCH, MessageConst.INNER_MULTI_QUEUE_OFFSET,
+                        MessageConst.DELAY_TIME_LEVEL, POP_CK):
+                clear_property(inner, key)
+            result = await broker.put_message(inner)
+            if result.status.name not in ("OK", "FLUSH_DISK_TIMEOUT"):
+                return False
+            self.dead_lettered += 1
+        qs.drop(offset)
+        self._commit(group, topic, qid, qs)
+        return True
 
     # ------------------------------------------------------------------ wake-ups
     def on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
@@ -161,6 +277,7 @@ class PopService:
         batch = PopBatch(pop_time)
         broker_name = config.broker_name
         is_lmq = names.is_lmq(topic)
+        max_deliveries = self._max_deliveries(group)
         for qid in queue_ids:
             need = max_nums - batch.count
             qs = self.queue_state(group, topic, qid, init_mode)
@@ -169,6 +286,9 @@ class PopService:
             if need > 0:
                 # Redeliveries first.
                 for offset, entry in qs.take_visible(now, need):
+                    if entry.deliveries >= max_deliveries:
+                        self._park(group, topic, qid, qs, offset, entry)
+                        continue
                     got = store.get(topic, qid, offset, 1)
                     if got.status.name != "FOUND" or not got.buffers:
                         qs.drop(offset)  # gone from the store (retention)
@@ -191,6 +311,7 @@ class PopService:
                         qs.next_offset = got.next_begin_offset
                     batch.rest_num += max(got.max_offset - qs.next_offset, 0)
             if records:
+                heapq.heappush(self._due, (pop_time + invisible_ms, group, topic, qid))
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
@@ -228,6 +349,8 @@ class PopService:
             return None
         if invisible_ms <= 0:
             self.on_dispatch(topic, queue_id, 0)
+        else:
+            heapq.heappush(self._due, (new_pop_time + invisible_ms, group, topic, queue_id))
         return new_pop_time
 
 

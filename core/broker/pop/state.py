@@ -22,11 +22,15 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-__all__ = ["Inflight", "QueueState", "PopState"]
+__all__ = ["Inflight", "QueueState", "PopState", "DEAD_LETTERING"]
+
+#: `Inflight.deadline` of a message on its way to the dead-letter topic.
+DEAD_LETTERING = -1
 
 
 class Inflight:
-    """One handed-out message. `deadline` 0 = visible again (waiting for redelivery)."""
+    """One handed-out message. `deadline` 0 = visible again (waiting for redelivery),
+    DEAD_LETTERING = being moved to the group's %DLQ% topic."""
 
     __slots__ = ("pop_time", "deadline", "deliveries")
 
@@ -81,8 +85,10 @@ class QueueState:
         return False
 
     # ------------------------------------------------------------------ changes
-    def expire(self, now_ms: int, limit: int = 1 << 30) -> int:
-        """Make messages whose deadline passed visible again (at most `limit`)."""
+    def expire(self, now_ms: int, limit: int = 1 << 30,
+               out: list[tuple[int, Inflight]] | None = None) -> int:
+        """Make messages whose deadline passed visible again (at most `limit`); append
+        them to `out` when given."""
         dl = self._deadlines
         inflight = self.inflight
         done = 0
@@ -93,7 +99,14 @@ class QueueState:
                 entry.deadline = 0
                 heapq.heappush(self._ready, offset)
                 done += 1
+                if out is not None:
+                    out.append((offset, entry))
         return done
+
+    def park(self, entry: Inflight) -> None:
+        """Take a message out of circulation (being dead-lettered): neither visible nor
+        timed; `drop` or `make_visible` ends it."""
+        entry.deadline = DEAD_LETTERING
 
     def take_visible(self, now_ms: int, max_count: int) -> Iterator[tuple[int, Inflight]]:
         """Visible (redeliverable) messages, lowest offset first; the caller re-hands
@@ -137,7 +150,7 @@ class QueueState:
     def ack(self, offset: int, pop_time: int) -> bool:
         """Acknowledge; False when the handle is not the message's current one."""
         entry = self.inflight.get(offset)
-        if entry is None or entry.pop_time != pop_time:
+        if entry is None or entry.pop_time != pop_time or entry.deadline == DEAD_LETTERING:
             return False
         del self.inflight[offset]
         return True
@@ -145,7 +158,7 @@ class QueueState:
     def change(self, offset: int, pop_time: int, new_pop_time: int, invisible_ms: int) -> bool:
         """New deadline `new_pop_time + invisible_ms` (0 ms: visible at once)."""
         entry = self.inflight.get(offset)
-        if entry is None or entry.pop_time != pop_time:
+        if entry is None or entry.pop_time != pop_time or entry.deadline == DEAD_LETTERING:
             return False
         entry.pop_time = new_pop_time
         if invisible_ms <= 0:

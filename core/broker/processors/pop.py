@@ -209,8 +209,8 @@ def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:
 def register(table, broker) -> None:
     service = getattr(broker, "pop_service", None)
     if service is None:
+        # The broker runs it among its services (revive timer): see `services`.
         service = broker.pop_service = PopService(broker)
-        broker.add_dispatch_listener(service.on_dispatch)
     proc = PopProcessor(broker, service)
     # POP waits (long polling): its own task. The others only touch memory.
     table.register(RequestCode.POP_MESSAGE, proc.pop, inline=False)

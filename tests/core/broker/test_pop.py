@@ -228,3 +228,51 @@ def test_bad_requests_get_protocol_errors(tmp_path):
         assert [m.body for m in (await pc.pop("PopE")).messages] == [b"m0"]
 
     run_embedded(body, tmp_path)
+
+
+def test_dead_letter_after_max_deliveries(tmp_path):
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        await send_n(client, addr, "PopD", 2)
+        pc = popper(server, client, "GID_DLQ")
+        r = await pc.pop("PopD", invisible_ms=60_000)
+        assert await pc.ack(r.messages[1])
+        counts = [r.messages[0].delivery_count]
+        m = r.messages[0]
+        # retry_max_times=2: three deliveries in all (nacks and one expired deadline).
+        assert await pc.nack(m)
+        m = (await pc.pop("PopD", invisible_ms=100)).messages[0]
+        counts.append(m.delivery_count)
+        m = (await pc.pop("PopD", invisible_ms=60_000, poll_ms=10_000)).messages[0]
+        counts.append(m.delivery_count)
+        assert counts == [1, 2, 3]
+        assert await pc.nack(m)
+        assert (await pc.pop("PopD", invisible_ms=60_000)).status == PopStatus.NO_NEW_MSG
+        # The revive timer moves it to %DLQ%GID_DLQ.
+        with trio.fail_after(10):
+            while server.broker.pop_service.dead_lettered == 0:
+                await trio.sleep(0.02)
+        dlq = popper(server, client, "GID_READ_DLQ")
+        got = await dlq.pop("%DLQ%GID_DLQ", poll_ms=10_000)
+        assert [x.body for x in got.messages] == [b"m0"]
+        assert got.messages[0].message.properties["RETRY_TOPIC"] == "PopD"
+        assert "POP_CK" not in server.broker.store.look_message(
+            got.messages[0].message.commitlog_offset).properties
+        assert committed(server, "GID_DLQ", "PopD") == 2
+        assert (await pc.pop("PopD", invisible_ms=60_000)).status == PopStatus.NO_NEW_MSG
+
+    run_embedded(body, tmp_path, retry_max_times=2)
+
+
+def test_held_poll_on_all_queues_gets_an_expired_message(tmp_path):
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        await send_n(client, addr, "PopV", 1, queue_id=1)
+        pc = popper(server, client)
+        r = await pc.pop("PopV", queue_id=1, invisible_ms=200)
+        assert r.messages
+        # A poll on all queues: the deadline of queue 1 passes while it is held.
+        again = await pc.pop("PopV", invisible_ms=60_000, poll_ms=10_000)
+        assert [(m.queue_id, m.delivery_count) for m in again.messages] == [(1, 2)]
+
+    run_embedded(body, tmp_path)
