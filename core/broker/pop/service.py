@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import trio
 
 from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
+from core.broker.pop.journal import PopJournal, snapshot_line
 from core.broker.pop.state import DEAD_LETTERING, PopState, QueueState
 from core.common import names
 from core.common.codec import (
@@ -97,14 +99,55 @@ class PopService:
         # (group, topic, queue, offset, pop_time) parked for the dead-letter topic.
         self._dlq: deque[tuple[str, str, int, int, int]] = deque()
         self.dead_lettered = 0
+        self.journal = PopJournal(os.path.join(broker.config.data_dir, "pop"))
         broker.add_dispatch_listener(self.on_dispatch)
 
     # ------------------------------------------------------------------ service
     def load(self) -> None:
-        pass
+        """Rebuild the state from the journal (before the broker listens)."""
+        cursors: dict[tuple[str, str, int], int] = {}
+        entries: dict[tuple[str, str, int], dict[int, tuple[int, int, int]]] = {}
+        for rec in self.journal.replay():
+            kind, key = rec[0], (rec[1], rec[2], rec[3])
+            if kind == "C":
+                cursors[key] = rec[4]
+            elif kind == "H":
+                entries.setdefault(key, {})[rec[4]] = (rec[5], rec[6], rec[7])
+            elif kind == "A":
+                entries.get(key, {}).pop(rec[4], None)
+        state = self.state
+        last = 0
+        now = now_ms()
+        for key in cursors.keys() | entries.keys():
+            found = entries.get(key, {})
+            cursor = max(cursors.get(key, 0), max(found, default=-1) + 1)
+            qs = state.get_or_create(*key, cursor)
+            for offset in sorted(found):
+                pop_time, deadline, deliveries = found[offset]
+                qs.restore(offset, pop_time, deadline, deliveries)
+                last = max(last, pop_time)
+                if deadline > 0:
+                    heapq.heappush(self._due, (deadline, *key))
+            if found:
+                heapq.heappush(self._due, (now, *key))
+            self._commit(*key, qs)
+        state.new_pop_time(last)
+        self.journal.open()
 
     def persist(self) -> None:
-        pass
+        self.journal.close()
+
+    async def compact_if_needed(self) -> None:
+        state = self.state
+        if not self.journal.needs_compaction(state.inflight_count() + len(state.queues)):
+            return
+        lines = []
+        for (group, topic, qid), qs in state.queues.items():
+            lines.append(snapshot_line("C", group, topic, qid, qs.next_offset))
+            for offset, e in qs.inflight.items():
+                lines.append(snapshot_line("H", group, topic, qid, offset, e.pop_time,
+                                           e.deadline, e.deliveries))
+        await self.journal.compact(lines)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The revive timer: deadlines that passed make messages visible (waking polls),
@@ -115,6 +158,7 @@ class PopService:
             try:
                 self.revive(now_ms())
                 await self.dead_letter_some()
+                await self.compact_if_needed()
             except Exception:
                 log.exception("pop revive failed")
 
@@ -194,6 +238,8 @@ class PopService:
                 return False
             self.dead_lettered += 1
         qs.drop(offset)
+        self.journal.gone(group, topic, qid, offset)
+        self.journal.flush()
         self._commit(group, topic, qid, qs)
         return True
 
@@ -278,9 +324,11 @@ class PopService:
         broker_name = config.broker_name
         is_lmq = names.is_lmq(topic)
         max_deliveries = self._max_deliveries(group)
+        journal = self.journal
         for qid in queue_ids:
             need = max_nums - batch.count
             qs = self.queue_state(group, topic, qid, init_mode)
+            cursor = qs.next_offset
             offsets: list[int] = []
             records: list = []
             if need > 0:
@@ -292,6 +340,7 @@ class PopService:
                     got = store.get(topic, qid, offset, 1)
                     if got.status.name != "FOUND" or not got.buffers:
                         qs.drop(offset)  # gone from the store (retention)
+                        journal.gone(group, topic, qid, offset)
                         continue
                     qs.redeliver(offset, entry, pop_time, invisible_ms)
                     records.append((offset, got.buffers[0], entry.deliveries))
@@ -310,8 +359,13 @@ class PopService:
                     if got.next_begin_offset > qs.next_offset and status in _ADVANCE:
                         qs.next_offset = got.next_begin_offset
                     batch.rest_num += max(got.max_offset - qs.next_offset, 0)
+            if qs.next_offset != cursor:
+                journal.cursor(group, topic, qid, qs.next_offset)
             if records:
-                heapq.heappush(self._due, (pop_time + invisible_ms, group, topic, qid))
+                deadline = pop_time + invisible_ms
+                heapq.heappush(self._due, (deadline, group, topic, qid))
+                for offset, _, deliveries in records:
+                    journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries)
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
@@ -322,6 +376,7 @@ class PopService:
                         buf = _redelivery_record(buf, handle, deliveries - 1)
                     batch.buffers.append(buf)
             self._commit(group, topic, qid, qs)
+        journal.flush()
         return batch
 
     def _commit(self, group: str, topic: str, queue_id: int, qs: QueueState) -> None:
@@ -331,10 +386,15 @@ class PopService:
             om.commit(group, topic, queue_id, committed)
 
     # ------------------------------------------------------------------ ack / change
-    def ack(self, group: str, topic: str, queue_id: int, offset: int, pop_time: int) -> bool:
+    def ack(self, group: str, topic: str, queue_id: int, offset: int, pop_time: int,
+            flush: bool = True) -> bool:
+        """Acknowledge; with `flush` False the caller flushes the journal (batches)."""
         qs = self.state.get(group, topic, queue_id)
         if qs is None or not qs.ack(offset, pop_time):
             return False
+        self.journal.gone(group, topic, queue_id, offset)
+        if flush:
+            self.journal.flush()
         self._commit(group, topic, queue_id, qs)
         return True
 
@@ -347,6 +407,10 @@ class PopService:
         new_pop_time = self.state.new_pop_time(now_ms())
         if not qs.change(offset, pop_time, new_pop_time, invisible_ms):
             return None
+        entry = qs.inflight[offset]
+        self.journal.hand(group, topic, queue_id, offset, new_pop_time, entry.deadline,
+                          entry.deliveries)
+        self.journal.flush()
         if invisible_ms <= 0:
             self.on_dispatch(topic, queue_id, 0)
         else:

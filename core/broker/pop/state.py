@@ -136,6 +136,16 @@ class QueueState:
             self.next_offset = offset + 1
         return entry
 
+    def restore(self, offset: int, pop_time: int, deadline: int, deliveries: int) -> None:
+        """An in-flight message read back from the journal."""
+        entry = Inflight(pop_time, deadline, deliveries)
+        self.inflight[offset] = entry
+        heapq.heappush(self._low, offset)
+        if deadline <= 0:
+            self.make_visible(offset, entry)
+        else:
+            heapq.heappush(self._deadlines, (deadline, offset, pop_time))
+
     def redeliver(self, offset: int, entry: Inflight, pop_time: int, invisible_ms: int) -> None:
         entry.pop_time = pop_time
         entry.deadline = pop_time + invisible_ms

@@ -154,13 +154,15 @@ class PopProcessor:
             try:
                 group, topic, qid, start, pop_time, bits = _batch_entry(item)
             except (TypeError, ValueError, KeyError, binascii.Error) as exc:
+                service.journal.flush()
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
             for i, byte in enumerate(bits):
                 if not byte:
                     continue
                 for j in range(8):
                     if byte >> j & 1:
-                        service.ack(group, topic, qid, start + i * 8 + j, pop_time)
+                        service.ack(group, topic, qid, start + i * 8 + j, pop_time, False)
+        service.journal.flush()
         return cmd.make_response(ResponseCode.SUCCESS)
 
     # ------------------------------------------------------------------ change
