@@ -87,12 +87,14 @@ class PopClient:
     """POP consumption of one group from one broker, over a `RemotingClient`."""
 
     def __init__(self, client, broker_addr: str, broker_name: str, group: str,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, holder_id: str | None = None) -> None:
         self.client = client
         self.broker_addr = broker_addr
         self.broker_name = broker_name
         self.group = group
         self.timeout_s = timeout_s
+        #: Sent as `holderId` with every pop (lmq-gateway extension, docs/pop.md).
+        self.holder_id = holder_id
 
     async def _invoke(self, cmd: RemotingCommand, extra_s: float = 0.0) -> RemotingCommand:
         return await self.client.invoke(self.broker_addr, cmd, self.timeout_s + extra_s)
@@ -110,6 +112,8 @@ class PopClient:
             ext["expType"] = exp_type
         if exp:
             ext["exp"] = exp
+        if self.holder_id:
+            ext["holderId"] = self.holder_id
         resp = await self._invoke(RemotingCommand.request(RequestCode.POP_MESSAGE, ext),
                                   poll_ms / 1000.0)
         h = resp.ext_fields or {}
@@ -200,3 +204,22 @@ class PopClient:
     async def nack(self, m: PopMessage) -> bool:
         """Negative ack with requeue: visible again at once (invisible time 0)."""
         return await self.change_invisible(m, 0)
+
+    # ------------------------------------------------------------------ holders
+    async def register_holder(self, holder_id: str) -> None:
+        """Bind `holder_id` to this client's connection to the broker: pops on it are
+        held by `holder_id`, and when the connection closes the broker makes them
+        visible again at once (lmq-gateway private code 900001)."""
+        cmd = RemotingCommand.request(RequestCode.POP_HOLDER_REGISTER, {"holderId": holder_id})
+        resp = await self._invoke(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+
+    async def release_holder(self, holder_id: str) -> int:
+        """Make every delivery `holder_id` holds visible again now (900002); returns
+        how many were released."""
+        cmd = RemotingCommand.request(RequestCode.POP_HOLDER_RELEASE, {"holderId": holder_id})
+        resp = await self._invoke(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return int((resp.ext_fields or {}).get("released", 0))

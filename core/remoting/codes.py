@@ -87,6 +87,9 @@ class RequestCode(IntEnum):
     ACK_MESSAGE = 200051
     CHANGE_MESSAGE_INVISIBLETIME = 200053
     BATCH_ACK_MESSAGE = 200151
+    # lmq-gateway private codes: 900000-900999 (never used by Apache RocketMQ; docs/pop.md).
+    POP_HOLDER_REGISTER = 900001
+    POP_HOLDER_RELEASE = 900002
 
 
 class ResponseCode(IntEnum):

@@ -99,6 +99,8 @@ class PopService:
         # (group, topic, queue, offset, pop_time) parked for the dead-letter topic.
         self._dlq: deque[tuple[str, str, int, int, int]] = deque()
         self.dead_lettered = 0
+        # holder id -> (group, topic, queue, offset) of the deliveries it may hold.
+        self._held: dict[str, set[tuple[str, str, int, int]]] = {}
         self.journal = PopJournal(os.path.join(broker.config.data_dir, "pop"))
         broker.add_dispatch_listener(self.on_dispatch)
 
@@ -313,7 +315,7 @@ class PopService:
         return [(r + i) % queue_nums for i in range(queue_nums)]
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
-            invisible_ms: int, init_mode: int, filt) -> PopBatch:
+            invisible_ms: int, init_mode: int, filt, holder: str | None = None) -> PopBatch:
         """Hand out up to `max_nums` messages (no awaiting: pops never interleave)."""
         broker = self.broker
         store = broker.store
@@ -343,6 +345,7 @@ class PopService:
                         journal.gone(group, topic, qid, offset)
                         continue
                     qs.redeliver(offset, entry, pop_time, invisible_ms)
+                    self._hold(entry, holder, group, topic, qid, offset)
                     records.append((offset, got.buffers[0], entry.deliveries))
                     offsets.append(offset)
                 need = max_nums - batch.count - len(records)
@@ -353,7 +356,8 @@ class PopService:
                     if status == "FOUND":
                         for buf in got.buffers:
                             offset = _queue_offset(buf, topic, is_lmq)
-                            qs.hand_out(offset, pop_time, invisible_ms)
+                            entry = qs.hand_out(offset, pop_time, invisible_ms)
+                            self._hold(entry, holder, group, topic, qid, offset)
                             records.append((offset, buf, 1))
                             offsets.append(offset)
                     if got.next_begin_offset > qs.next_offset and status in _ADVANCE:
@@ -379,6 +383,39 @@ class PopService:
         journal.flush()
         return batch
 
+    # ------------------------------------------------------------------ holders
+    def _hold(self, entry, holder: str | None, group: str, topic: str, qid: int,
+              offset: int) -> None:
+        old = entry.holder
+        if old is not None and old != holder:
+            held = self._held.get(old)
+            if held is not None:
+                held.discard((group, topic, qid, offset))
+        entry.holder = holder
+        if holder is not None:
+            self._held.setdefault(holder, set()).add((group, topic, qid, offset))
+
+    def release(self, holder: str) -> int:
+        """Make every delivery `holder` holds visible again at once (a gateway that
+        crashed or restarted); the number released."""
+        released = 0
+        topics: set[str] = set()
+        for group, topic, qid, offset in self._held.pop(holder, ()):
+            qs = self.state.get(group, topic, qid)
+            entry = qs.inflight.get(offset) if qs is not None else None
+            if entry is None or entry.holder != holder or entry.deadline <= 0:
+                continue
+            entry.holder = None
+            new_pop_time = self.state.new_pop_time(now_ms())
+            qs.change(offset, entry.pop_time, new_pop_time, 0)
+            self.journal.hand(group, topic, qid, offset, new_pop_time, 0, entry.deliveries)
+            released += 1
+            topics.add(topic)
+        self.journal.flush()
+        for topic in topics:
+            self.on_dispatch(topic, 0, 0)
+        return released
+
     def _commit(self, group: str, topic: str, queue_id: int, qs: QueueState) -> None:
         committed = qs.committed()
         om = self.broker.offset_manager
@@ -390,8 +427,15 @@ class PopService:
             flush: bool = True) -> bool:
         """Acknowledge; with `flush` False the caller flushes the journal (batches)."""
         qs = self.state.get(group, topic, queue_id)
-        if qs is None or not qs.ack(offset, pop_time):
+        entry = qs.inflight.get(offset) if qs is not None else None
+        if entry is None or not qs.ack(offset, pop_time):
             return False
+        if entry.holder is not None:
+            held = self._held.get(entry.holder)
+            if held is not None:
+                held.discard((group, topic, queue_id, offset))
+                if not held:
+                    del self._held[entry.holder]
         self.journal.gone(group, topic, queue_id, offset)
         if flush:
             self.journal.flush()

@@ -32,12 +32,13 @@ class Inflight:
     """One handed-out message. `deadline` 0 = visible again (waiting for redelivery),
     DEAD_LETTERING = being moved to the group's %DLQ% topic."""
 
-    __slots__ = ("pop_time", "deadline", "deliveries")
+    __slots__ = ("pop_time", "deadline", "deliveries", "holder")
 
     def __init__(self, pop_time: int, deadline: int, deliveries: int) -> None:
         self.pop_time = pop_time
         self.deadline = deadline
         self.deliveries = deliveries
+        self.holder: str | None = None  # who holds it (POP holders, docs/pop.md)
 
 
 class QueueState:

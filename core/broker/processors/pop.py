@@ -30,6 +30,11 @@ from .common import error, ext_int32, ext_int64, parse_json_body, required_group
 
 __all__ = ["register"]
 
+#: Connection attribute naming the POP holder registered on it.
+HOLDER_ATTR = "lmq.pop.holder"
+#: Longest holder id (INVALID_PARAMETER beyond; no spaces either).
+POP_MAX_HOLDER_ID_LENGTH = 255
+
 #: Most entries in one BATCH_ACK_MESSAGE body, and most bytes of one entry's bit set.
 BATCH_ACK_MAX_ENTRIES = 1024
 BATCH_ACK_MAX_BITSET_BYTES = 4096
@@ -89,12 +94,16 @@ class PopProcessor:
             filt = _cached_filter(cmd.ext_str("expType") or None, cmd.ext_str("exp") or None)
         except Exception as exc:  # FilterParseError and friends
             return error(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
+        holder = self._holder(cmd, ctx, required=False)
+        if isinstance(holder, RemotingCommand):
+            return holder
         service = self.service
         queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
         hold_s = min(max(poll_ms, 0), POP_MAX_POLL_MS) / 1000.0
         deadline = trio.current_time() + hold_s
         while True:
-            batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt)
+            batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
+                                holder)
             remaining = deadline - trio.current_time()
             if batch.count or remaining <= 0 or self.broker.closing:
                 break
@@ -119,6 +128,50 @@ class PopProcessor:
             ext["startOffsetInfo"] = ";".join(batch.start_offset_info)
             ext["msgOffsetInfo"] = ";".join(batch.msg_offset_info)
         return cmd.make_response(code, None, ext, batch.buffers if batch.count else None)
+
+    # ------------------------------------------------------------------ holders
+    def _holder(self, cmd: RemotingCommand, ctx, required: bool):
+        """The request's `holderId` (else the one registered on its connection), or an
+        error response when it is malformed."""
+        holder = cmd.ext_str("holderId")
+        if not holder:
+            if required:
+                return error(cmd, ResponseCode.INVALID_PARAMETER, "holderId is required")
+            attrs = getattr(ctx.connection, "attributes", None)
+            return attrs.get(HOLDER_ATTR) if attrs is not None else None
+        if len(holder) > POP_MAX_HOLDER_ID_LENGTH or not holder.isprintable() or " " in holder:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"holderId must be 1..{POP_MAX_HOLDER_ID_LENGTH} printable "
+                         "characters without spaces")
+        return holder
+
+    async def register_holder(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        holder = self._holder(cmd, ctx, required=True)
+        if isinstance(holder, RemotingCommand):
+            return holder
+        conn = ctx.connection
+        attrs = getattr(conn, "attributes", None)
+        if attrs is None:
+            return error(cmd, ResponseCode.SYSTEM_ERROR, "connection cannot hold a holder")
+        first = HOLDER_ATTR not in attrs
+        attrs[HOLDER_ATTR] = holder
+        if first:
+            service = self.service
+
+            def closed() -> None:
+                current = attrs.get(HOLDER_ATTR)
+                if current is not None:
+                    service.release(current)
+
+            conn.add_close_callback(closed)
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def release_holder(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        holder = self._holder(cmd, ctx, required=True)
+        if isinstance(holder, RemotingCommand):
+            return holder
+        released = self.service.release(holder)
+        return cmd.make_response(ResponseCode.SUCCESS, None, {"released": str(released)})
 
     # ------------------------------------------------------------------ ack
     def _handle(self, cmd: RemotingCommand):
@@ -219,3 +272,5 @@ def register(table, broker) -> None:
     table.register(RequestCode.ACK_MESSAGE, proc.ack)
     table.register(RequestCode.BATCH_ACK_MESSAGE, proc.batch_ack)
     table.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, proc.change)
+    table.register(RequestCode.POP_HOLDER_REGISTER, proc.register_holder)
+    table.register(RequestCode.POP_HOLDER_RELEASE, proc.release_holder)

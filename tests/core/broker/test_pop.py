@@ -7,6 +7,7 @@ from __future__ import annotations
 import trio
 
 from core.client.pop_consumer import INIT_MODE_MAX, PopClient, PopStatus
+from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import run_embedded, send_request
 
@@ -274,5 +275,37 @@ def test_held_poll_on_all_queues_gets_an_expired_message(tmp_path):
         # A poll on all queues: the deadline of queue 1 passes while it is held.
         again = await pc.pop("PopV", invisible_ms=60_000, poll_ms=10_000)
         assert [(m.queue_id, m.delivery_count) for m in again.messages] == [(1, 2)]
+
+    run_embedded(body, tmp_path)
+
+
+def test_release_holder_explicitly_and_on_connection_close(tmp_path):
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        name = server.broker.config.broker_name
+        await send_n(client, addr, "PopH", 4)
+        # Explicit: pops tagged with holderId, then released by id.
+        tagged = PopClient(client, addr, name, "GID_H", holder_id="gw-1")
+        r = await tagged.pop("PopH", max_nums=2, invisible_ms=600_000)
+        assert [m.body for m in r.messages] == [b"m0", b"m1"]
+        assert await tagged.ack(r.messages[0])
+        other = PopClient(client, addr, name, "GID_H")
+        assert await other.release_holder("gw-0") == 0
+        assert await other.release_holder("gw-1") == 1
+        again = await other.pop("PopH", max_nums=1, invisible_ms=600_000)
+        assert [(m.body, m.delivery_count) for m in again.messages] == [(b"m1", 2)]
+        assert not await tagged.ack(r.messages[1])  # the released handle is spent
+        # On connection close: a gateway with its own connection registers as holder.
+        gone = []
+        async with RemotingClient(request_timeout=10.0) as gw_client:
+            gw = PopClient(gw_client, addr, name, "GID_H")
+            await gw.register_holder("gw-2")
+            gone = (await gw.pop("PopH", invisible_ms=600_000)).messages
+            assert [m.body for m in gone] == [b"m2", b"m3"]
+        back = await other.pop("PopH", invisible_ms=600_000, poll_ms=10_000)
+        assert [(m.body, m.redelivered) for m in back.messages] == [
+            (b"m2", True), (b"m3", True)]
+        bad = await client.invoke(addr, RemotingCommand.request(900002, {"holderId": "a b"}))
+        assert bad.code == 29
 
     run_embedded(body, tmp_path)
