@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 POP_JOURNAL_COMPACT_BYTES = 8 * 1024 * 1024
 
 
+_FIELDS = {"C": 5, "H": 8, "A": 5}
+
+
 def _line(payload: str) -> bytes:
     data = payload.encode("utf-8")
     return data + b" %08x\n" % zlib.crc32(data)
@@ -66,6 +69,8 @@ class PopJournal:
                     break
                 parts = data.decode("utf-8").split(" ")
                 kind = parts[0]
+                if _FIELDS.get(kind) != len(parts):
+                    break
                 nums = [int(x) for x in parts[3:]]
             except (ValueError, UnicodeDecodeError):
                 break

@@ -94,8 +94,11 @@ class PopService:
         self._waiters: dict[str, set[trio.Event]] = {}
         self.polling = 0
         self._rotation = 0
-        # (deadline, group, topic, queue) of every deadline set: the revive timer's work.
+        # (deadline, group, topic, queue): the revive timer's work; `_scheduled` holds
+        # each queue's earliest pending entry (later deadlines are rescheduled from the
+        # queue when it is due, so the heap stays O(queues)).
         self._due: list[tuple[int, str, str, int]] = []
+        self._scheduled: dict[tuple[str, str, int], int] = {}
         # (group, topic, queue, offset, pop_time) parked for the dead-letter topic.
         self._dlq: deque[tuple[str, str, int, int, int]] = deque()
         self.dead_lettered = 0
@@ -128,10 +131,8 @@ class PopService:
                 pop_time, deadline, deliveries = found[offset]
                 qs.restore(offset, pop_time, deadline, deliveries)
                 last = max(last, pop_time)
-                if deadline > 0:
-                    heapq.heappush(self._due, (deadline, *key))
             if found:
-                heapq.heappush(self._due, (now, *key))
+                self._schedule(key, now)
             self._commit(*key, qs)
         state.new_pop_time(last)
         self.journal.open()
@@ -170,26 +171,37 @@ class PopService:
         budget = POP_REVIVE_BATCH
         woken: set[str] = set()
         expired: list = []
+        scheduled = self._scheduled
         while due and due[0][0] <= now and budget > 0:
-            _, group, topic, qid = heapq.heappop(due)
+            d, group, topic, qid = heapq.heappop(due)
+            key = (group, topic, qid)
+            if scheduled.get(key) != d:
+                continue  # superseded by an earlier entry, already handled
+            del scheduled[key]
             qs = self.state.get(group, topic, qid)
             if qs is None:
                 continue
             expired.clear()
             budget -= qs.expire(now, budget, expired)
-            if not expired:
-                continue
-            max_deliveries = self._max_deliveries(group)
-            for offset, entry in expired:
-                if entry.deliveries >= max_deliveries:
-                    self._park(group, topic, qid, qs, offset, entry)
-                else:
-                    woken.add(topic)
-            if qs.next_deadline() is not None and qs.next_deadline() <= now:
-                heapq.heappush(due, (now, group, topic, qid))  # budget ran out
+            if expired:
+                max_deliveries = self._max_deliveries(group)
+                for offset, entry in expired:
+                    if entry.deliveries >= max_deliveries:
+                        self._park(group, topic, qid, qs, offset, entry)
+                    else:
+                        woken.add(topic)
+            nd = qs.next_deadline()
+            if nd is not None:
+                self._schedule(key, max(nd, now))  # later, or budget ran out
         for topic in woken:
             self.on_dispatch(topic, 0, 0)
         return POP_REVIVE_BATCH - budget
+
+    def _schedule(self, key: tuple[str, str, int], deadline: int) -> None:
+        current = self._scheduled.get(key)
+        if current is None or deadline < current:
+            self._scheduled[key] = deadline
+            heapq.heappush(self._due, (deadline, *key))
 
     def _max_deliveries(self, group: str) -> int:
         """1 + the group's retryMaxTimes (as RocketMQ: that many redeliveries)."""
@@ -367,7 +379,7 @@ class PopService:
                 journal.cursor(group, topic, qid, qs.next_offset)
             if records:
                 deadline = pop_time + invisible_ms
-                heapq.heappush(self._due, (deadline, group, topic, qid))
+                self._schedule((group, topic, qid), deadline)
                 for offset, _, deliveries in records:
                     journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries)
                 ck = min(offsets)
@@ -458,7 +470,7 @@ class PopService:
         if invisible_ms <= 0:
             self.on_dispatch(topic, queue_id, 0)
         else:
-            heapq.heappush(self._due, (new_pop_time + invisible_ms, group, topic, queue_id))
+            self._schedule((group, topic, queue_id), new_pop_time + invisible_ms)
         return new_pop_time
 
 

@@ -164,7 +164,22 @@ class QueueState:
         if entry is None or entry.pop_time != pop_time or entry.deadline == DEAD_LETTERING:
             return False
         del self.inflight[offset]
+        self._maybe_compact()
         return True
+
+    def _maybe_compact(self) -> None:
+        """Rebuild the heaps when stale entries (acked messages, old deadlines) outnumber
+        the live ones, so memory stays O(in-flight) whatever the invisible times."""
+        limit = 2 * len(self.inflight) + 64
+        if len(self._deadlines) <= limit and len(self._low) <= limit and len(self._ready) <= limit:
+            return
+        inflight = self.inflight
+        self._low = list(inflight)
+        heapq.heapify(self._low)
+        self._deadlines = [(e.deadline, o, e.pop_time) for o, e in inflight.items() if e.deadline > 0]
+        heapq.heapify(self._deadlines)
+        self._ready = [o for o, e in inflight.items() if e.deadline == 0]
+        heapq.heapify(self._ready)
 
     def change(self, offset: int, pop_time: int, new_pop_time: int, invisible_ms: int) -> bool:
         """New deadline `new_pop_time + invisible_ms` (0 ms: visible at once)."""
@@ -182,6 +197,7 @@ class QueueState:
     def drop(self, offset: int) -> None:
         """Forget a message for good (dead-lettered, or gone from the store)."""
         self.inflight.pop(offset, None)
+        self._maybe_compact()
 
 
 class PopState:

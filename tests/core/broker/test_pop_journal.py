@@ -45,3 +45,17 @@ def test_compaction_rewrites_live_state_and_keeps_appends(tmp_path, monkeypatch)
     j.close()
     assert j.size < big
     assert list(j.replay()) == [("C", "G", "T", 0, 50), ("H", "G", "T", 0, 50, 2000, 6000, 1)]
+
+
+def test_queue_state_memory_stays_bounded_by_in_flight():
+    from core.broker.pop.state import QueueState
+
+    qs = QueueState(0)
+    # One message stuck in flight with a long deadline while many others are acked.
+    qs.hand_out(0, 1, 10**9)
+    for off in range(1, 5000):
+        qs.hand_out(off, off + 1, 10**9)
+        assert qs.ack(off, off + 1)
+    assert qs.committed() == 0
+    assert len(qs._deadlines) < 200 and len(qs._low) < 200
+    assert qs.ack(0, 1) and qs.committed() == 5000
