@@ -43,7 +43,8 @@ from core.common.sysflag import PermName
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PopService", "PopBatch", "POP_CK", "INIT_MODE_MIN", "INIT_MODE_MAX"]
+__all__ = ["PopService", "PopBatch", "PopStateFull", "POP_CK", "INIT_MODE_MIN",
+           "INIT_MODE_MAX"]
 
 POP_CK = "POP_CK"
 INIT_MODE_MIN = 0
@@ -59,11 +60,17 @@ POP_MAX_POLL_MS = 20_000
 POP_MAX_INFLIGHT_PER_QUEUE = 10_000
 #: Most POP_MESSAGE requests held at once (POLLING_FULL beyond).
 POP_MAX_POLLING = 10_000
+#: Most (group, topic, queue) states a broker keeps (SYSTEM_BUSY for new ones beyond).
+POP_MAX_QUEUE_STATES = 200_000
 #: Period of the revive timer (s) and the most deadlines / dead-letterings it handles
 #: per tick (the rest waits for the next tick).
 POP_REVIVE_INTERVAL_S = 0.2
 POP_REVIVE_BATCH = 2_000
 POP_DLQ_BATCH = 64
+
+
+class PopStateFull(Exception):
+    """POP_MAX_QUEUE_STATES reached: no state for one more (group, topic, queue)."""
 
 
 def now_ms() -> int:
@@ -316,6 +323,8 @@ class PopService:
     def queue_state(self, group: str, topic: str, queue_id: int, init_mode: int) -> QueueState:
         qs = self.state.get(group, topic, queue_id)
         if qs is None:
+            if len(self.state.queues) >= POP_MAX_QUEUE_STATES:
+                raise PopStateFull(f"{POP_MAX_QUEUE_STATES} POP queue states")
             start = self._init_offset(group, topic, queue_id, init_mode)
             qs = self.state.get_or_create(group, topic, queue_id, start)
         return qs
@@ -328,7 +337,16 @@ class PopService:
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
             invisible_ms: int, init_mode: int, filt, holder: str | None = None) -> PopBatch:
-        """Hand out up to `max_nums` messages (no awaiting: pops never interleave)."""
+        """Hand out up to `max_nums` messages (no awaiting: pops never interleave). The
+        journal records are written before it returns, whatever happens."""
+        try:
+            return self._pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
+                             holder)
+        finally:
+            self.journal.flush()
+
+    def _pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
+             invisible_ms: int, init_mode: int, filt, holder: str | None) -> PopBatch:
         broker = self.broker
         store = broker.store
         config = broker.config
@@ -341,6 +359,8 @@ class PopService:
         journal = self.journal
         for qid in queue_ids:
             need = max_nums - batch.count
+            if need <= 0:
+                break
             qs = self.queue_state(group, topic, qid, init_mode)
             cursor = qs.next_offset
             offsets: list[int] = []
@@ -392,7 +412,6 @@ class PopService:
                         buf = _redelivery_record(buf, handle, deliveries - 1)
                     batch.buffers.append(buf)
             self._commit(group, topic, qid, qs)
-        journal.flush()
         return batch
 
     # ------------------------------------------------------------------ holders

@@ -19,6 +19,7 @@ from core.broker.pop.service import (
     POP_MAX_POLL_MS,
     POP_MAX_POLLING,
     PopService,
+    PopStateFull,
     now_ms,
 )
 from core.broker.processors.pull import _cached_filter
@@ -102,8 +103,11 @@ class PopProcessor:
         hold_s = min(max(poll_ms, 0), POP_MAX_POLL_MS) / 1000.0
         deadline = trio.current_time() + hold_s
         while True:
-            batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
-                                holder)
+            try:
+                batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode,
+                                    filt, holder)
+            except PopStateFull as exc:
+                return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
             remaining = deadline - trio.current_time()
             if batch.count or remaining <= 0 or self.broker.closing:
                 break
