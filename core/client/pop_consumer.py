@@ -201,6 +201,17 @@ class PopClient:
         m.message.properties[POP_CK] = m.handle
         return True
 
+    async def reject(self, m: PopMessage) -> bool:
+        """Negative ack without requeue: to the group's %DLQ% topic, never delivered
+        again (lmq-gateway private code 900003). False when the handle is not current."""
+        resp = await self._invoke(RemotingCommand.request(RequestCode.POP_DEAD_LETTER,
+                                                          self._ack_ext(m)))
+        if resp.code == ResponseCode.NO_MESSAGE:
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return True
+
     async def nack(self, m: PopMessage) -> bool:
         """Negative ack with requeue: visible again at once (invisible time 0)."""
         return await self.change_invisible(m, 0)

@@ -90,6 +90,7 @@ class RequestCode(IntEnum):
     # lmq-gateway private codes: 900000-900999 (never used by Apache RocketMQ; docs/pop.md).
     POP_HOLDER_REGISTER = 900001
     POP_HOLDER_RELEASE = 900002
+    POP_DEAD_LETTER = 900003
 
 
 class ResponseCode(IntEnum):

@@ -473,6 +473,17 @@ class PopService:
         self._commit(group, topic, queue_id, qs)
         return True
 
+    def dead_letter(self, group: str, topic: str, queue_id: int, offset: int,
+                    pop_time: int) -> bool:
+        """Reject without requeue: the message goes to the group's %DLQ% topic (by the
+        revive timer, within a tick) and is never delivered again."""
+        qs = self.state.get(group, topic, queue_id)
+        entry = qs.inflight.get(offset) if qs is not None else None
+        if entry is None or entry.pop_time != pop_time or entry.deadline == DEAD_LETTERING:
+            return False
+        self._park(group, topic, queue_id, qs, offset, entry)
+        return True
+
     def change_invisible(self, group: str, topic: str, queue_id: int, offset: int,
                          pop_time: int, invisible_ms: int) -> int | None:
         """The new pop time, or None when the handle is not current."""

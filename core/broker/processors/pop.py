@@ -200,6 +200,20 @@ class PopProcessor:
                          f"no in-flight message at offset {offset} with this receipt handle")
         return cmd.make_response(ResponseCode.SUCCESS)
 
+    async def dead_letter(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        """POP_DEAD_LETTER (900003, ACK_MESSAGE's header): reject without requeue."""
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        offset = ext_int64(cmd, "offset", required=True)
+        handle = self._handle(cmd)
+        if isinstance(handle, RemotingCommand):
+            return handle
+        if not self.service.dead_letter(group, topic, queue_id, offset, handle.pop_time):
+            return error(cmd, ResponseCode.NO_MESSAGE,
+                         f"no in-flight message at offset {offset} with this receipt handle")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
     async def batch_ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         data = parse_json_body(cmd)
         acks = data.get("acks") if isinstance(data, dict) else None
@@ -278,3 +292,4 @@ def register(table, broker) -> None:
     table.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, proc.change)
     table.register(RequestCode.POP_HOLDER_REGISTER, proc.register_holder)
     table.register(RequestCode.POP_HOLDER_RELEASE, proc.release_holder)
+    table.register(RequestCode.POP_DEAD_LETTER, proc.dead_letter)

@@ -309,3 +309,26 @@ def test_release_holder_explicitly_and_on_connection_close(tmp_path):
         assert bad.code == 29
 
     run_embedded(body, tmp_path)
+
+
+def test_reject_without_requeue_dead_letters_at_once(tmp_path):
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        await send_n(client, addr, "PopJ", 2)
+        pc = popper(server, client, "GID_REJ")
+        r = await pc.pop("PopJ", invisible_ms=60_000)
+        assert await pc.reject(r.messages[0])
+        assert not await pc.ack(r.messages[0])  # on its way to the DLQ
+        assert await pc.ack(r.messages[1])
+        dlq = popper(server, client, "GID_READ")
+        with trio.fail_after(10):
+            while server.broker.topic_config_manager.get("%DLQ%GID_REJ") is None:
+                await trio.sleep(0.02)
+        got = await dlq.pop("%DLQ%GID_REJ", poll_ms=10_000)
+        assert [(m.body, m.message.reconsume_times) for m in got.messages] == [(b"m0", 1)]
+        with trio.fail_after(10):
+            while committed(server, "GID_REJ", "PopJ") != 2:
+                await trio.sleep(0.02)
+        assert (await pc.pop("PopJ", invisible_ms=1)).status == PopStatus.NO_NEW_MSG
+
+    run_embedded(body, tmp_path)
