@@ -440,6 +440,8 @@ class PopService:
             new_pop_time = self.state.new_pop_time(now_ms())
             qs.change(offset, entry.pop_time, new_pop_time, 0)
             self.journal.hand(group, topic, qid, offset, new_pop_time, 0, entry.deliveries)
+            if entry.deliveries >= self._max_deliveries(group):
+                self._park(group, topic, qid, qs, offset, entry)
             released += 1
             topics.add(topic)
         self.journal.flush()
@@ -497,6 +499,8 @@ class PopService:
         self.journal.hand(group, topic, queue_id, offset, new_pop_time, entry.deadline,
                           entry.deliveries)
         self.journal.flush()
+        if invisible_ms <= 0 and entry.deliveries >= self._max_deliveries(group):
+            self._park(group, topic, queue_id, qs, offset, entry)  # budget spent: DLQ
         if invisible_ms <= 0:
             self.on_dispatch(topic, queue_id, 0)
         else:

@@ -248,8 +248,7 @@ def test_dead_letter_after_max_deliveries(tmp_path):
         counts.append(m.delivery_count)
         assert counts == [1, 2, 3]
         assert await pc.nack(m)
-        assert (await pc.pop("PopD", invisible_ms=60_000)).status == PopStatus.NO_NEW_MSG
-        # The revive timer moves it to %DLQ%GID_DLQ.
+        # The revive timer moves it to %DLQ%GID_DLQ (no pop needed).
         with trio.fail_after(10):
             while server.broker.pop_service.dead_lettered == 0:
                 await trio.sleep(0.02)
@@ -261,6 +260,7 @@ def test_dead_letter_after_max_deliveries(tmp_path):
             got.messages[0].message.commitlog_offset).properties
         assert committed(server, "GID_DLQ", "PopD") == 2
         assert (await pc.pop("PopD", invisible_ms=60_000)).status == PopStatus.NO_NEW_MSG
+        assert not await pc.ack(m)
 
     run_embedded(body, tmp_path, retry_max_times=2)
 
