@@ -3,11 +3,11 @@
 An append-only text file, one record per line, each ending in its CRC32:
 
     C <group> <topic> <queueId> <cursor>                                   <crc>
-    H <group> <topic> <queueId> <offset> <popTime> <deadline> <deliveries>  <crc>
+    H <group> <topic> <queueId> <offset> <popTime> <deadline> <deliveries> <holder> <crc>
     A <group> <topic> <queueId> <offset>                                   <crc>
 
 C: the queue's pop cursor (first offset never handed out); H: a message handed out (or
-its handle/deadline changed); A: a message gone from flight (acknowledged or
+its handle/deadline changed; `holder` is `@<holder id>` or `-`); A: a message gone from flight (acknowledged or
 dead-lettered). Group and topic names cannot hold spaces (validated names). Records of a
 request are written with one `os.write` before the response is sent: a broker killed
 with -9 loses nothing the kernel got (the page cache survives the process). There is no
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 POP_JOURNAL_COMPACT_BYTES = 8 * 1024 * 1024
 
 
-_FIELDS = {"C": 5, "H": 8, "A": 5}
+_FIELDS = {"C": 5, "H": 9, "A": 5}
 
 
 def _line(payload: str) -> bytes:
@@ -71,10 +71,15 @@ class PopJournal:
                 kind = parts[0]
                 if _FIELDS.get(kind) != len(parts):
                     break
-                nums = [int(x) for x in parts[3:]]
+                if kind == "H":
+                    holder = parts[8][1:] if parts[8].startswith("@") else None
+                    if holder is None and parts[8] != "-":
+                        break
+                    yield (kind, parts[1], parts[2], *(int(x) for x in parts[3:8]), holder)
+                else:
+                    yield (kind, parts[1], parts[2], *(int(x) for x in parts[3:]))
             except (ValueError, UnicodeDecodeError):
                 break
-            yield (kind, parts[1], parts[2], *nums)
 
     def open(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
@@ -86,9 +91,10 @@ class PopJournal:
         self._pending.append(_line(f"C {group} {topic} {qid} {cursor}"))
 
     def hand(self, group: str, topic: str, qid: int, offset: int, pop_time: int,
-             deadline: int, deliveries: int) -> None:
-        self._pending.append(
-            _line(f"H {group} {topic} {qid} {offset} {pop_time} {deadline} {deliveries}"))
+             deadline: int, deliveries: int, holder: str | None = None) -> None:
+        h = "-" if holder is None else "@" + holder
+        self._pending.append(_line(
+            f"H {group} {topic} {qid} {offset} {pop_time} {deadline} {deliveries} {h}"))
 
     def gone(self, group: str, topic: str, qid: int, offset: int) -> None:
         self._pending.append(_line(f"A {group} {topic} {qid} {offset}"))

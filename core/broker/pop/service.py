@@ -118,13 +118,13 @@ class PopService:
     def load(self) -> None:
         """Rebuild the state from the journal (before the broker listens)."""
         cursors: dict[tuple[str, str, int], int] = {}
-        entries: dict[tuple[str, str, int], dict[int, tuple[int, int, int]]] = {}
+        entries: dict[tuple[str, str, int], dict[int, tuple[int, int, int, str | None]]] = {}
         for rec in self.journal.replay():
             kind, key = rec[0], (rec[1], rec[2], rec[3])
             if kind == "C":
                 cursors[key] = rec[4]
             elif kind == "H":
-                entries.setdefault(key, {})[rec[4]] = (rec[5], rec[6], rec[7])
+                entries.setdefault(key, {})[rec[4]] = (rec[5], rec[6], rec[7], rec[8])
             elif kind == "A":
                 entries.get(key, {}).pop(rec[4], None)
         state = self.state
@@ -135,8 +135,10 @@ class PopService:
             cursor = max(cursors.get(key, 0), max(found, default=-1) + 1)
             qs = state.get_or_create(*key, cursor)
             for offset in sorted(found):
-                pop_time, deadline, deliveries = found[offset]
-                qs.restore(offset, pop_time, deadline, deliveries)
+                pop_time, deadline, deliveries, holder = found[offset]
+                entry = qs.restore(offset, pop_time, deadline, deliveries)
+                if holder is not None and deadline > 0:
+                    self._hold(entry, holder, *key, offset)
                 last = max(last, pop_time)
             if found:
                 self._schedule(key, now)
@@ -155,8 +157,9 @@ class PopService:
         for (group, topic, qid), qs in state.queues.items():
             lines.append(snapshot_line("C", group, topic, qid, qs.next_offset))
             for offset, e in qs.inflight.items():
+                holder = "-" if e.holder is None else "@" + e.holder
                 lines.append(snapshot_line("H", group, topic, qid, offset, e.pop_time,
-                                           e.deadline, e.deliveries))
+                                           e.deadline, e.deliveries, holder))
         await self.journal.compact(lines)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -401,7 +404,8 @@ class PopService:
                 deadline = pop_time + invisible_ms
                 self._schedule((group, topic, qid), deadline)
                 for offset, _, deliveries in records:
-                    journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries)
+                    journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries,
+                                 holder)
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
@@ -497,7 +501,7 @@ class PopService:
             return None
         entry = qs.inflight[offset]
         self.journal.hand(group, topic, queue_id, offset, new_pop_time, entry.deadline,
-                          entry.deliveries)
+                          entry.deliveries, entry.holder)
         self.journal.flush()
         if invisible_ms <= 0 and entry.deliveries >= self._max_deliveries(group):
             self._park(group, topic, queue_id, qs, offset, entry)  # budget spent: DLQ

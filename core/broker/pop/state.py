@@ -137,7 +137,7 @@ class QueueState:
             self.next_offset = offset + 1
         return entry
 
-    def restore(self, offset: int, pop_time: int, deadline: int, deliveries: int) -> None:
+    def restore(self, offset: int, pop_time: int, deadline: int, deliveries: int) -> Inflight:
         """An in-flight message read back from the journal."""
         entry = Inflight(pop_time, deadline, deliveries)
         self.inflight[offset] = entry
@@ -146,6 +146,7 @@ class QueueState:
             self.make_visible(offset, entry)
         else:
             heapq.heappush(self._deadlines, (deadline, offset, pop_time))
+        return entry
 
     def redeliver(self, offset: int, entry: Inflight, pop_time: int, invisible_ms: int) -> None:
         entry.pop_time = pop_time

@@ -332,3 +332,20 @@ def test_reject_without_requeue_dead_letters_at_once(tmp_path):
         assert (await pc.pop("PopJ", invisible_ms=1)).status == PopStatus.NO_NEW_MSG
 
     run_embedded(body, tmp_path)
+
+
+def test_tag_filter_and_consumed_offset_past_filtered(tmp_path):
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        for i, tag in enumerate(["A", "B", "A", "B"]):
+            resp = await client.invoke(addr, send_request(
+                "PopF", f"m{i}".encode(), properties={"TAGS": tag}))
+            assert resp.code == 0
+        pc = popper(server, client, "GID_F")
+        r = await pc.pop("PopF", queue_id=0, exp_type="TAG", exp="A", invisible_ms=60_000)
+        assert [m.body for m in r.messages] == [b"m0", b"m2"]
+        for m in r.messages:
+            assert await pc.ack(m)
+        assert committed(server, "GID_F", "PopF") == 4  # filtered ones count as consumed
+
+    run_embedded(body, tmp_path)

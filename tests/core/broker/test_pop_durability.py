@@ -37,6 +37,15 @@ def test_pop_state_survives_kill_9(tmp_path):
         for i in (0, 2, 4):
             assert await pc.ack(msgs[i])
         assert await pc.nack(msgs[1])
+        # A gateway's deliveries, held by its id (released after the restart).
+        for i in range(2):
+            r = await client.invoke(server.broker_addr, send_request(
+                "PopDurH", f"h{i}".encode(), queue_id=0))
+            assert r.code == 0, r.remark
+        gw = PopClient(client, server.broker_addr, server.broker_name, "GID_DUR",
+                       holder_id="gw-9")
+        held_by_gw = await gw.pop("PopDurH", queue_id=0, invisible_ms=600_000)
+        assert len(held_by_gw.messages) == 2
         return msgs[3]
 
     try:
@@ -65,6 +74,11 @@ def test_pop_state_survives_kill_9(tmp_path):
             assert await pc.ack(held)
             for m in got.values():
                 assert await pc.ack(m)
+            # The holder survived the restart: released by id, back at once.
+            assert (await pc.pop("PopDurH", queue_id=0)).status == PopStatus.NO_NEW_MSG
+            assert await pc.release_holder("gw-9") == 2
+            back = await pc.pop("PopDurH", queue_id=0)
+            assert [(m.body, m.delivery_count) for m in back.messages] == [(b"h0", 2), (b"h1", 2)]
 
         run(after)
         # Everything acknowledged: the group's consumed offset is the end of the queue.

@@ -18,7 +18,8 @@ def test_replay_stops_at_torn_or_corrupt_line(tmp_path):
     j.close()
     with open(j.path, "ab") as f:
         f.write(b"H G T 0 9 1 2 3 0000")  # torn: no newline, bad CRC
-    assert list(j.replay()) == [("C", "G", "T", 0, 3), ("H", "G", "T", 0, 2, 100, 200, 1),
+    assert list(j.replay()) == [("C", "G", "T", 0, 3),
+                                ("H", "G", "T", 0, 2, 100, 200, 1, None),
                                 ("A", "G", "T", 0, 2)]
     raw = open(j.path, "rb").read().replace(b"H G T 0 2 100", b"H G T 0 2 101")
     open(j.path, "wb").write(raw)
@@ -38,13 +39,14 @@ def test_compaction_rewrites_live_state_and_keeps_appends(tmp_path, monkeypatch)
 
     async def main():
         await j.compact([snapshot_line("C", "G", "T", 0, 50)])
-        j.hand("G", "T", 0, 50, 2000, 6000, 1)
+        j.hand("G", "T", 0, 50, 2000, 6000, 1, "gw-1")
         j.flush()
 
     trio.run(main)
     j.close()
     assert j.size < big
-    assert list(j.replay()) == [("C", "G", "T", 0, 50), ("H", "G", "T", 0, 50, 2000, 6000, 1)]
+    assert list(j.replay()) == [("C", "G", "T", 0, 50),
+                                ("H", "G", "T", 0, 50, 2000, 6000, 1, "gw-1")]
 
 
 def test_queue_state_memory_stays_bounded_by_in_flight():
