@@ -261,6 +261,7 @@ class PopService:
             if result.status.name not in ("OK", "FLUSH_DISK_TIMEOUT"):
                 return False
             self.dead_lettered += 1
+        self._hold(entry, None, group, topic, qid, offset)
         qs.drop(offset)
         self.journal.gone(group, topic, qid, offset)
         self.journal.flush()
