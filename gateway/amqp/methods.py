@@ -121,7 +121,7 @@ class Method:
     """Mixin of every method class (each is also a NamedTuple of its fields).
 
     Class attributes: CLASS_ID, METHOD_ID, NAME ("basic.publish"), HAS_CONTENT (a content
-    header and body frames follow the method frame).
+    header and body frames follow the method frame), FIELDS ((name, type letter), ...).
     """
 
     __slots__ = ()
@@ -129,6 +129,7 @@ class Method:
     METHOD_ID: int
     NAME: str
     HAS_CONTENT: bool
+    FIELDS: tuple[tuple[str, str], ...]
     _encode: Callable[[tuple], bytes]
     _decode: Callable[[Any, int], tuple]
 
@@ -260,6 +261,7 @@ def _build() -> dict[tuple[int, int], type]:
             "METHOD_ID": method_id,
             "NAME": f"{class_name}.{method_name.replace('_', '-')}",
             "HAS_CONTENT": "content" in words,
+            "FIELDS": tuple(fields),
             "_encode": staticmethod(enc),
             "_decode": staticmethod(dec),
         })
