@@ -25,8 +25,10 @@ hostile table cannot exhaust the stack; sizes are bounded by the frame that carr
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any
 
 from gateway.amqp.errors import SYNTAX_ERROR, AmqpError
@@ -123,7 +125,7 @@ def decode_longstr(buf: bytes, off: int) -> tuple[bytes, int]:
 # ---------------------------------------------------------------- tables
 
 
-def encode_table(table: dict[str, Any] | None) -> bytes:
+def encode_table(table: Mapping[str, Any] | None) -> bytes:
     """Encode a dict as a field table (None and {} give an empty table)."""
     if not table:
         return b"\x00\x00\x00\x00"
@@ -179,7 +181,7 @@ def _encode_value(value: Any, parts: list[bytes], depth: int) -> None:
         parts.append(b"D" + _DECIMAL.pack(-exponent, unscaled))
     elif isinstance(value, datetime):
         parts.append(b"T" + struct.pack(">Q", int(value.timestamp())))
-    elif isinstance(value, dict):
+    elif isinstance(value, (dict, MappingProxyType)):
         inner: list[bytes] = []
         for key, item in value.items():
             inner.append(encode_shortstr(key))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from collections import namedtuple
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from gateway.amqp.errors import NOT_IMPLEMENTED, SYNTAX_ERROR, AmqpError
@@ -113,6 +114,8 @@ _SPEC = """
  31 rollback_ok:
 """
 
+#: Default of table fields: read-only, equal to the {} a decoded empty table gives.
+_EMPTY_TABLE = MappingProxyType({})
 _FIXED = {"o": "B", "s": "H", "l": "I", "L": "Q", "t": "Q"}
 _HEAD = struct.Struct(">HH")
 
@@ -230,7 +233,7 @@ def _default(kind: str, text: str | None) -> Any:
     if kind == "X":
         return (text or "").encode()
     if kind == "T":
-        return None
+        return _EMPTY_TABLE
     return text or ""
 
 
