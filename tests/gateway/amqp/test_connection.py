@@ -333,6 +333,7 @@ def test_any_traffic_counts_as_alive_and_sent_methods_delay_heartbeats():
     conn = peer.conn
     peer.now = 8
     peer.method(1, ChannelOpen())  # the server answers Open-Ok at 8
+    assert peer.read_methods() == [(1, ChannelOpenOk())]
     assert conn.next_deadline() == 18
     assert conn.tick(17) == [] and conn.data_to_send() == b""
     conn.tick(18)
