@@ -311,6 +311,9 @@ class ServerConnection:
             self.send(0, ConnectionCloseOk())
             self._end(events, method.reply_code, method.reply_text, by_peer=True)
             return
+        if isinstance(method, ConnectionCloseOk):
+            raise AmqpError(errors.COMMAND_INVALID, "connection.close-ok without a close", 0,
+                            10, 51)
         if expected is None and state is _State.RUNNING and method.CLASS_ID == 10:
             raise AmqpError(errors.NOT_IMPLEMENTED, f"{method.NAME} is not supported", 0,
                             method.CLASS_ID, method.METHOD_ID)

@@ -104,11 +104,12 @@ class AmqpServer:
             with trio.move_on_at(min(deadlines) if deadlines else float("inf")):
                 data = await stream.receive_some(cfg.read_size)
             now = trio.current_time()
+            # Checked whether or not octets came, so trickling input cannot stretch them.
+            if close_deadline is not None and now >= close_deadline:
+                return  # lingered long enough for Close-Ok
+            if handshake_deadline is not None and now >= handshake_deadline:
+                return  # RabbitMQ also just drops a connection stuck in the handshake
             if data is None:
-                if close_deadline is not None and now >= close_deadline:
-                    return  # lingered long enough for Close-Ok
-                if handshake_deadline is not None and now >= handshake_deadline:
-                    return  # RabbitMQ also just drops a connection stuck in the handshake
                 events = conn.tick(now)
             else:
                 events = conn.receive_data(data, now)

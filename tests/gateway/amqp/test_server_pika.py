@@ -173,3 +173,22 @@ def test_server_sends_heartbeats_and_drops_a_silent_client():
                 assert all(isinstance(e, Heartbeat) for e in decoder.feed(data))
 
     assert trio.run(_with_server, client)
+
+
+def test_handshake_deadline_holds_against_trickling_input():
+    def client(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(PROTOCOL_HEADER)
+            # A Start-Ok trickled one octet every 0.2 s, for 5 s (the deadline is 1 s).
+            frame = encode_method_frame(0, ConnectionStartOk({"k": "v" * 200}, "PLAIN",
+                                                             b"\x00guest\x00guest"))
+            try:
+                for octet in frame[:25]:
+                    s.sendall(bytes([octet]))
+                    trio.from_thread.run(trio.sleep, 0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                return "closed"
+            return "still open"
+
+    config = AmqpServerConfig(port=0, handshake_timeout_s=1.0)
+    assert trio.run(partial(_with_server, client, config)) == "closed"
