@@ -139,8 +139,12 @@ def _decode_publish(payload: bytes) -> BasicPublish:
     """basic.publish without the generic table walk: ticket, two short strings, one bit octet."""
     if len(payload) < 9:
         return decode_method(payload)  # raises the precise syntax error
-    exchange, off = decode_shortstr(payload, 6)
-    routing_key, off = decode_shortstr(payload, off)
+    try:
+        exchange, off = decode_shortstr(payload, 6)
+        routing_key, off = decode_shortstr(payload, off)
+    except AmqpError as exc:
+        exc.class_id, exc.method_id = 60, 40
+        raise
     if off + 1 != len(payload):
         return decode_method(payload)
     bits = payload[off]

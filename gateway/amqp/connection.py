@@ -225,7 +225,7 @@ class ServerConnection:
         if now is not None:
             self._now = now
         if self._state is not _State.LOGIN:
-            raise RuntimeError("no login pending")
+            return  # the connection ended (or failed) while the credentials were checked
         if not ok:
             # authentication_failure_close: a Connection.Close with 403 that pika reports
             # as an authentication error.

@@ -10,6 +10,7 @@ slice does not implement (queue, exchange, basic, confirm, tx) close the connect
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from gateway.amqp.connection import (
 )
 
 __all__ = ["AmqpServer", "AmqpServerConfig"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,8 +129,12 @@ class AmqpServer:
     async def _event(self, conn: ServerConnection, event: Any) -> None:
         kind = type(event)
         if kind is LoginRequest:
-            ok = await trio.to_thread.run_sync(self.authenticate, event.username,
-                                               event.password)
+            try:
+                ok = await trio.to_thread.run_sync(self.authenticate, event.username,
+                                                   event.password)
+            except Exception:  # a broken authenticator refuses; it must not stop the server
+                log.exception("AMQP authenticator failed")
+                ok = False
             conn.login(bool(ok), trio.current_time())
         elif kind is MethodReceived or kind is ContentReceived:
             method = event.method if kind is MethodReceived else event.content.method

@@ -347,3 +347,17 @@ def test_no_heartbeats_when_negotiated_off():
     peer = handshake(heartbeat=0)
     assert peer.conn.next_deadline() is None
     assert peer.conn.tick(10_000) == [] and peer.conn.data_to_send() == b""
+
+
+def test_login_answer_after_the_client_left_is_ignored():
+    # A client pipelines Start-Ok and Close; the credential check finishes afterwards.
+    conn = ServerConnection()
+    peer = Peer(conn)
+    peer.send(PROTOCOL_HEADER)
+    peer.read()
+    events = peer.send(encode_method_frame(0, ConnectionStartOk({}, "PLAIN", b"\x00a\x00b"))
+                       + encode_method_frame(0, ConnectionClose(200, "bye", 0, 0)))
+    assert isinstance(events[0], LoginRequest) and isinstance(events[1], ConnectionEnded)
+    peer.read()
+    conn.login(True)
+    assert conn.data_to_send() == b"" and conn.terminated

@@ -192,3 +192,17 @@ def test_handshake_deadline_holds_against_trickling_input():
 
     config = AmqpServerConfig(port=0, handshake_timeout_s=1.0)
     assert trio.run(partial(_with_server, client, config)) == "closed"
+
+
+def test_failing_authenticator_refuses_and_the_server_goes_on():
+    def broken(user, password):
+        raise RuntimeError("directory unreachable")
+
+    def client(port):
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(_params(port))
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(_params(port))
+        return True
+
+    assert trio.run(partial(_with_server, client, authenticate=broken))
