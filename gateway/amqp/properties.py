@@ -11,6 +11,7 @@ are on the wire, in order, each in its own type (no bit packing).
 from __future__ import annotations
 
 import struct
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from gateway.amqp.errors import SYNTAX_ERROR, AmqpError
@@ -80,8 +81,26 @@ def encode_properties(props: BasicProperties) -> bytes:
     return b"".join(parts)
 
 
+#: Property lists up to this size without `headers` are decoded once and then served from
+#: a small LRU cache: publishers repeat the same few (content type, delivery mode, ...), and
+#: the result is immutable. Anything with headers (a mutable dict) is decoded every time.
+_CACHED_MAX_SIZE = 128
+_HEADERS_FLAG_HIGH_OCTET = 0x20  # flag bit 13 = bit 5 of the first flag octet
+
+
 def decode_properties(buf: Any, off: int = 0) -> BasicProperties:
     """Decode flags and property list at `off`, which must end exactly at the buffer's end."""
+    if 2 <= len(buf) - off <= _CACHED_MAX_SIZE and not buf[off] & _HEADERS_FLAG_HIGH_OCTET:
+        return _decode_cached(bytes(buf[off:]))
+    return _decode(buf, off)
+
+
+@lru_cache(maxsize=256)
+def _decode_cached(raw: bytes) -> BasicProperties:
+    return _decode(raw, 0)
+
+
+def _decode(buf: Any, off: int) -> BasicProperties:
     if off + 2 > len(buf):
         raise AmqpError(SYNTAX_ERROR, "content header without property flags")
     flags = _U16.unpack_from(buf, off)[0]

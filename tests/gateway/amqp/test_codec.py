@@ -302,3 +302,18 @@ def test_content_frames_respect_frame_max():
     assert max(sizes) == 5000 and sum(sizes[2:]) == 10_000 + 8 * (len(sizes) - 2)
     with pytest.raises(ValueError):
         encode_content(1, PUBLISH, BasicProperties(), b"", frame_max=FRAME_MIN_SIZE - 1)
+
+
+def test_repeated_properties_decode_alike_and_headers_are_never_shared():
+    plain = BasicProperties(content_type="text/plain", delivery_mode=2)
+    raw = encode_content(1, PUBLISH, plain, b"")
+    first, second = server().feed(raw)[0], server().feed(raw)[0]
+    assert first.properties == second.properties == plain
+    with_headers = encode_content(1, PUBLISH, BasicProperties(headers={"a": 1}), b"")
+    one, two = server().feed(with_headers)[0], server().feed(with_headers)[0]
+    one.properties.headers["a"] = 2
+    assert two.properties.headers == {"a": 1}
+    # A bad property list is refused every time, not only the first.
+    bad = encode_method_frame(1, PUBLISH) + frame(2, 1, struct.pack(">HHQ", 60, 0, 0) + b"\x80\x00")
+    for _ in range(2):
+        assert fault(server(), bad).reply_code == errors.SYNTAX_ERROR
