@@ -158,6 +158,7 @@ class ServerConnection:
         self._out: list[bytes] = []
         self._channels: dict[int, bool] = {}  # channel -> closing (we sent Channel.Close)
         self._client_properties: dict[str, Any] = {}
+        self._closed_channels: list[ChannelClosed] = []  # closes we started, to report
         self._last_recv = now
         self._last_send = now
         self._now = now
@@ -198,13 +199,16 @@ class ServerConnection:
                 else:
                     self.close_channel(exc.channel, exc.reply_code, exc.text,
                                        exc.class_id, exc.method_id)
+        if self._closed_channels:
+            events.extend(self._closed_channels)
+            self._closed_channels.clear()
         return events
 
     def tick(self, now: float) -> list[Any]:
         """Timer: send a heartbeat when due; end the connection after two missed ones."""
         events: list[Any] = []
         self._now = now
-        if self._state is _State.ENDED or not self.heartbeat or self._state.value < 5:
+        if not self._heartbeating():
             return events
         if now - self._last_recv >= 2 * self.heartbeat:
             self._end(events, errors.CONNECTION_FORCED, "missed heartbeats from client",
@@ -212,11 +216,14 @@ class ServerConnection:
         elif now - self._last_send >= self.heartbeat:
             self._out.append(HEARTBEAT_FRAME)
             self._last_send = now
+        if self._closed_channels:
+            events.extend(self._closed_channels)
+            self._closed_channels.clear()
         return events
 
     def next_deadline(self) -> float | None:
         """When `tick` should next be called (None: no heartbeats)."""
-        if self._state is _State.ENDED or not self.heartbeat or self._state.value < 5:
+        if not self._heartbeating():
             return None
         return min(self._last_send + self.heartbeat, self._last_recv + 2 * self.heartbeat)
 
@@ -248,14 +255,21 @@ class ServerConnection:
 
     def close_channel(self, channel: int, reply_code: int, text: str, class_id: int = 0,
                       method_id: int = 0) -> None:
-        """Close one channel with a soft error; its frames are ignored until Close-Ok."""
+        """Close one channel with a soft error; its frames are ignored until Close-Ok.
+        A `ChannelClosed` event (by_peer False) follows from `receive_data` or `tick`."""
         if self._channels.get(channel) is False:
             self._channels[channel] = True
             self.send(channel, ChannelClose(reply_code, text[:255], class_id, method_id))
+            self._closed_channels.append(ChannelClosed(channel, reply_code, text, False))
 
     # ------------------------------------------------------------ internals
 
     _mechanism = ""
+
+    def _heartbeating(self) -> bool:
+        # Heartbeats run from Tune-Ok (the interval is agreed) until the connection ends.
+        return bool(self.heartbeat) and self._state in (_State.OPEN, _State.RUNNING,
+                                                        _State.CLOSING)
 
     @property
     def closing(self) -> bool:

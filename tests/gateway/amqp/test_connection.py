@@ -257,7 +257,8 @@ def test_oversized_message_closes_its_channel_only():
     peer.method(2, ChannelOpen())
     peer.read()
     events = peer.send(encode_content(1, BasicPublish(), BasicProperties(), b"x" * 11))
-    assert events == []
+    assert len(events) == 1 and events[0][:2] == (1, errors.PRECONDITION_FAILED)
+    assert isinstance(events[0], ChannelClosed) and not events[0].by_peer
     ((channel, close),) = peer.read_methods()
     assert channel == 1 and close.reply_code == errors.PRECONDITION_FAILED
     # Until Close-Ok, the closing channel's frames are dropped; channel 2 works.

@@ -206,3 +206,28 @@ def test_failing_authenticator_refuses_and_the_server_goes_on():
         return True
 
     assert trio.run(partial(_with_server, client, authenticate=broken))
+
+
+def test_connections_over_the_cap_are_closed_at_once():
+    server = AmqpServer(AmqpServerConfig(port=0, max_connections=1))
+
+    def client(port):
+        first = pika.BlockingConnection(_params(port))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(PROTOCOL_HEADER)
+            refused = s.recv(100) == b""
+        first.close()
+        while server.connections:  # the server's side of `first` finishing
+            trio.from_thread.run(trio.sleep, 0.01)
+        second = pika.BlockingConnection(_params(port))  # the slot is free again
+        second.close()
+        return refused
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(server.serve)
+            result = await trio.to_thread.run_sync(client, port)
+            nursery.cancel_scope.cancel()
+        return result
+
+    assert trio.run(main)
