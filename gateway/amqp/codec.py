@@ -11,8 +11,9 @@ body size needs. Frames of other channels may come in between, never frames of t
 channel. `AmqpDecoder` assembles the three into one `Content` event.
 
 Limits, each enforced before anything is buffered:
-  frame_max          a frame larger than this (header and end octet included) is a
-                     501 frame error; until Tune-Ok it is the spec's minimum, 4096.
+  frame_max          a frame larger than this (header and end octet included) by more
+                     than FRAME_SIZE_TOLERANCE is a 501 frame error; until Tune-Ok it
+                     is the spec's minimum, 4096.
   max_message_size   a content header announcing a larger body closes the channel with
                      406 (RabbitMQ's answer); its frames are then skipped.
   max_buffered_content  partial bodies of all channels together; beyond it 506.
@@ -65,6 +66,9 @@ FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
 #: Frame header (7) + frame-end octet (1).
 FRAME_OVERHEAD = 8
+#: Octets a frame may exceed frame_max by: RabbitMQ tolerates 8 (clients that forget the
+#: frame header and end octet in their arithmetic), and so do we.
+FRAME_SIZE_TOLERANCE = 8
 #: Spec's frame-min-size: every peer accepts frames this large, also before Tune.
 FRAME_MIN_SIZE = 4096
 #: Advertised in Connection.Tune; RabbitMQ's default (128 KiB).
@@ -222,7 +226,7 @@ class AmqpDecoder:
             events.append(ProtocolHeader())
             pos = 8
         end = len(buf)
-        limit = self.frame_max - FRAME_OVERHEAD
+        limit = self.frame_max - FRAME_OVERHEAD + FRAME_SIZE_TOLERANCE
         while end - pos >= 7:
             kind, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
             if size > limit:

@@ -311,8 +311,9 @@ class ServerConnection:
         channel, method = frame.channel, frame.method
         if channel != 0:
             if state is not _State.RUNNING:
-                raise AmqpError(errors.COMMAND_INVALID, f"{method.NAME} before the connection "
-                                "is open", 0, method.CLASS_ID, method.METHOD_ID)
+                raise AmqpError(errors.UNEXPECTED_FRAME, f"{method.NAME} on channel {channel} "
+                                "before the connection is open", 0, method.CLASS_ID,
+                                method.METHOD_ID)
             self._channel_frame(channel, method, events, None)
             return
         self._connection_method(method, events)
@@ -325,16 +326,15 @@ class ServerConnection:
             self.send(0, ConnectionCloseOk())
             self._end(events, method.reply_code, method.reply_text, by_peer=True)
             return
-        if isinstance(method, ConnectionCloseOk):
-            raise AmqpError(errors.COMMAND_INVALID, "connection.close-ok without a close", 0,
-                            10, 51)
-        if expected is None and state is _State.RUNNING and method.CLASS_ID == 10:
+        if expected is None and state is _State.RUNNING and method.CLASS_ID == 10 and \
+                not isinstance(method, ConnectionCloseOk):
             raise AmqpError(errors.NOT_IMPLEMENTED, f"{method.NAME} is not supported", 0,
                             method.CLASS_ID, method.METHOD_ID)
         if expected is None or not isinstance(method, expected):
-            raise AmqpError(errors.COMMAND_INVALID if method.CLASS_ID == 10
-                            else errors.CHANNEL_ERROR,
-                            f"unexpected {method.NAME} on channel 0", 0,
+            # RabbitMQ answers any method out of the handshake order, and any other method
+            # on channel 0, with 504 CHANNEL_ERROR.
+            raise AmqpError(errors.CHANNEL_ERROR, f"CHANNEL_ERROR - unexpected {method.NAME} "
+                            f"on channel 0 in state {state.name.lower()}", 0,
                             method.CLASS_ID, method.METHOD_ID)
         if isinstance(method, ConnectionStartOk):
             self._start_ok(method, events)
@@ -357,7 +357,7 @@ class ServerConnection:
             # RFC 4616: [authzid] NUL authcid NUL passwd
             parts = response.split(b"\x00")
             if len(parts) != 3:
-                raise AmqpError(errors.ACCESS_REFUSED, "ACCESS_REFUSED - malformed PLAIN "
+                raise AmqpError(errors.SYNTAX_ERROR, "SYNTAX_ERROR - malformed PLAIN "
                                 "response", 0, 10, 11)
             user, password = parts[1], parts[2]
         elif method.mechanism == "AMQPLAIN":
@@ -373,8 +373,10 @@ class ServerConnection:
         events.append(LoginRequest(method.mechanism, self.username, as_text(password)))
 
     def _tune_ok(self, method: ConnectionTuneOk) -> None:
-        channel_max = method.channel_max or self.channel_max
-        if channel_max > self.channel_max:
+        # As RabbitMQ: 0 ("no limit") or more than offered is refused when we offered a
+        # limit, and so is a non-zero value below the protocol minimum.
+        channel_max = method.channel_max
+        if channel_max == 0 or channel_max > self.channel_max:
             raise AmqpError(errors.NOT_ALLOWED, f"channel_max={channel_max} exceeds the "
                             f"server limit {self.channel_max}", 0, 10, 31)
         frame_max = method.frame_max

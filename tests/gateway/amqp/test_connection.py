@@ -127,8 +127,8 @@ def test_plain_handshake_negotiates_tune_and_opens():
     assert peer.read() == []  # nothing before the credentials are checked
     conn.login(True)
     assert peer.read_methods() == [(0, ConnectionTune(100, 65536, 60))]
-    peer.method(0, ConnectionTuneOk(0, 8192, 15))  # 0 channels = the server's limit
-    assert (conn.channel_max, conn.frame_max, conn.heartbeat) == (100, 8192, 15)
+    peer.method(0, ConnectionTuneOk(50, 8192, 15))
+    assert (conn.channel_max, conn.frame_max, conn.heartbeat) == (50, 8192, 15)
     assert conn.decoder.frame_max == 8192
     events = peer.method(0, ConnectionOpen("/"))
     assert events == [ConnectionOpened("alice", "/", {"product": "t"})]
@@ -157,7 +157,7 @@ def test_refused_login_closes_with_403_and_waits_for_close_ok():
 
 @pytest.mark.parametrize(("mechanism", "response", "code"), [
     ("EXTERNAL", b"", errors.COMMAND_INVALID),
-    ("PLAIN", b"no-nul-separators", errors.ACCESS_REFUSED),
+    ("PLAIN", b"no-nul-separators", errors.SYNTAX_ERROR),
 ])
 def test_bad_start_ok(mechanism, response, code):
     peer = Peer(ServerConnection())
@@ -168,6 +168,7 @@ def test_bad_start_ok(mechanism, response, code):
 
 
 @pytest.mark.parametrize("tune_ok", [ConnectionTuneOk(5000, 131072, 0),
+                                     ConnectionTuneOk(0, 131072, 0),
                                      ConnectionTuneOk(10, 1 << 20, 0),
                                      ConnectionTuneOk(10, 0, 0),
                                      ConnectionTuneOk(10, 1024, 0)])
@@ -186,23 +187,24 @@ def test_unknown_vhost_is_530():
     peer.send(PROTOCOL_HEADER)
     peer.method(0, ConnectionStartOk({}, "PLAIN", b"\x00a\x00b"))
     peer.conn.login(True)
-    peer.method(0, ConnectionTuneOk(0, 4096, 0))
+    peer.method(0, ConnectionTuneOk(10, 4096, 0))
     peer.read()
     assert peer.method(0, ConnectionOpen("/nope")) == []
     assert closed_with(peer) == errors.NOT_ALLOWED
 
 
-def test_methods_out_of_handshake_order_are_503():
+def test_methods_out_of_handshake_order():
+    # As RabbitMQ: 504 for a connection method out of order, 505 for any channel's frame.
     peer = Peer(ServerConnection())
     peer.send(PROTOCOL_HEADER)
     peer.read()
     peer.method(0, ConnectionOpen("/"))
-    assert closed_with(peer) == errors.COMMAND_INVALID
+    assert closed_with(peer) == errors.CHANNEL_ERROR
     peer = Peer(ServerConnection())
     peer.send(PROTOCOL_HEADER)
     peer.read()
     peer.method(1, ChannelOpen())
-    assert closed_with(peer) == errors.COMMAND_INVALID
+    assert closed_with(peer) == errors.UNEXPECTED_FRAME
 
 
 def test_wrong_protocol_header_gets_ours_and_the_socket_closes():
