@@ -159,7 +159,7 @@ def _read_until(s: socket.socket, decoder: AmqpDecoder, wanted: type):
 
 def test_server_sends_heartbeats_and_drops_a_silent_client():
     def client(port):
-        s, decoder = _raw_handshake(port, heartbeat=1)
+        s, decoder = _raw_handshake(port, heartbeat=2)  # 2 s: margin on a loaded machine
         with s:
             _read_until(s, decoder, Heartbeat)  # sent by the server while we are idle
             # We stay silent: after two missed heartbeats the server closes the socket.
