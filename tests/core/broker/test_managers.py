@@ -117,7 +117,8 @@ def test_subscription_groups(tmp_path):
     off = SubscriptionGroupManager(str(tmp_path), auto_create=False)
     off.load()
     assert off.find_or_create("Unknown") is None
-    assert off.find_or_create("%LMQ%group") is not None  # LMQ groups always accepted
+    lmq_group = off.find_or_create("%LMQ%group")  # LMQ groups always accepted, consumable
+    assert (lmq_group.group_name, lmq_group.consume_enable) == ("%LMQ%group", True)
     assert "%LMQ%group" not in off.table
 
 
