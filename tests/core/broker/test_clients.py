@@ -129,9 +129,11 @@ def test_silent_clients_expire(tmp_path):
         hb = heartbeat_request("quiet", consumers=[cpp_consumer_data("CID_Q", "T")],
                                producers=["PID_Q"])
         assert (await client.invoke(addr, hb)).code == 0
-        with trio.fail_after(10):
-            while (await client.invoke(addr, list_request("CID_Q"))).code == 0:
-                await trio.sleep(0.1)
+        # Watch from another connection: the broker closes the silent client's own.
+        async with RemotingClient() as observer:
+            with trio.fail_after(10):
+                while (await observer.invoke(addr, list_request("CID_Q"))).code == 0:
+                    await trio.sleep(0.1)
         assert server.broker.producer_manager.connections_of_group("PID_Q") == []
 
     run_embedded(body, tmp_path, client_channel_expiry_s=0.5, client_scan_interval_s=0.1)
