@@ -25,9 +25,10 @@ _RATIO_KEYS = {"delivered_per_s", "per_server_cpu_s", "highest_sustained_per_s",
                "p99_ms", "kb_per_connection"}
 
 
-def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_of(runs: list[dict[str, Any]], *, top: bool = True) -> dict[str, Any]:
     """Per key, the median over the rounds (nested dicts key by key; a key missing from
-    some rounds, such as a step a round did not reach, over the rounds that have it)."""
+    some rounds, such as a step a round did not reach, over the rounds that have it).
+    The top level also says over how many rounds (`rounds`)."""
     out: dict[str, Any] = {}
     keys: list[str] = []
     for r in runs:
@@ -35,14 +36,14 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in keys:
         have = [r[key] for r in runs if key in r]
         if all(isinstance(v, dict) for v in have):
-            out[key] = median_of(have)
+            out[key] = median_of(have, top=False)
         elif all(isinstance(v, bool) for v in have):
             out[key] = sum(have) * 2 > len(have)  # the majority
         elif all(isinstance(v, int | float) for v in have):
             out[key] = round(statistics.median(have), 3)
         else:
             out[key] = have[0]
-    if runs and len(runs) > 1:
+    if top:
         out.setdefault("rounds", len(runs))
     return out
 

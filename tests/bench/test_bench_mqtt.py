@@ -18,7 +18,7 @@ import pytest
 
 from bench._mqtt_open import pin_cpus
 from bench._mqtt_paced import DELIVERY_DEADLINE_S, Schedule, window_stats
-from bench._mqtt_report import median_of, ratios
+from bench._mqtt_report import median_of, notes_for, print_table, ratios
 from bench._mqtt_servers import start_lmq, start_mosquitto
 from bench.mqtt import options, run_phase
 
@@ -81,6 +81,39 @@ def test_median_of_rounds_is_a_median_and_nested():
     assert m["steps"]["1000"]["d"] == 6
     assert m["steps"]["2000"]["d"] == 1  # reached in one round only
     assert m["rounds"] == 3
+    assert set(m["steps"]) == {"1000", "2000"}  # only the top level counts rounds
+
+
+def test_report_of_rounds_with_steps_renders(capsys):
+    """Two rounds of every kind of phase, both servers: medians, ratios, notes, table."""
+    def step(d):
+        return {"delivered_per_s": d, "in_time_pct": 100.0, "p99_ms": 2.0,
+                "server_cpu_pct": 50.0, "sustained": True}
+
+    def rounds(scale):
+        return {
+            "steps": [{"highest_sustained_per_s": 2000.0 * scale,
+                       "steps": {"1000": step(1000.0), "2000": step(2000.0)}},
+                      {"highest_sustained_per_s": 1000.0 * scale,
+                       "steps": {"1000": step(1000.0)}}],
+            "devices10": [{"delivered_per_s": 100.0 * scale, "in_time_pct": 100.0,
+                           "loss_pct": 0.0, "p99_ms": 3.0, "generator_max_proc_cpu_pct": 95.0}] * 2,
+            "fanin_qos1": [{"delivered_per_s": 10.0 * scale, "per_server_cpu_s": 20.0}] * 2,
+        }
+    results = {name: {ph: median_of(rs) for ph, rs in rounds(scale).items()}
+               for name, scale in (("lmq", 1.0), ("mosquitto", 2.0))}
+    r = ratios(results["lmq"], results["mosquitto"])
+    assert r["steps.highest_sustained_per_s"] == 0.5
+    assert r["steps@1000/s.delivered_per_s"] == 1.0
+    assert r["devices10.delivered_per_s"] == 0.5
+    notes = notes_for(results, None)
+    assert any("devices10" in n and "80%" in n for n in notes)  # the busy generator
+    print_table({"results": results, "ratios": r, "phases": list(results["lmq"]),
+                 "generator": {}, "config": {"runs": 2}, "notes": notes,
+                 "pinning": {"server": [0], "generator": [1]}})
+    out = capsys.readouterr().out
+    assert "medians over 2 round(s)" in out
+    assert "steps@2000/s" in out
 
 
 def test_ratios_cover_open_loop_and_steps():
