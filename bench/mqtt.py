@@ -262,7 +262,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[1] = s2[2]
         sh.ctl[0] = STOP
-        # Let what is in flight arrive: until all did, nothing came for _STALL_S, or
+        # Let what is in flight arrive: until all did, nothing came for a while, or
         # --drain seconds passed (what is still missing then is reported as such).
         last, since, deadline = -1, time.monotonic(), time.monotonic() + opts.drain
         while time.monotonic() < deadline:
@@ -271,7 +271,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
                 break
             if got != last:
                 last, since = got, time.monotonic()
-            elif time.monotonic() - since > _STALL_S:
+            elif time.monotonic() - since > max(_STALL_S, opts.drain / 4):
                 break
             time.sleep(0.1)
         sent, received = _sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots)
@@ -507,6 +507,11 @@ def run(args: argparse.Namespace) -> int:
                         # Server and generator share the cores: neither was the limit alone.
                         notes.append(f"{name} {ph}: machine-bound (server {srv:.0f}% + "
                                      f"generator {gen:.0f}% CPU), a lower bound")
+        for name, server in servers.items():
+            skips = server.log_tail(1 << 24).count(" skips ")
+            if skips:  # QoS 1 'missing' may then be lost, not late
+                notes.append(f"{name}: its log has {skips} 'session ... skips' line(s) "
+                             "(sessions cut at max_session_lag)")
         report["notes"] = notes
         if opts.json:
             print(json.dumps(report, indent=2))
