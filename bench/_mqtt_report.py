@@ -88,17 +88,24 @@ def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def notes_for(results: dict[str, dict[str, Any]], ceiling: float | None) -> list[str]:
-    """Warnings about figures that may not measure the server."""
+def notes_for(results: dict[str, dict[str, Any]], ceiling: float | None,
+              rounds: dict[str, dict[str, list]] | None = None) -> list[str]:
+    """Warnings about figures that may not measure the server: every round (`rounds`:
+    per server, per phase, the result of each round) whose generator was busy, and
+    medians above half the generator's subscriber ceiling."""
     notes = []
+    for name, per in (rounds or {n: {ph: [r] for ph, r in p.items()}
+                                 for n, p in results.items()}).items():
+        for ph, runs in per.items():
+            for i, r in enumerate(runs):
+                parts = [(ph, r)] + [(f"steps@{k}/s", s) for k, s in r.get("steps", {}).items()]
+                for label, x in parts:
+                    if generator_overloaded(x):
+                        notes.append(f"{name} {label} (round {i + 1}): a generator process used "
+                                     f"{x['generator_max_proc_cpu_pct']:.0f}% of a core "
+                                     "(> 80%): the generator may be the limit")
     for name, per in results.items():
         for ph, r in per.items():
-            parts = [(ph, r)] + [(f"steps@{k}/s", s) for k, s in r.get("steps", {}).items()]
-            for label, x in parts:
-                if generator_overloaded(x):
-                    notes.append(f"{name} {label}: a generator process used "
-                                 f"{x['generator_max_proc_cpu_pct']:.0f}% of a core (> 80%): "
-                                 "the generator may be the limit")
             rate = r.get("delivered_per_s")
             if ceiling and rate and rate > 0.5 * ceiling and "fanout" not in ph:
                 notes.append(f"{name} {ph}: {rate:,.0f}/s is over half the generator's "

@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
         if "mosquitto" in results and first != "mosquitto":
             report["ratios"] = ratios(results[first], results["mosquitto"])
         ceiling = report["generator"].get("gen_ceiling_sub", {}).get("msgs_per_s")
-        notes += notes_for(results, ceiling)
+        notes += notes_for(results, ceiling, raw)
         if not opts.server_cpu_set:
             for name, per in results.items():
                 for ph, r in per.items():
