@@ -261,6 +261,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         s2 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[1] = s2[2]
+        rss_end = _rss(pid)  # the server's memory at the end of the window (overload bound)
         sh.ctl[0] = STOP
         # Let what is in flight arrive: until all did, nothing came for a while, or
         # --drain seconds passed (what is still missing then is reported as such).
@@ -295,6 +296,8 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         # Deliveries still missing after the drain (QoS 0: dropped; QoS 1: in flight).
         "missing": max(0, sent * fanout - received) if fanout else 0,
     }
+    if rss_end is not None:
+        result["server_rss_mb"] = round(rss_end / 2**20, 1)
     open_result(result, reports, sent, fanout)
     stamps = [s for r in reports if r[0] == "latency" for s in r[2]]
     if stamps:
