@@ -122,3 +122,35 @@ def test_stream_starts_at_latest_by_default(spark, lmq_cluster, tmp_path):
     finally:
         q.stop()
     assert sorted(got) == sorted(new)
+
+
+@pytest.fixture(scope="module")
+def mqtt_gateway(tmp_path_factory):
+    """`lmq serve` (name server, broker and the MQTT gateway) as a child process."""
+    from tests.gateway.mqtt.e2e_support import DEFAULT_TEST_CONFIG, Gateway
+
+    gw = Gateway(tmp_path_factory.mktemp("gw"), DEFAULT_TEST_CONFIG).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def test_mqtt_topic_filter_reads_matching_mqtt_traffic(spark, mqtt_gateway):
+    from tests.gateway.mqtt.e2e_support import Client
+
+    pub = Client(mqtt_gateway.port)
+    pub.connect()
+    try:
+        pub.publish("devices/d1/telemetry", b"t1", qos=1)
+        pub.publish("devices/d2/telemetry", b"t2", qos=1, retain=True)
+        pub.publish("devices/d1/status", b"s1", qos=1)
+        pub.publish("other/d1/telemetry", b"o1", qos=1)
+    finally:
+        pub.disconnect()
+    rows = reader(spark, mqtt_gateway.namesrv_addr, mqttTopic="devices/+/telemetry").collect()
+    got = sorted((r.mqttTopic, r.value, r.qos, r.retain, r.topic) for r in rows)
+    assert got == [("devices/d1/telemetry", b"t1", 1, False, "MQTT_MESSAGES"),
+                   ("devices/d2/telemetry", b"t2", 1, True, "MQTT_MESSAGES")]
+    everything = reader(spark, mqtt_gateway.namesrv_addr, mqttTopic="#").collect()
+    assert sorted(r.value for r in everything) == [b"o1", b"s1", b"t1", b"t2"]
