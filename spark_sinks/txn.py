@@ -115,6 +115,8 @@ async def find_record(instance, commit_topic: str, query_id: str, batch_id: int)
     mq = MessageQueue(lmq, broker, 0)
     pc = PullConsumer(instance, "SPARK_LMQ_SINK_READER")
     hi = await instance.api.get_max_offset(addr, lmq, 0)
+    if hi > 0:
+        await instance.update_route(commit_topic)  # a fresh process must learn the broker
     while hi > 0:
         lo = max(0, hi - 32)
         res = await pc.pull(mq, None, lo, hi - lo)

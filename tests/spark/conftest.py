@@ -47,7 +47,7 @@ def lmq_cluster():
     stop()
 
 
-def make_spark(app: str):
+def make_spark(app: str, master: str = "local[2]"):
     from pyspark.sql import SparkSession
 
     from spark_sinks import register
@@ -56,7 +56,7 @@ def make_spark(app: str):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName(app)
+    spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.ui.enabled", "false")
              .config("spark.driver.memory", "512m")
