@@ -154,3 +154,46 @@ def test_mqtt_topic_filter_reads_matching_mqtt_traffic(spark, mqtt_gateway):
                    ("devices/d2/telemetry", b"t2", 1, True, "MQTT_MESSAGES")]
     everything = reader(spark, mqtt_gateway.namesrv_addr, mqttTopic="#").collect()
     assert sorted(r.value for r in everything) == [b"o1", b"s1", b"t1", b"t2"]
+
+
+@pytest.fixture(scope="module")
+def small_files_cluster():
+    """A broker with 64 KiB CommitLog files and 16-entry ConsumeQueue files, so that a
+    retention pass can cut the start of a queue."""
+    from tests.spark.conftest import start_cluster
+
+    box, stop = start_cluster(commitlog_file_size=64 * 1024, consume_queue_units_per_file=16)
+    yield box
+    stop()
+
+
+def cut_by_retention(box) -> None:
+    import time
+
+    import trio
+
+    store = box["cluster"].brokers[0].store
+    far_future = int(time.time() * 1000) + 10 * 365 * 86_400_000
+    deleted = trio.from_thread.run_sync(store.clean_expired, far_future, trio_token=box["token"])
+    assert deleted > 0
+
+
+def test_fail_on_data_loss_both_ways(spark, small_files_cluster):
+    box = small_files_cluster
+    addr = box["addr"]
+    topic_with_queues(addr, "SrcLoss", 1)
+    from core.client import Message
+    from core.client.blocking import BlockingClient
+
+    with BlockingClient(addr) as c, c.producer("PG_LOSS") as p:
+        for i in range(200):   # ~1 KiB each: several CommitLog files
+            p.send(Message("SrcLoss", f"{i:04d}".encode() + b"x" * 1000))
+    cut_by_retention(box)
+    from_zero = json.dumps({"SrcLoss": {"0": 0}})
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        reader(spark, addr, subscribe="SrcLoss", startingOffsets=from_zero).collect()
+    rows = reader(spark, addr, subscribe="SrcLoss", startingOffsets=from_zero,
+                  failOnDataLoss="false").collect()
+    offsets = sorted(r.queueOffset for r in rows)
+    assert 0 < offsets[0] and offsets == list(range(offsets[0], 200))
+    assert all(r.value[:4] == f"{r.queueOffset:04d}".encode() for r in rows)
