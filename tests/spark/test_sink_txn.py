@@ -93,3 +93,27 @@ def test_sink_refuses_bad_columns_and_options(lmq_cluster):
         parse_sink_options({"lmq.namesrv": addr, "topik": "T"})
     with pytest.raises(LmqOptionError, match="'topic'"):
         LmqStreamWriter(parse_sink_options({"lmq.namesrv": addr, "lmq.queryId": "q"}), SCHEMA)
+
+
+def test_back_check_answers_from_the_commit_record(lmq_cluster):
+    """The broker's back-check of a half nobody ended is answered from the batch's record:
+    listed -> COMMIT, record without it -> ROLLBACK, no record yet -> UNKNOW."""
+    from core.client.transaction import LocalTransactionState as S
+    from core.common.message import MessageExt
+    from spark_sinks.sink import _check_half
+
+    addr = lmq_cluster["addr"]
+    topic_with_queues(addr, "SinkCheck", 1)
+    w = writer(addr, "SinkCheck", "q-check")
+    listed = w.write(iter(rows("a", 1)))
+    w.commit([listed], 7)
+    client = client_for(addr, w.opts.request_timeout)
+
+    def ask(uniq, batch):
+        msg = MessageExt("SinkCheck", b"", properties={
+            "SPARK_QUERY": "q-check", "SPARK_BATCH": str(batch), "UNIQ_KEY": uniq})
+        return client.call(_check_half, client.instance, w.opts, msg)
+
+    assert ask(listed.halves[0].uniq, 7) is S.COMMIT_MESSAGE
+    assert ask("0A0000000000000000000000000000FF", 7) is S.ROLLBACK_MESSAGE
+    assert ask(listed.halves[0].uniq, 8) is S.UNKNOW
