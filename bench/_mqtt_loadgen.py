@@ -20,7 +20,9 @@ context), so the generator's CPU is not the server's. Workers and the parent sha
 * `ctl` (RawArray of int32): ctl[0] = phase state (WAIT -> GO -> STOP -> EXIT);
   ctl[1] = 1 while latencies are being recorded (after the warm-up);
 * `results` (a Queue): ("ready", name, connections), ("error", name, text),
-  ("latency", name, [seconds ...]).
+  ("latency", name, [seconds ...]); open-loop roles also ("window_sent", name, count)
+  and ("open", name, in window, within 1 s, [latencies]) (bench/_mqtt_paced.py);
+* `times` (RawArray of double): the measured window [start, end] (monotonic clock).
 
 End-to-end window: publishers stop sending while (messages sent by all publishers) -
 (messages received by all subscribers / fan-out) exceeds `window`, so a server is driven
@@ -31,12 +33,14 @@ dropped by design) so that a lossy server cannot stall the run.
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
 
+from bench._mqtt_paced import paced_publishers, window_stats
 from gateway.mqtt.codec import MqttCodec
 from gateway.mqtt.packets import Connect, Publish, Subscribe, Subscription
 
@@ -55,7 +59,7 @@ class Job:
     """What one worker process does."""
 
     name: str
-    role: str  # "pub" | "sub" | "latency_pub" | "idle"
+    role: str  # "pub" | "sub" | "latency_pub" | "paced_pub" | "idle"
     host: str
     port: int
     slot: int  # its counter
@@ -74,6 +78,9 @@ class Job:
     rate: float = 0.0  # latency_pub: messages per second
     record_latency: bool = False  # sub: collect end-to-end latencies
     stall_s: float = 0.5
+    record_open: bool = False  # sub: (due, latency) of every stamped message (open loop)
+    cpus: tuple[int, ...] = ()  # pin the worker process to these CPUs (empty: no pinning)
+    phase_s: float = 0.0  # paced_pub: offset of this process's schedule (staggering)
 
 
 def scan(data: bytes | bytearray, pos: int, acks: list[bytes] | None,
@@ -270,7 +277,10 @@ class _Worker:
             self.counters[job.slot] += 1
 
     # -- subscribers: count (and ack, and time) what arrives, one selector for all
-    def subscribers(self, stamps: list[float] | None) -> None:
+    def subscribers(self, stamps: list[float] | None, dues: list[float] | None = None,
+                    lats: list[float] | None = None) -> None:
+        """`stamps`: latencies after the warm-up; `dues`/`lats`: every stamped message's
+        due time and latency from GO on (the open-loop phases judge them by due time)."""
         counters, ctl, slot = self.counters, self.ctl, self.job.slot
         sel = selectors.DefaultSelector()
         rest: dict[int, bytes] = {}
@@ -291,11 +301,20 @@ class _Worker:
                 if rest[fd]:
                     data = rest[fd] + data
                 acks: list[bytes] = []
-                ts = [] if stamps is not None and ctl[1] else None
+                if dues is not None:
+                    ts = []
+                elif stamps is not None and ctl[1]:
+                    ts = []
+                else:
+                    ts = None
                 count, pos = scan(data, 0, acks, ts)
                 if ts:
                     now = time.monotonic()
-                    stamps.extend(now - t for t in ts)
+                    if dues is not None:
+                        dues.extend(ts)
+                        lats.extend(now - t for t in ts)
+                    else:
+                        stamps.extend(now - t for t in ts)
                 rest[fd] = data[pos:]
                 counters[slot] += count
                 if acks:
@@ -305,7 +324,9 @@ class _Worker:
         sel.close()
 
 
-def _run(job: Job, counters, ctl, results) -> None:
+def _run(job: Job, counters, ctl, results, times=None) -> None:
+    if job.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, job.cpus)
     w = _Worker(job, counters, ctl, results)
     sub = Subscription(job.topic_filter, qos=job.qos) if job.role == "sub" else None
     names = [f"{job.client_prefix}-{i}" for i in range(job.conns)]
@@ -314,22 +335,31 @@ def _run(job: Job, counters, ctl, results) -> None:
         results.put(("ready", job.name, len(w.socks)))
         w.wait_state(GO)
         stamps: list[float] | None = [] if job.record_latency else None
+        dues: list[float] | None = [] if job.record_open else None
+        lats: list[float] = []
+        sent = None
         if job.role == "pub":
             w.publishers()
         elif job.role == "latency_pub":
             w.latency_publisher()
+        elif job.role == "paced_pub":
+            sent = paced_publishers(w.socks, job, counters, ctl)
         elif job.role == "sub":
-            w.subscribers(stamps)
+            w.subscribers(stamps, dues, lats)
         w.wait_state(EXIT)
         if stamps is not None:
             results.put(("latency", job.name, stamps))
+        if sent is not None:
+            results.put(("window_sent", job.name, sent.in_window(times[0], times[1])))
+        if dues is not None:
+            results.put(("open", job.name, *window_stats(dues, lats, times[0], times[1])))
     finally:
         w.close_all()
 
 
-def worker_main(job: Job, counters, ctl, results) -> None:
-    """Entry point of a worker process."""
+def worker_main(job: Job, counters, ctl, results, times=None) -> None:
+    """Entry point of a worker process (`times`: the measured window, set by the parent)."""
     try:
-        _run(job, counters, ctl, results)
+        _run(job, counters, ctl, results, times)
     except BaseException as exc:  # noqa: BLE001 - report, never hang the parent
         results.put(("error", job.name, f"{type(exc).__name__}: {exc}"))

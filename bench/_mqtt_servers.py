@@ -48,12 +48,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child after fork
-    # PR_SET_PDEATHSIG: a bench killed with SIGKILL must not leave servers behind.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+def _child_setup(cpus: tuple[int, ...]):
+    def setup() -> None:  # pragma: no cover - runs in the child after fork
+        # PR_SET_PDEATHSIG: a bench killed with SIGKILL must not leave servers behind.
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+        # Pinned before exec: every thread the server starts inherits the CPU set.
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
 
 
 @dataclass
@@ -67,13 +72,14 @@ class MqttServer:
     proc: subprocess.Popen | None = None
     log_path: str | None = None
     argv: list[str] | None = None
+    cpus: tuple[int, ...] = ()  # the CPUs the server process is pinned to (empty: none)
 
     def restart(self) -> None:
         """Stop and start again on the same port (a fresh process: no heap history)."""
         if self.argv is None:
             return  # not ours (--target): measured as it is
         self.stop()
-        self.proc = _popen(self.argv, self.log_path or os.devnull)
+        self.proc = _popen(self.argv, self.log_path or os.devnull, self.cpus)
         self.pid = self.proc.pid
         _wait_connack(self)
 
@@ -116,18 +122,18 @@ def _wait_connack(server: MqttServer, timeout: float = _START_TIMEOUT_S) -> None
     raise RuntimeError(f"{server.name} not answering CONNECT after {timeout} s: {server.log_tail()}")
 
 
-def _popen(argv: list[str], log_path: str) -> subprocess.Popen:
+def _popen(argv: list[str], log_path: str, cpus: tuple[int, ...] = ()) -> subprocess.Popen:
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=_child_setup(cpus) if sys.platform.startswith("linux") else None,
         )
     finally:
         log.close()
 
 
-def start_lmq(tmp: str) -> MqttServer:
+def start_lmq(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
     """`lmq serve` with the MQTT gateway, on free loopback ports, data in `tmp`."""
     cfg = os.path.join(tmp, "broker.toml")
     with open(cfg, "w") as fh:
@@ -138,8 +144,8 @@ def start_lmq(tmp: str) -> MqttServer:
             "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
             "--mqtt-port", str(port), "--log-level", "WARNING"]
     log_path = os.path.join(tmp, "lmq.log")
-    proc = _popen(argv, log_path)
-    server = MqttServer("lmq", "127.0.0.1", port, proc.pid, proc, log_path, argv)
+    proc = _popen(argv, log_path, cpus)
+    server = MqttServer("lmq", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
     try:
         _wait_connack(server)
     except RuntimeError:
@@ -148,7 +154,8 @@ def start_lmq(tmp: str) -> MqttServer:
     return server
 
 
-def start_mosquitto(tmp: str, binary: str | None = None) -> MqttServer | None:
+def start_mosquitto(tmp: str, binary: str | None = None,
+                    cpus: tuple[int, ...] = ()) -> MqttServer | None:
     """A mosquitto child process, or None when the executable is not installed."""
     exe = binary or shutil.which("mosquitto") or (
         "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
@@ -160,8 +167,8 @@ def start_mosquitto(tmp: str, binary: str | None = None) -> MqttServer | None:
     with open(conf, "w") as fh:
         fh.write(_MOSQUITTO_CONF.format(port=port, log=log_path))
     argv = [exe, "-c", conf]
-    proc = _popen(argv, log_path)
-    server = MqttServer("mosquitto", "127.0.0.1", port, proc.pid, proc, log_path, argv)
+    proc = _popen(argv, log_path, cpus)
+    server = MqttServer("mosquitto", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
     try:
         _wait_connack(server)
     except RuntimeError:

@@ -62,6 +62,10 @@ ADMIN_CODES = frozenset({
     R.INVOKE_BROKER_TO_RESET_OFFSET,
     R.RESET_CONSUMER_CLIENT_OFFSET,
     R.INVOKE_BROKER_TO_GET_CONSUMER_STATUS,
+    # Ours (docs/pop.md): releasing a POP holder makes another client's in-flight
+    # messages visible again, so only an admin account (a gateway's) may name holders.
+    R.POP_HOLDER_REGISTER,
+    R.POP_HOLDER_RELEASE,
 })
 
 #: Name-server codes that change the registry (or a broker's liveness).
@@ -143,9 +147,16 @@ def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
         yield str(ext.get("topic") or ""), SUB
     elif code in (R.LOCK_BATCH_MQ, R.UNLOCK_BATCH_MQ):
         yield from _lock_resources(cmd)
+    elif code in (R.POP_MESSAGE, R.ACK_MESSAGE, R.CHANGE_MESSAGE_INVISIBLETIME,
+                  R.POP_DEAD_LETTER):
+        # RocketMQ 5 consumes by POP with SUB on the topic and the group (docs/pop.md).
+        yield str(ext.get("topic") or ""), SUB
+        yield group_resource(str(ext.get("consumerGroup") or "")), SUB
+    elif code == R.BATCH_ACK_MESSAGE:
+        yield from _batch_ack_resources(cmd)
 
 
-#: Largest HEART_BEAT / LOCK_BATCH_MQ body the ACL check parses to find its groups and
+#: Largest HEART_BEAT / LOCK_BATCH_MQ / BATCH_ACK_MESSAGE body the ACL check parses to find its groups and
 #: topics (real ones are a few KiB); a larger one is refused when ACL is on, so a peer
 #: cannot make the check parse megabytes of JSON on the event loop.
 MAX_CHECKED_BODY_BYTES = 1024 * 1024
@@ -182,6 +193,16 @@ def _heartbeat_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
         for sub in subs if isinstance(subs, list) else ():
             if isinstance(sub, dict):
                 yield str(sub.get("topic") or ""), SUB
+
+
+def _batch_ack_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
+    # Each entry acks in its own (group, topic), short or long field names as Apache's.
+    data = _json_body(cmd)
+    acks = data.get("acks") if isinstance(data, dict) else None
+    for item in acks if isinstance(acks, list) else ():
+        if isinstance(item, dict):
+            yield str(item.get("t", item.get("topic")) or ""), SUB
+            yield group_resource(str(item.get("c", item.get("consumerGroup")) or "")), SUB
 
 
 def _lock_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:

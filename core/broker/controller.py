@@ -61,6 +61,7 @@ PROCESSOR_MODULES = (
     "send_back",
     "end_transaction",
     "lock",
+    "pop",  # RocketMQ 5 POP (docs/pop.md); sets broker.pop_service
 )
 
 # Upper bound of each shutdown step (a dead name server must not hang the exit).
@@ -175,7 +176,8 @@ class BrokerController:
 
     @property
     def services(self) -> list:
-        return [s for s in (self.schedule_service, self.transaction_service, self.lock_manager)
+        return [s for s in (self.schedule_service, self.transaction_service, self.lock_manager,
+                            getattr(self, "pop_service", None))  # set by processors/pop.py
                 if s is not None]
 
     def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:

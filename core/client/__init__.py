@@ -20,6 +20,7 @@ from core.client.model import (
     SendResult,
     SendStatus,
 )
+from core.client.pop_consumer import PopClient, PopMessage, PopResult
 from core.client.producer import Producer, SendFuture, select_by_hash
 from core.client.pull_consumer import PullConsumer
 from core.client.push_consumer import ConsumeContext, ConsumeStatus, PushConsumer
@@ -49,6 +50,9 @@ __all__ = [
     "MessageModel",
     "MessageQueue",
     "NoRouteError",
+    "PopClient",
+    "PopMessage",
+    "PopResult",
     "Producer",
     "PullConsumer",
     "PullResult",

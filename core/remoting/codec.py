@@ -33,6 +33,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "HeaderError",
+    "java_int",
     "RemotingCommand",
     "decode_frame",
     "encode_command",
@@ -78,6 +79,23 @@ _JSON_BLANKS = " \t\n\r"
 
 _TRUE_WORDS = frozenset(("1", "true"))
 _FALSE_WORDS = frozenset(("0", "false"))
+
+
+def java_int(value: object) -> int:
+    """An integer header value as Java's Integer.parseInt / Long.parseLong reads it: an
+    optional sign and digits, nothing else (no blanks, no `_`, no JSON true). Digits are
+    ASCII only (Java would also take other Unicode decimal digits; no client sends
+    them). JSON numbers from the C++ client are taken as they are. ValueError
+    otherwise; the caller checks the range."""
+    if type(value) is int:
+        return value
+    if type(value) is not str:
+        raise ValueError(value)
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(value)
+    return int(value)
+
 
 
 class RemotingCommand:
@@ -215,8 +233,8 @@ class RemotingCommand:
                 raise HeaderError(name, "missing required ext field")
             return default
         try:
-            return int(value)
-        except (TypeError, ValueError):
+            return java_int(value)
+        except ValueError:
             raise HeaderError(name, f"invalid integer {value!r} in ext field") from None
 
     def ext_bool(

@@ -82,6 +82,15 @@ class RequestCode(IntEnum):
     SEND_REPLY_MESSAGE_V2 = 325
     PUSH_REPLY_MESSAGE_TO_CLIENT = 326
     ADD_WRITE_PERM_OF_BROKER = 327
+    # RocketMQ 5 POP consumption (docs/pop.md).
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
+    # lmq-gateway private codes: 900000-900999 (never used by Apache RocketMQ; docs/pop.md).
+    POP_HOLDER_REGISTER = 900001
+    POP_HOLDER_RELEASE = 900002
+    POP_DEAD_LETTER = 900003
 
 
 class ResponseCode(IntEnum):
@@ -124,6 +133,11 @@ class ResponseCode(IntEnum):
     DELETE_ACL_CONFIG_FAILED = 210
     UPDATE_GLOBAL_WHITE_ADDRS_CONFIG_FAILED = 211
     FLOW_CONTROL = 215
+    # RocketMQ 5 codes used by POP (docs/pop.md); 209/210 are aliases of the 4.x ACL
+    # codes above, whose names stay the canonical ones.
+    INVALID_PARAMETER = 29
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
 
 
 class LanguageCode(IntEnum):

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from core.common import names
-from core.remoting.codec import RemotingCommand
+from core.remoting.codec import RemotingCommand, java_int
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import HeaderError
 
@@ -34,22 +34,6 @@ def parse_json_body(cmd: RemotingCommand) -> Any:
 
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def java_int(value: object) -> int:
-    """An integer header value as Java's Integer.parseInt / Long.parseLong reads it: an
-    optional sign and digits, nothing else (no blanks, no `_`, no JSON true). Digits are
-    ASCII only (Java would also take other Unicode decimal digits; no client sends
-    them). JSON numbers from the C++ client are taken as they are. ValueError
-    otherwise; the caller checks the range."""
-    if type(value) is int:
-        return value
-    if type(value) is not str:
-        raise ValueError(value)
-    digits = value[1:] if value[:1] in ("+", "-") else value
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(value)
-    return int(value)
 
 
 def _ranged(cmd: RemotingCommand, name: str, default, required: bool, bounds, kind: str):

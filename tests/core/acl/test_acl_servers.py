@@ -251,3 +251,33 @@ async def test_send_back_does_not_dispatch_into_the_lmqs_again():
             resp = await invoke(broker, back, GATEWAY)
             assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert store.max_offset("%LMQ%replayed", 0) == 1
+
+
+def pop_request(topic: str, group: str) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.POP_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": "-1", "maxMsgNums": "4",
+        "invisibleTime": "30000", "pollTime": "0", "bornTime": "1700000000000",
+        "initMode": "0"})
+
+
+@trio_test
+async def test_pop_needs_sub_on_topic_and_group_and_holders_need_admin():
+    async with acl_cluster() as srv:
+        broker = srv.broker_config.broker_addr
+        assert (await invoke(broker, send_request("AclTopic"), USER)).code == ResponseCode.SUCCESS
+        popped = await invoke(broker, pop_request("AclTopic", "PopGroup"), USER)
+        assert popped.code == ResponseCode.SUCCESS, popped.remark
+        for topic, group in (("OtherTopic", "PopGroup"), ("AclTopic", "DeniedGroup")):
+            refused = await invoke(broker, pop_request(topic, group), USER)
+            assert refused.code == ResponseCode.SYSTEM_ERROR and "No permission" in refused.remark
+        # A batch ack is checked entry by entry.
+        body = b'{"acks": [{"c": "PopGroup", "t": "OtherTopic", "r": "0", "q": 0, "so": 0,' \
+               b' "pt": 1, "b": "AQ=="}]}'
+        batch = RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body)
+        refused = await invoke(broker, batch, USER)
+        assert refused.code == ResponseCode.SYSTEM_ERROR and "OtherTopic" in refused.remark
+        # Naming a POP holder (whose release redelivers others' messages) is for admins.
+        holder = RemotingCommand.request(RequestCode.POP_HOLDER_REGISTER, {"holderId": "gw-1"})
+        assert (await invoke(broker, holder, USER)).code == ResponseCode.SYSTEM_ERROR
+        holder = RemotingCommand.request(RequestCode.POP_HOLDER_REGISTER, {"holderId": "gw-1"})
+        assert (await invoke(broker, holder, ADMIN)).code == ResponseCode.SUCCESS

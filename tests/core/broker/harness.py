@@ -60,9 +60,13 @@ def run_embedded(
     namesrv: dict | None = None,
     timeout: float = 60.0,
     processors=None,
+    clock=None,
     **broker_kw,
 ) -> None:
-    """Run name server + broker in this process and `await fn(server, client)`."""
+    """Run name server + broker in this process and `await fn(server, client)`.
+
+    `clock` (a `trio.testing.MockClock`) lets a test hold time still and jump it, so
+    "still waiting after N seconds" is asserted without sleeping N seconds."""
     broker_kw.setdefault("host", "127.0.0.1")
     broker_kw.setdefault("port", 0)
     broker_kw.setdefault("data_dir", str(tmp_path / "data"))
@@ -80,7 +84,7 @@ def run_embedded(
                     await fn(server, client)
                 server.stop()
 
-    trio.run(main)
+    trio.run(main, clock=clock)
 
 
 def send_request(

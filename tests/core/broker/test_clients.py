@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
@@ -97,21 +98,21 @@ def test_membership_changes_notify_other_members(tmp_path):
         async with RemotingClient(processors=table_a) as a:
             hb_a = heartbeat_request("client-a", consumers=[cpp_consumer_data("CID_N", "T")])
             assert (await a.invoke(addr, hb_a)).code == 0
-            await trio.sleep(0.2)
+            # Broker and clients share this trio loop: once every task is blocked, whatever
+            # the broker sends about a's own join has arrived.
+            await wait_all_tasks_blocked()
             seen_a.clear()
             async with RemotingClient() as b:
                 hb_b = heartbeat_request("client-b", consumers=[cpp_consumer_data("CID_N", "T")])
                 assert (await b.invoke(addr, hb_b)).code == 0
-                with trio.fail_after(5):
-                    while "CID_N" not in seen_a:
-                        await trio.sleep(0.05)
+                await wait_all_tasks_blocked()
+                assert seen_a == ["CID_N"]
                 assert consumer_list(await a.invoke(addr, list_request("CID_N"))) == [
                     "client-a", "client-b"]
                 seen_a.clear()
             # b's connection closed: a hears about it and the list shrinks
-            with trio.fail_after(5):
-                while "CID_N" not in seen_a:
-                    await trio.sleep(0.05)
+            await wait_all_tasks_blocked()
+            assert seen_a == ["CID_N"]
             assert consumer_list(await a.invoke(addr, list_request("CID_N"))) == ["client-a"]
             seen_a.clear()
             unreg = RemotingCommand.request(35, {"clientID": "client-a", "producerGroup": "",
@@ -128,9 +129,11 @@ def test_silent_clients_expire(tmp_path):
         hb = heartbeat_request("quiet", consumers=[cpp_consumer_data("CID_Q", "T")],
                                producers=["PID_Q"])
         assert (await client.invoke(addr, hb)).code == 0
-        with trio.fail_after(10):
-            while (await client.invoke(addr, list_request("CID_Q"))).code == 0:
-                await trio.sleep(0.1)
+        # Watch from another connection: the broker closes the silent client's own.
+        async with RemotingClient() as observer:
+            with trio.fail_after(10):
+                while (await observer.invoke(addr, list_request("CID_Q"))).code == 0:
+                    await trio.sleep(0.1)
         assert server.broker.producer_manager.connections_of_group("PID_Q") == []
 
     run_embedded(body, tmp_path, client_channel_expiry_s=0.5, client_scan_interval_s=0.1)

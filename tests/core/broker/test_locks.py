@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-import trio
 
 from core.broker.lock_manager import MessageQueue, RebalanceLockManager
 from core.remoting import RequestCode, ResponseCode
@@ -78,6 +78,10 @@ def _locked(resp):
 def test_lock_and_unlock_requests(tmp_path):
     async def body(server, client):
         addr = server.broker.broker_addr
+        # The broker's lock table reads time through its clock: shift it instead of sleeping.
+        locks = server.broker.lock_manager
+        shift = [0.0]
+        locks._clock = lambda: time.monotonic() + shift[0]
         lock, unlock = RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ
         got = _locked(await client.invoke(addr, request(lock, _body("G", "c1", [mq(0), mq(1)]))))
         assert got == {mq(0), mq(1)}
@@ -90,12 +94,14 @@ def test_lock_and_unlock_requests(tmp_path):
         # An empty set is fine; the answer is an empty list.
         assert _locked(await client.invoke(addr, request(lock, _body("G", "c3", [])))) == set()
 
-        # Expiry (lock_max_live_s = 0.3 in this broker): c1's queue 0 becomes free.
-        await trio.sleep(0.5)
+        # Expiry: c1's queue 0 is held until lock_max_live_s has passed, then free.
+        shift[0] = locks.lock_max_live_s - 1
+        assert _locked(await client.invoke(addr, request(lock, _body("G", "c3", [mq(0)])))) == set()
+        shift[0] = locks.lock_max_live_s + 1
         got = _locked(await client.invoke(addr, request(lock, _body("G", "c3", [mq(0)]))))
         assert got == {mq(0)}
 
-    run_embedded(body, tmp_path, lock_max_live_s=0.3)
+    run_embedded(body, tmp_path)
 
 
 @pytest.mark.parametrize("raw", [

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import trio
+from trio.testing import MockClock, wait_all_tasks_blocked
 
 from core.broker.clients import (
     CONSUME_FROM_WHERE,
@@ -116,7 +117,8 @@ def test_subscription_groups(tmp_path):
     off = SubscriptionGroupManager(str(tmp_path), auto_create=False)
     off.load()
     assert off.find_or_create("Unknown") is None
-    assert off.find_or_create("%LMQ%group") is not None  # LMQ groups always accepted
+    lmq_group = off.find_or_create("%LMQ%group")  # LMQ groups always accepted, consumable
+    assert (lmq_group.group_name, lmq_group.consume_enable) == ("%LMQ%group", True)
     assert "%LMQ%group" not in off.table
 
 
@@ -238,15 +240,22 @@ def test_hold_service_wakes_only_its_queue():
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(waiter, "a", "T", 0, 5, 10)
-            nursery.start_soon(waiter, "b", "T", 1, 5, 0.3)
-            nursery.start_soon(waiter, "c", "T", 0, 9, 0.3)
-            await trio.sleep(0.05)
+            nursery.start_soon(waiter, "b", "T", 1, 5, 3)
+            nursery.start_soon(waiter, "c", "T", 0, 9, 3)
+            await wait_all_tasks_blocked()
             assert hold.held == 3
             hold.notify("T", 0, 6)  # wakes a (offset 5 < 6), not c (9)
+            await wait_all_tasks_blocked()
+            assert results == {"a": True}
+            clock.jump(2.9)  # b and c wait their whole timeout
+            await wait_all_tasks_blocked()
+            assert results == {"a": True} and hold.held == 2
+            clock.jump(0.2)
         assert results == {"a": True, "b": False, "c": False}
         assert hold.held == 0
 
-    trio.run(main)
+    clock = MockClock()  # time moves only when the test jumps it
+    trio.run(main, clock=clock)
 
 
 # ---------------------------------------------------------------------- group commit

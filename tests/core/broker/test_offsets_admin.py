@@ -110,9 +110,16 @@ def test_topic_admin_and_registration(tmp_path):
             fields.update(bad)
             assert (await client.invoke(addr, req(17, **fields))).code == 1, bad
         all_cfg = json.loads((await client.invoke(addr, req(21))).body_bytes())
-        assert "AdminT" in all_cfg["topicConfigTable"] and "dataVersion" in all_cfg
+        admin_t = all_cfg["topicConfigTable"]["AdminT"]
+        assert (admin_t["readQueueNums"], admin_t["writeQueueNums"], admin_t["perm"]) == (2, 2, 6)
+        assert "AdminT2" not in all_cfg["topicConfigTable"]  # refused above: not created
+        version = all_cfg["dataVersion"]
         # auto-created topics reach the name server without waiting 30 s
         assert (await client.invoke(addr, send_request("AutoT"))).code == 0
+        # ... and a new topic is a new data version (what the name server compares)
+        after = json.loads((await client.invoke(addr, req(21))).body_bytes())
+        assert "AutoT" in after["topicConfigTable"]
+        assert after["dataVersion"]["counter"] > version["counter"]
         with trio.fail_after(5):
             while (await client.invoke(ns, req(105, topic="AutoT"))).code != 0:
                 await trio.sleep(0.05)

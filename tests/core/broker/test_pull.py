@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import trio
+from trio.testing import MockClock, wait_all_tasks_blocked
 
 from core.common.codec import decode_records
 from core.remoting.codec import RemotingCommand
@@ -120,6 +123,11 @@ def test_sql92_and_heartbeat_subscription(tmp_path):
 
 
 def test_long_polling_wakes_on_new_message(tmp_path):
+    # Time stands still (MockClock) unless the test jumps it; client, broker and the loopback
+    # socket all run in this trio loop, so once every task is blocked an answer the broker
+    # would already have given has been received.
+    clock = MockClock()
+
     async def body(server, client):
         addr = server.broker.broker_addr
         await send_n(client, addr, "LongT", 1)
@@ -132,47 +140,63 @@ def test_long_polling_wakes_on_new_message(tmp_path):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(puller)
-            await trio.sleep(0.3)
+            await wait_all_tasks_blocked()
             assert "resp" not in result  # held
             assert server.broker.pull_hold_service.held == 1
-            await send_n(client, addr, "LongT", 1, queue_id=1)  # other queue: still held
-            await trio.sleep(0.1)
+            clock.jump(19.5)  # most of the suspend time has passed: still held
+            await wait_all_tasks_blocked()
             assert "resp" not in result
+            await send_n(client, addr, "LongT", 1, queue_id=1)  # other queue: still held
+            await wait_all_tasks_blocked()
+            assert "resp" not in result
+            assert server.broker.pull_hold_service.held == 1
             await send_n(client, addr, "LongT", 1)
         r = result["resp"]
         assert r.code == 0 and r.ext_fields["nextBeginOffset"] == "2"
         assert [m.body for m in decode_records(r.body_bytes())] == [b"m0"]
+        assert server.broker.pull_hold_service.held == 0
 
-    run_embedded(body, tmp_path)
+    run_embedded(body, tmp_path, clock=clock)
 
 
 def test_long_polling_skips_unmatched_and_times_out(tmp_path):
+    clock = MockClock()
+
     async def body(server, client):
         addr = server.broker.broker_addr
         await send_n(client, addr, "LongF", 1, tags=["A"])
-        req = pull_request("CID_L", "LongF", 0, 1, sys_flag=SUSPEND | SUBSCRIPTION,
-                           suspend_ms=300)
-        r = await client.invoke(addr, req)
-        assert r.code == 19 and r.ext_fields["nextBeginOffset"] == "1"
         result = {}
 
-        async def puller():
-            req = pull_request("CID_L", "LongF", 0, 1, sys_flag=SUSPEND | SUBSCRIPTION,
-                               suspend_ms=20000, subscription="B")
-            result["resp"] = await client.invoke(addr, req, timeout=30)
+        async def puller(key, **kw):
+            req = pull_request("CID_L", "LongF", 0, 1, sys_flag=SUSPEND | SUBSCRIPTION, **kw)
+            result[key] = await client.invoke(addr, req, timeout=30)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(puller)
-            await trio.sleep(0.2)
+            # nothing arrives: answered (19) when the suspend time is up, not before
+            nursery.start_soon(functools.partial(puller, "timeout", suspend_ms=3000))
+            await wait_all_tasks_blocked()
+            clock.jump(2.9)
+            await wait_all_tasks_blocked()
+            assert "timeout" not in result
+            clock.jump(0.2)
+        r = result["timeout"]
+        assert r.code == 19 and r.ext_fields["nextBeginOffset"] == "1"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(puller, "resp", suspend_ms=20000,
+                                                 subscription="B"))
+            await wait_all_tasks_blocked()
+            assert server.broker.pull_hold_service.held == 1
             await send_n(client, addr, "LongF", 1, tags=["A"])
-            await trio.sleep(0.2)
+            await wait_all_tasks_blocked()
             assert "resp" not in result  # a non-matching message does not answer the pull
+            assert server.broker.pull_hold_service.held == 1
             await send_n(client, addr, "LongF", 1, tags=["B"])
         r = result["resp"]
         assert r.code == 0 and r.ext_fields["nextBeginOffset"] == "3"
         assert [m.properties["TAGS"] for m in decode_records(r.body_bytes())] == ["B"]
 
-    run_embedded(body, tmp_path)
+    run_embedded(body, tmp_path, clock=clock)
 
 
 def test_commit_offset_side_effect(tmp_path):

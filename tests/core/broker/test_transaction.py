@@ -10,9 +10,11 @@ real C++ pull consumer where a whole process is involved.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from core.common.codec import decode_record
 from core.common.msgid import decode_offset_msg_id
@@ -34,6 +36,16 @@ GROUP = "PID_TX"
 
 # Checks come fast in these brokers: timeout 0.3 s, a pass every 0.2 s.
 FAST_CHECKS = {"transaction_timeout_s": 0.3, "transaction_check_interval_s": 0.2}
+
+
+async def later_passes(server, passes=3, ahead_s=60):
+    """Run check passes as if `ahead_s` seconds had gone by (every timeout is over), then
+    wait until the checks they sent and the producer's answers have been handled (client
+    and broker share this trio loop). Stands in for "sleep and let more passes run"."""
+    service = server.broker.transaction_service
+    for _ in range(passes):
+        await service.check_once(now_ms=int(time.time() * 1000) + ahead_s * 1000)
+        await wait_all_tasks_blocked()
 
 
 async def send_half(client, addr, topic, body, uniq, group=GROUP):
@@ -147,7 +159,7 @@ def test_end_transaction_is_checked(tmp_path):
 
         # "Unknown" changes nothing and is not answered (one-way from producers).
         await client.invoke_oneway(addr, end_tx(table_offset, phys, UNKNOWN))
-        await trio.sleep(0.2)
+        await wait_all_tasks_blocked()  # the broker has read and handled it
         assert [m.body for m in await messages(client, addr, "TxC")] == [b"plain"]
         assert await messages(client, addr, TRANS_OP_HALF_TOPIC) == []
 
@@ -172,8 +184,9 @@ def test_back_check_resolves_commit_and_rollback(tmp_path):
         assert [m.body for m in got] == [b"yes"]
         await wait_async(lambda: len(checks) >= 2, 10, "both checks")
 
-        # Let several more check passes run: both are resolved, nothing is asked again.
-        await trio.sleep(1.0)
+        # More check passes, late enough for any timeout: both are resolved, nothing is
+        # asked again.
+        await later_passes(server)
         assert sorted(c.ext_fields["msgId"] for c in checks) == ["TX-NO", "TX-YES"]
         assert [m.body for m in await messages(client, addr, "TxB")] == [b"yes"]
 
@@ -210,7 +223,7 @@ def test_unresolved_half_moves_to_check_max_topic(tmp_path):
         )
         assert [m.body for m in moved] == [b"undecided"]
         assert moved[0].properties["REAL_TOPIC"] == "TxU"
-        await trio.sleep(0.6)
+        await later_passes(server)
         # Checked exactly transaction_check_max (2) times, with a rising counter.
         assert [c.ext_fields["msgId"] for c in checks] == ["TX-U", "TX-U"]
         assert [decode_record(c.body_bytes()).properties["TRANSACTION_CHECK_TIMES"]
@@ -234,7 +247,7 @@ def test_long_immunity_does_not_hold_up_other_checks(tmp_path):
         assert resp.code == 0
         await send_half(client, addr, "TxI", b"normal", "TX-NORMAL")
         await wait_async(lambda: messages(client, addr, "TxI"), 10, "the normal commit")
-        await trio.sleep(0.6)
+        await later_passes(server)  # a minute on: still well inside the hour's immunity
         assert [c.ext_fields["msgId"] for c in checks] == ["TX-NORMAL"]
 
     run_embedded(body, tmp_path, processors=answering_producer(lambda cmd: COMMIT, checks),

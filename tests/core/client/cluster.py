@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from core.broker.config import BrokerConfig
 from core.cluster import EmbeddedServer
@@ -148,3 +149,27 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await trio.sleep(interval)
+
+
+def _consumer_idle(consumer) -> bool:
+    """Nothing pulled is waiting for or inside the listener."""
+    if any(not pq.is_empty() for pq in getattr(consumer, "pq_table", {}).values()):
+        return False
+    send_ch = getattr(consumer, "_send_ch", None)
+    if send_ch is not None and send_ch.statistics().current_buffer_used:
+        return False
+    return not getattr(consumer, "_inflight", 0)
+
+
+async def settle(*consumers, timeout: float = 20.0) -> None:
+    """Wait until the consumers are idle and every task of this trio run (brokers and name
+    server of an in-process `cluster()` included) is blocked: every message a broker would
+    hand out now has been delivered and consumed. Stands in for "sleep a while, then assert
+    nothing more arrived". Polls (bounded) because sync listeners run in worker threads,
+    which `wait_all_tasks_blocked` does not wait for."""
+    with trio.fail_after(timeout):
+        while True:
+            await wait_all_tasks_blocked()
+            if all(_consumer_idle(c) for c in consumers):
+                return
+            await trio.sleep(0.01)

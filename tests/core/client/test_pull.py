@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import trio
-from trio.testing import trio_test
+from trio.testing import trio_test, wait_all_tasks_blocked
 
 from core.client import (
     ClientInstance,
@@ -70,12 +70,19 @@ async def test_pull_block_if_not_found_waits_for_a_message():
         await client.api.create_topic(c.broker_addrs[0], "BlockT", 1, 1)
         pc = PullConsumer(client, "CG_BLOCK")
         mq = MessageQueue("BlockT", "broker-a", 0)
+        result = []
+
+        async def pull():
+            result.append(await pc.pull_block_if_not_found(mq, "*", 0, suspend=10))
+
         async with trio.open_nursery() as n:
-            async def later():
-                await trio.sleep(0.3)
-                await send_tagged(client, "BlockT", [("", b"hello")])
-            n.start_soon(later)
-            r = await pc.pull_block_if_not_found(mq, "*", 0, suspend=10)
+            n.start_soon(pull)
+            # Broker and client share this trio run: once all tasks are blocked, an answer
+            # the broker would give at once has arrived.
+            await wait_all_tasks_blocked()
+            assert result == [] and c.brokers[0].pull_hold_service.held == 1
+            await send_tagged(client, "BlockT", [("", b"hello")])
+        [r] = result
         assert r.status is PullStatus.FOUND and r.messages[0].body == b"hello"
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import trio
-from trio.testing import trio_test
+from trio.testing import trio_test, wait_all_tasks_blocked
 
 from core.client import (
     ClientInstance,
@@ -20,7 +20,7 @@ from core.client import (
     PushConsumer,
 )
 from core.common.names import dlq_topic, retry_topic
-from tests.core.client.cluster import cluster, wait_for
+from tests.core.client.cluster import cluster, settle, wait_for
 
 
 async def produce(client, topic: str, n: int, *, tag_of=lambda i: None, props_of=lambda i: None,
@@ -79,7 +79,7 @@ async def test_sync_listener_runs_in_a_thread_and_tag_filter_applies():
         async with consumer:
             await produce(client, "TagT", 30, tag_of=lambda i: "ABC"[i % 3])
             await wait_for(lambda: len(got) >= 20)
-            await trio.sleep(0.3)
+            await settle(consumer)  # whatever else the broker would deliver has arrived
         assert len(got) == 20 and {t for t, _ in got} == {"A", "B"}
 
 
@@ -98,7 +98,7 @@ async def test_sql92_subscription():
             await produce(client, "SqlT", 12, props_of=lambda i: {"n": str(i),
                                                                  "color": "red" if i % 2 else "blue"})
             await wait_for(lambda: len(got) >= 3)
-            await trio.sleep(0.3)
+            await settle(consumer)
         assert sorted(got) == [7, 9, 11]
 
 
@@ -294,7 +294,7 @@ async def test_new_group_starts_where_consume_from_where_says(where):
             await wait_for(lambda: len([mq for mq in consumer.pq_table if mq.topic == "WhereT"]) == 2)
             await produce(client, "WhereT", 4, prefix="new")
             await wait_for(lambda: len(got) >= 4)
-            await trio.sleep(0.3)
+            await settle(consumer)
         assert sorted(got) == [b"new0", b"new1", b"new2", b"new3"]
 
 
@@ -354,7 +354,9 @@ async def test_flow_control_caps_what_a_queue_caches():
         async with consumer:
             mq = MessageQueue("FlowT", "broker-a", 0)
             await wait_for(lambda: mq in consumer.pq_table and consumer.pq_table[mq].msg_count > 10)
-            await trio.sleep(0.5)  # time for more pulls, if flow control let them through
+            # Every task blocked (the listeners on `release`, the pull loop pausing): any pull
+            # flow control let through has been answered and cached by now.
+            await wait_all_tasks_blocked()
             assert consumer.pq_table[mq].msg_count <= 10 + 8
             release.set()
             await wait_for(lambda: len(got) >= 100)

@@ -113,7 +113,10 @@ def test_stale_unregister_is_ignored() -> None:
     rim = RouteInfoManager()
     register(rim, "a", "1.1.1.1:1", tcs=topics(("T", 1)))
     rim.unregister_broker("DefaultCluster", "2.2.2.2:2", "a", 0)  # not its address
-    assert rim.get_route("T") is not None
+    assert rim.broker_addr_table["a"].broker_addrs == {0: "1.1.1.1:1"}
+    route = rim.get_route("T")
+    assert [q["brokerName"] for q in route["queueDatas"]] == ["a"]
+    assert [b["brokerAddrs"] for b in route["brokerDatas"]] == [{"0": "1.1.1.1:1"}]
 
 
 def test_expiry_scan() -> None:

@@ -346,3 +346,13 @@ def test_fuzz_json_headers_decode_or_frame_error(header: dict) -> None:
     assert cmd.ext_fields is None or all(isinstance(v, str) for v in cmd.ext_fields.values())
     # Whatever decoded can be answered.
     encode_command(cmd.make_response(0, cmd.remark, cmd.ext_fields))
+
+
+@pytest.mark.parametrize("raw", [" 7 ", "1_0", "7\n", "+-7", "٣", True, 7.0, "0x10"])
+def test_ext_int_reads_integers_as_java_does(raw) -> None:
+    """Every handler's ext_int parses like Integer.parseInt: sign and ASCII digits only
+    (Python's int() would take blanks, underscores, other scripts' digits and True)."""
+    cmd = RemotingCommand.request(11, {"v": raw, "ok": "-12", "plus": "+3"})
+    assert cmd.ext_int("ok") == -12 and cmd.ext_int("plus") == 3
+    with pytest.raises(HeaderError):
+        cmd.ext_int("v")

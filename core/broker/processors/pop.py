@@ -1,0 +1,295 @@
+"""POP_MESSAGE (200050), ACK_MESSAGE (200051), BATCH_ACK_MESSAGE (200151) and
+CHANGE_MESSAGE_INVISIBLETIME (200053): RocketMQ 5 POP consumption (docs/pop.md).
+
+Header fields are Apache RocketMQ 5's. The state lives in `core.broker.pop`; this module
+parses and checks requests, runs long polls, and builds the responses.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import trio
+
+from core.broker.pop.handle import parse_extra_info
+from core.broker.pop.service import (
+    POP_MAX_INVISIBLE_MS,
+    POP_MAX_NUMS,
+    POP_MAX_POLL_MS,
+    POP_MAX_POLLING,
+    PopService,
+    PopStateFull,
+    now_ms,
+)
+from core.broker.processors.pull import _cached_filter
+from core.common.sysflag import PermName
+from core.remoting.codec import RemotingCommand
+from core.remoting.codes import RequestCode, ResponseCode
+
+from .common import error, ext_int32, ext_int64, parse_json_body, required_group, required_topic
+
+__all__ = ["register"]
+
+#: Connection attribute naming the POP holder registered on it.
+HOLDER_ATTR = "lmq.pop.holder"
+#: Longest holder id (INVALID_PARAMETER beyond; no spaces either).
+POP_MAX_HOLDER_ID_LENGTH = 255
+
+#: Most entries in one BATCH_ACK_MESSAGE body, and most bytes of one entry's bit set.
+BATCH_ACK_MAX_ENTRIES = 1024
+BATCH_ACK_MAX_BITSET_BYTES = 4096
+
+
+class PopProcessor:
+    def __init__(self, broker, service: PopService) -> None:
+        self.broker = broker
+        self.service = service
+
+    def _check_access(self, cmd: RemotingCommand, group: str, topic: str):
+        """(topic config, None) or (None, error response)."""
+        broker = self.broker
+        if not PermName.is_readable(broker.config.broker_permission):
+            return None, error(cmd, ResponseCode.NO_PERMISSION,
+                               f"the broker[{broker.broker_addr}] pop message is forbidden")
+        tc = broker.topic_config_manager.get(topic)
+        if tc is None:
+            return None, error(cmd, ResponseCode.TOPIC_NOT_EXIST,
+                               f"topic[{topic}] not exist, apply first please!")
+        if not PermName.is_readable(tc.perm):
+            return None, error(cmd, ResponseCode.NO_PERMISSION,
+                               f"the topic[{topic}] peeking message is forbidden")
+        sg = broker.subscription_group_manager.find_or_create(group)
+        if sg is None:
+            return None, error(cmd, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                               f"subscription group [{group}] does not exist")
+        if not sg.consume_enable:
+            return None, error(cmd, ResponseCode.NO_PERMISSION,
+                               f"subscription group no permission, {group}")
+        return tc, None
+
+    # ------------------------------------------------------------------ pop
+    async def pop(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        max_nums = ext_int32(cmd, "maxMsgNums", required=True)
+        invisible_ms = ext_int64(cmd, "invisibleTime", required=True)
+        poll_ms = ext_int64(cmd, "pollTime", required=True)
+        ext_int64(cmd, "bornTime", required=True)
+        init_mode = ext_int32(cmd, "initMode", required=True)
+        if not 0 < max_nums <= POP_MAX_NUMS:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"pop message's num {max_nums} is not in 1..{POP_MAX_NUMS}")
+        if not 0 <= invisible_ms <= POP_MAX_INVISIBLE_MS:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"invisibleTime {invisible_ms} is not in 0..{POP_MAX_INVISIBLE_MS}")
+        tc, err = self._check_access(cmd, group, topic)
+        if err is not None:
+            return err
+        if queue_id >= tc.read_queue_nums:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"queueId[{queue_id}] is illegal, topic:[{topic}] "
+                         f"topicConfig.readQueueNums:[{tc.read_queue_nums}]")
+        try:
+            filt = _cached_filter(cmd.ext_str("expType") or None, cmd.ext_str("exp") or None)
+        except Exception as exc:  # FilterParseError and friends
+            return error(cmd, ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
+        holder = self._holder(cmd, ctx, required=False)
+        if isinstance(holder, RemotingCommand):
+            return holder
+        service = self.service
+        queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
+        hold_s = min(max(poll_ms, 0), POP_MAX_POLL_MS) / 1000.0
+        deadline = trio.current_time() + hold_s
+        while True:
+            try:
+                batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode,
+                                    filt, holder)
+            except PopStateFull as exc:
+                return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
+            remaining = deadline - trio.current_time()
+            if batch.count or remaining <= 0 or self.broker.closing:
+                break
+            if service.polling >= POP_MAX_POLLING:
+                return self._response(cmd, ResponseCode.POLLING_FULL, batch, invisible_ms)
+            due = service.next_deadline(group, topic, queue_ids)
+            if due is not None:
+                remaining = min(remaining, max((due - now_ms()) / 1000.0, 0.0) + 0.001)
+            await service.wait(topic, remaining)
+            queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
+        code = ResponseCode.SUCCESS if batch.count else ResponseCode.POLLING_TIMEOUT
+        return self._response(cmd, code, batch, invisible_ms)
+
+    def _response(self, cmd, code, batch, invisible_ms) -> RemotingCommand:
+        ext = {
+            "popTime": str(batch.pop_time),
+            "invisibleTime": str(invisible_ms),
+            "reviveQid": "0",
+            "restNum": str(batch.rest_num),
+        }
+        if batch.count:
+            ext["startOffsetInfo"] = ";".join(batch.start_offset_info)
+            ext["msgOffsetInfo"] = ";".join(batch.msg_offset_info)
+        return cmd.make_response(code, None, ext, batch.buffers if batch.count else None)
+
+    # ------------------------------------------------------------------ holders
+    def _holder(self, cmd: RemotingCommand, ctx, required: bool):
+        """The request's `holderId` (else the one registered on its connection), or an
+        error response when it is malformed."""
+        holder = cmd.ext_str("holderId")
+        if not holder:
+            if required:
+                return error(cmd, ResponseCode.INVALID_PARAMETER, "holderId is required")
+            attrs = getattr(ctx.connection, "attributes", None)
+            return attrs.get(HOLDER_ATTR) if attrs is not None else None
+        if len(holder) > POP_MAX_HOLDER_ID_LENGTH or not holder.isprintable() or " " in holder:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"holderId must be 1..{POP_MAX_HOLDER_ID_LENGTH} printable "
+                         "characters without spaces")
+        return holder
+
+    async def register_holder(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        holder = self._holder(cmd, ctx, required=True)
+        if isinstance(holder, RemotingCommand):
+            return holder
+        conn = ctx.connection
+        attrs = getattr(conn, "attributes", None)
+        if attrs is None:
+            return error(cmd, ResponseCode.SYSTEM_ERROR, "connection cannot hold a holder")
+        first = HOLDER_ATTR not in attrs
+        attrs[HOLDER_ATTR] = holder
+        if first:
+            service = self.service
+
+            def closed() -> None:
+                current = attrs.get(HOLDER_ATTR)
+                if current is not None:
+                    service.release(current)
+
+            conn.add_close_callback(closed)
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def release_holder(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        holder = self._holder(cmd, ctx, required=True)
+        if isinstance(holder, RemotingCommand):
+            return holder
+        released = self.service.release(holder)
+        return cmd.make_response(ResponseCode.SUCCESS, None, {"released": str(released)})
+
+    # ------------------------------------------------------------------ ack
+    def _handle(self, cmd: RemotingCommand):
+        try:
+            return parse_extra_info(cmd.ext_str("extraInfo", required=True))
+        except ValueError as exc:
+            return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad extraInfo: {exc}")
+
+    async def ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        offset = ext_int64(cmd, "offset", required=True)
+        handle = self._handle(cmd)
+        if isinstance(handle, RemotingCommand):
+            return handle
+        if self.broker.topic_config_manager.get(topic) is None:
+            return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
+                         f"topic[{topic}] not exist, apply first please!")
+        if not self.service.ack(group, topic, queue_id, offset, handle.pop_time):
+            return error(cmd, ResponseCode.NO_MESSAGE,
+                         f"no in-flight message at offset {offset} with this receipt handle")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def dead_letter(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        """POP_DEAD_LETTER (900003, ACK_MESSAGE's header): reject without requeue."""
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        offset = ext_int64(cmd, "offset", required=True)
+        handle = self._handle(cmd)
+        if isinstance(handle, RemotingCommand):
+            return handle
+        if not self.service.dead_letter(group, topic, queue_id, offset, handle.pop_time):
+            return error(cmd, ResponseCode.NO_MESSAGE,
+                         f"no in-flight message at offset {offset} with this receipt handle")
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    async def batch_ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        data = parse_json_body(cmd)
+        acks = data.get("acks") if isinstance(data, dict) else None
+        if not isinstance(acks, list) or len(acks) > BATCH_ACK_MAX_ENTRIES:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"acks must be a list of at most {BATCH_ACK_MAX_ENTRIES} entries")
+        service = self.service
+        for item in acks:
+            try:
+                group, topic, qid, start, pop_time, bits = _batch_entry(item)
+            except (TypeError, ValueError, KeyError, binascii.Error) as exc:
+                service.journal.flush()
+                return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
+            for i, byte in enumerate(bits):
+                if not byte:
+                    continue
+                for j in range(8):
+                    if byte >> j & 1:
+                        service.ack(group, topic, qid, start + i * 8 + j, pop_time, False)
+        service.journal.flush()
+        return cmd.make_response(ResponseCode.SUCCESS)
+
+    # ------------------------------------------------------------------ change
+    async def change(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        offset = ext_int64(cmd, "offset", required=True)
+        invisible_ms = ext_int64(cmd, "invisibleTime", required=True)
+        if not 0 <= invisible_ms <= POP_MAX_INVISIBLE_MS:
+            return error(cmd, ResponseCode.INVALID_PARAMETER,
+                         f"invisibleTime {invisible_ms} is not in 0..{POP_MAX_INVISIBLE_MS}")
+        handle = self._handle(cmd)
+        if isinstance(handle, RemotingCommand):
+            return handle
+        if self.broker.topic_config_manager.get(topic) is None:
+            return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
+                         f"topic[{topic}] not exist, apply first please!")
+        new_pop_time = self.service.change_invisible(
+            group, topic, queue_id, offset, handle.pop_time, invisible_ms)
+        if new_pop_time is None:
+            return error(cmd, ResponseCode.NO_MESSAGE,
+                         f"no in-flight message at offset {offset} with this receipt handle")
+        ext = {"popTime": str(new_pop_time), "invisibleTime": str(invisible_ms),
+               "reviveQid": str(handle.revive_qid)}
+        return cmd.make_response(ResponseCode.SUCCESS, None, ext)
+
+
+def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:
+    """One BatchAck object (short or long field names, as Apache accepts)."""
+    def get(short: str, long: str):
+        return item[short] if short in item else item[long]
+
+    if not isinstance(item, dict):
+        raise TypeError("entry is not an object")
+    if str(get("r", "retry")) != "0":
+        raise ValueError("retry-topic acks are not served by this broker")
+    raw = get("b", "bitSet")
+    if not isinstance(raw, str) or len(raw) > BATCH_ACK_MAX_BITSET_BYTES * 4 // 3 + 4:
+        raise ValueError("bitSet is not a base64 string of bounded length")
+    return (str(get("c", "consumerGroup")), str(get("t", "topic")), int(get("q", "queueId")),
+            int(get("so", "startOffset")), int(get("pt", "popTime")),
+            base64.b64decode(raw, validate=True))
+
+
+def register(table, broker) -> None:
+    service = getattr(broker, "pop_service", None)
+    if service is None:
+        # The broker runs it among its services (revive timer): see `services`.
+        service = broker.pop_service = PopService(broker)
+    proc = PopProcessor(broker, service)
+    # POP waits (long polling): its own task. The others only touch memory.
+    table.register(RequestCode.POP_MESSAGE, proc.pop, inline=False)
+    table.register(RequestCode.ACK_MESSAGE, proc.ack)
+    table.register(RequestCode.BATCH_ACK_MESSAGE, proc.batch_ack)
+    table.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, proc.change)
+    table.register(RequestCode.POP_HOLDER_REGISTER, proc.register_holder)
+    table.register(RequestCode.POP_HOLDER_RELEASE, proc.release_holder)
+    table.register(RequestCode.POP_DEAD_LETTER, proc.dead_letter)

@@ -1,0 +1,236 @@
+"""A small POP API (RocketMQ 5 POP_MESSAGE / ACK / CHANGE_INVISIBLETIME) against one
+broker — docs/pop.md.
+
+    pop = PopClient(remoting_client, broker_addr, broker_name, "GID_X")
+    result = await pop.pop("TopicA", max_nums=16, invisible_ms=30_000, poll_ms=5_000)
+    for m in result.messages:
+        ...
+        await pop.ack(m)            # or: await pop.nack(m) / await pop.change_invisible(m, ms)
+
+Each `PopMessage` carries its receipt handle (`handle`, also the message's POP_CK
+property): the broker sets POP_CK on redeliveries; for first deliveries it is built from
+the response header (startOffsetInfo), as Apache's client does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+
+from core.client.errors import MQBrokerError
+from core.common import names
+from core.common.codec import decode_records
+from core.common.message import MessageExt
+from core.remoting.codec import RemotingCommand
+from core.remoting.codes import RequestCode, ResponseCode
+
+__all__ = ["PopClient", "PopMessage", "PopResult", "PopStatus", "INIT_MODE_MIN", "INIT_MODE_MAX"]
+
+POP_CK = "POP_CK"
+INIT_MODE_MIN = 0
+INIT_MODE_MAX = 1
+
+
+class PopStatus:
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    POLLING_FULL = "POLLING_FULL"
+
+
+@dataclass(slots=True)
+class PopMessage:
+    """A popped message and what acknowledging it needs."""
+
+    message: MessageExt
+    topic: str  # the topic popped (an LMQ name for LMQ pops)
+    queue_id: int
+    queue_offset: int  # in `topic`
+    handle: str
+
+    @property
+    def body(self) -> bytes:
+        return self.message.body
+
+    @property
+    def delivery_count(self) -> int:
+        """1 on the first delivery, +1 for each redelivery (reconsume times + 1)."""
+        return self.message.reconsume_times + 1
+
+    @property
+    def redelivered(self) -> bool:
+        return self.message.reconsume_times > 0
+
+
+@dataclass(slots=True)
+class PopResult:
+    status: str
+    messages: list[PopMessage] = field(default_factory=list)
+    pop_time: int = 0
+    invisible_time: int = 0
+    rest_num: int = 0
+
+
+def _info_map(text: str | None) -> dict[str, str]:
+    """"retry qid value;..." -> {"retry@qid": value}."""
+    out: dict[str, str] = {}
+    if text:
+        for one in text.split(";"):
+            parts = one.split(" ")
+            if len(parts) == 3:
+                out[f"{parts[0]}@{parts[1]}"] = parts[2]
+    return out
+
+
+class PopClient:
+    """POP consumption of one group from one broker, over a `RemotingClient`."""
+
+    def __init__(self, client, broker_addr: str, broker_name: str, group: str,
+                 timeout_s: float = 30.0, holder_id: str | None = None) -> None:
+        self.client = client
+        self.broker_addr = broker_addr
+        self.broker_name = broker_name
+        self.group = group
+        self.timeout_s = timeout_s
+        #: Sent as `holderId` with every pop (lmq-gateway extension, docs/pop.md).
+        self.holder_id = holder_id
+
+    async def _invoke(self, cmd: RemotingCommand, extra_s: float = 0.0) -> RemotingCommand:
+        return await self.client.invoke(self.broker_addr, cmd, self.timeout_s + extra_s)
+
+    async def pop(self, topic: str, *, max_nums: int = 32, invisible_ms: int = 30_000,
+                  poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
+                  exp_type: str | None = None, exp: str | None = None) -> PopResult:
+        ext = {
+            "consumerGroup": self.group, "topic": topic, "queueId": str(queue_id),
+            "maxMsgNums": str(max_nums), "invisibleTime": str(invisible_ms),
+            "pollTime": str(poll_ms), "bornTime": str(int(time.time() * 1000)),
+            "initMode": str(init_mode),
+        }
+        if exp_type:
+            ext["expType"] = exp_type
+        if exp:
+            ext["exp"] = exp
+        if self.holder_id:
+            ext["holderId"] = self.holder_id
+        resp = await self._invoke(RemotingCommand.request(RequestCode.POP_MESSAGE, ext),
+                                  poll_ms / 1000.0)
+        h = resp.ext_fields or {}
+        if resp.code in (ResponseCode.POLLING_TIMEOUT, ResponseCode.PULL_NOT_FOUND):
+            return PopResult(PopStatus.NO_NEW_MSG, rest_num=int(h.get("restNum", 0)))
+        if resp.code == ResponseCode.POLLING_FULL:
+            return PopResult(PopStatus.POLLING_FULL)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        pop_time = int(h["popTime"])
+        invisible = int(h["invisibleTime"])
+        revive_qid = int(h.get("reviveQid", 0))
+        starts = _info_map(h.get("startOffsetInfo"))
+        is_lmq = names.is_lmq(topic)
+        out = []
+        for msg in decode_records(resp.body_bytes(), decompress=True):
+            if is_lmq:
+                qid = names.LMQ_QUEUE_ID
+                offset = msg.lmq_offsets().get(topic, msg.queue_offset)
+            else:
+                qid, offset = msg.queue_id, msg.queue_offset
+            handle = msg.properties.get(POP_CK)
+            if handle is None:
+                ck = starts.get(f"0@{qid}", str(offset))
+                handle = (f"{ck} {pop_time} {invisible} {revive_qid} 0 {self.broker_name} "
+                          f"{qid} {offset}")
+                msg.properties[POP_CK] = handle
+            else:
+                offset = int(handle.split(" ")[7])
+            out.append(PopMessage(msg, topic, qid, offset, handle))
+        return PopResult(PopStatus.FOUND, out, pop_time, invisible, int(h.get("restNum", 0)))
+
+    def _ack_ext(self, m: PopMessage) -> dict[str, str]:
+        return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),
+                "extraInfo": m.handle, "offset": str(m.queue_offset)}
+
+    async def ack(self, m: PopMessage) -> bool:
+        """True when acknowledged; False when the handle is no longer current (the
+        message was redelivered since, or already acknowledged)."""
+        resp = await self._invoke(RemotingCommand.request(RequestCode.ACK_MESSAGE,
+                                                          self._ack_ext(m)))
+        if resp.code == ResponseCode.NO_MESSAGE:
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return True
+
+    async def batch_ack(self, messages: list[PopMessage]) -> None:
+        """BATCH_ACK_MESSAGE: one entry per (topic, queue, pop time)."""
+        groups: dict[tuple, list[PopMessage]] = {}
+        for m in messages:
+            f = m.handle.split(" ")
+            groups.setdefault((m.topic, m.queue_id, int(f[0]), int(f[1]), int(f[2]),
+                               int(f[3])), []).append(m)
+        acks = []
+        for (topic, qid, start, pop_time, invisible, rq), ms in groups.items():
+            start = min(start, *(m.queue_offset for m in ms))
+            bits = bytearray((max(m.queue_offset for m in ms) - start) // 8 + 1)
+            for m in ms:
+                i = m.queue_offset - start
+                bits[i // 8] |= 1 << (i % 8)
+            acks.append({"c": self.group, "t": topic, "r": "0", "so": start, "q": qid,
+                         "rq": rq, "pt": pop_time, "it": invisible,
+                         "b": base64.b64encode(bytes(bits)).decode("ascii")})
+        body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
+        resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+
+    async def change_invisible(self, m: PopMessage, invisible_ms: int) -> bool:
+        """New deadline `invisible_ms` from now; `m.handle` becomes the new handle.
+        False when the handle is no longer current."""
+        ext = self._ack_ext(m)
+        ext["invisibleTime"] = str(invisible_ms)
+        resp = await self._invoke(
+            RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, ext))
+        if resp.code == ResponseCode.NO_MESSAGE:
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        h = resp.ext_fields
+        f = m.handle.split(" ")
+        f[1], f[2], f[3] = h["popTime"], h["invisibleTime"], h["reviveQid"]
+        m.handle = " ".join(f)
+        m.message.properties[POP_CK] = m.handle
+        return True
+
+    async def reject(self, m: PopMessage) -> bool:
+        """Negative ack without requeue: to the group's %DLQ% topic, never delivered
+        again (lmq-gateway private code 900003). False when the handle is not current."""
+        resp = await self._invoke(RemotingCommand.request(RequestCode.POP_DEAD_LETTER,
+                                                          self._ack_ext(m)))
+        if resp.code == ResponseCode.NO_MESSAGE:
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return True
+
+    async def nack(self, m: PopMessage) -> bool:
+        """Negative ack with requeue: visible again at once (invisible time 0)."""
+        return await self.change_invisible(m, 0)
+
+    # ------------------------------------------------------------------ holders
+    async def register_holder(self, holder_id: str) -> None:
+        """Bind `holder_id` to this client's connection to the broker: pops on it are
+        held by `holder_id`, and when the connection closes the broker makes them
+        visible again at once (lmq-gateway private code 900001)."""
+        cmd = RemotingCommand.request(RequestCode.POP_HOLDER_REGISTER, {"holderId": holder_id})
+        resp = await self._invoke(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+
+    async def release_holder(self, holder_id: str) -> int:
+        """Make every delivery `holder_id` holds visible again now (900002); returns
+        how many were released."""
+        cmd = RemotingCommand.request(RequestCode.POP_HOLDER_RELEASE, {"holderId": holder_id})
+        resp = await self._invoke(cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return int((resp.ext_fields or {}).get("released", 0))

@@ -1,0 +1,142 @@
+"""A thin trio AMQP 0-9-1 server around `ServerConnection` (the first slice: handshake,
+channels, heartbeats and closes; queues and exchanges are not there yet).
+
+Every task lives in the server's nursery (one per connection). Password checks run in a
+worker thread (`trio.to_thread`), so a slow check never holds the event loop. Methods the
+slice does not implement (queue, exchange, basic, confirm, tx) close the connection with
+540 NOT_IMPLEMENTED. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gateway.amqp import errors
+from gateway.amqp.codec import DEFAULT_FRAME_MAX, DEFAULT_MAX_MESSAGE_SIZE
+from gateway.amqp.connection import (
+    DEFAULT_CHANNEL_MAX,
+    DEFAULT_HEARTBEAT,
+    ConnectionOpened,
+    ContentReceived,
+    LoginRequest,
+    MethodReceived,
+    ServerConnection,
+)
+
+__all__ = ["AmqpServer", "AmqpServerConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AmqpServerConfig:
+    """Listener settings and per-connection limits (documented in docs/amqp.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = 5672
+    channel_max: int = DEFAULT_CHANNEL_MAX
+    frame_max: int = DEFAULT_FRAME_MAX
+    heartbeat_s: int = DEFAULT_HEARTBEAT
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    #: RabbitMQ's handshake_timeout: header to Open-Ok within this many seconds.
+    handshake_timeout_s: float = 10.0
+    #: After our Connection.Close, wait this long for Close-Ok before closing the socket.
+    close_linger_s: float = 2.0
+    max_connections: int = 10_000
+    read_size: int = 65536
+
+
+def _guest_only(username: str, password: str) -> bool:
+    return username == "guest" and password == "guest"
+
+
+class AmqpServer:
+    """`await server.serve(task_status=...)` binds and reports the bound port."""
+
+    def __init__(self, config: AmqpServerConfig | None = None,
+                 authenticate: Callable[[str, str], bool] = _guest_only,
+                 vhost_exists: Callable[[str], bool] = lambda vhost: vhost == "/") -> None:
+        self.config = config or AmqpServerConfig()
+        self.authenticate = authenticate
+        self.vhost_exists = vhost_exists
+        self.connections = 0
+        self.port = 0
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        cfg = self.config
+        if self.connections >= cfg.max_connections:
+            await stream.aclose()  # before the protocol header: nothing to say yet
+            return
+        self.connections += 1
+        try:
+            await self._run(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
+                raise
+        finally:
+            self.connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _run(self, stream: trio.SocketStream) -> None:
+        cfg = self.config
+        now = trio.current_time()
+        conn = ServerConnection(vhost_exists=self.vhost_exists, channel_max=cfg.channel_max,
+                                frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
+        conn.decoder.max_message_size = cfg.max_message_size
+        handshake_deadline: float | None = now + cfg.handshake_timeout_s
+        close_deadline: float | None = None
+        while not conn.terminated:
+            deadlines = [d for d in (conn.next_deadline(), handshake_deadline, close_deadline)
+                         if d is not None]
+            data = None
+            with trio.move_on_at(min(deadlines) if deadlines else float("inf")):
+                data = await stream.receive_some(cfg.read_size)
+            now = trio.current_time()
+            # Checked whether or not octets came, so trickling input cannot stretch them.
+            if close_deadline is not None and now >= close_deadline:
+                return  # lingered long enough for Close-Ok
+            if handshake_deadline is not None and now >= handshake_deadline:
+                return  # RabbitMQ also just drops a connection stuck in the handshake
+            if data is None:
+                events = conn.tick(now)
+            else:
+                events = conn.receive_data(data, now)
+            for event in events:
+                await self._event(conn, event)
+                if type(event) is ConnectionOpened:
+                    handshake_deadline = None
+            out = conn.data_to_send()
+            if out:
+                await stream.send_all(out)
+            if conn.closing and close_deadline is None:
+                close_deadline = trio.current_time() + cfg.close_linger_s
+
+    async def _event(self, conn: ServerConnection, event: Any) -> None:
+        kind = type(event)
+        if kind is LoginRequest:
+            try:
+                ok = await trio.to_thread.run_sync(self.authenticate, event.username,
+                                                   event.password)
+            except Exception:  # a broken authenticator refuses; it must not stop the server
+                log.exception("AMQP authenticator failed")
+                ok = False
+            conn.login(bool(ok), trio.current_time())
+        elif kind is MethodReceived or kind is ContentReceived:
+            method = event.method if kind is MethodReceived else event.content.method
+            conn.close(errors.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.NAME} is not "
+                       "supported yet", method.CLASS_ID, method.METHOD_ID)

@@ -1,0 +1,162 @@
+"""Option parsing for the `lmq` data source (names and meanings as Spark's Kafka source).
+
+Every option the source or sink does not know is refused with an error that names it, so a
+typo (``startingOffset``) fails the query instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+EARLIEST = -2
+LATEST = -1
+
+#: Options the source understands (lower case: Spark hands them over case-insensitively).
+SOURCE_OPTIONS = (
+    "lmq.namesrv", "subscribe", "mqttTopic", "startingOffsets", "endingOffsets",
+    "maxOffsetsPerTrigger", "failOnDataLoss", "lmq.pullBatchSize", "lmq.requestTimeout",
+)
+#: Options the sink understands.
+SINK_OPTIONS = (
+    "lmq.namesrv", "topic", "lmq.producerGroup", "lmq.commitTopic", "lmq.requestTimeout",
+    "lmq.queryId",
+)
+#: Spark sets these itself on streaming queries.
+_SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid"})
+
+#: Messages asked for in one pull (the broker caps it at its max_pull_msg_nums, 32).
+DEFAULT_PULL_BATCH = 32
+
+
+class LmqOptionError(ValueError):
+    """A bad or unknown option of the `lmq` data source."""
+
+
+def check_known(options: Mapping[str, str], known: tuple[str, ...], what: str) -> dict[str, str]:
+    """The options with lower-case names; an unknown name raises LmqOptionError (Spark
+    hands option names over lower-cased, so the error shows them so)."""
+    lows = {k.lower() for k in known}
+    out: dict[str, str] = {}
+    for name, value in options.items():
+        low = name.lower()
+        if low in _SPARK_INTERNAL:
+            continue
+        if low not in lows:
+            raise LmqOptionError(
+                f"unknown option {name!r} for the lmq {what}; known: {', '.join(known)}")
+        out[low] = value
+    return out
+
+
+def _bool(name: str, value: str) -> bool:
+    low = value.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise LmqOptionError(f"option {name!r} must be true or false, not {value!r}")
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise LmqOptionError(f"option {name!r} must be a positive integer, not {value!r}") from None
+    if n <= 0:
+        raise LmqOptionError(f"option {name!r} must be a positive integer, not {value!r}")
+    return n
+
+
+def parse_offsets(name: str, value: str | None, default: int,
+                  allow_earliest: bool = True) -> int | dict[str, dict[str, int]]:
+    """``earliest`` / ``latest`` (EARLIEST / LATEST) or JSON per queue:
+    ``{"Topic": {"broker-a/0": 12, "1": -2}}`` — a key without ``broker/`` applies to that
+    queue id on every broker; -2 means earliest and -1 latest, as in Kafka."""
+    if value is None:
+        return default
+    text = value.strip()
+    if text.lower() == "earliest":
+        if not allow_earliest:
+            raise LmqOptionError(f"option {name!r} cannot be 'earliest'")
+        return EARLIEST
+    if text.lower() == "latest":
+        return LATEST
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise LmqOptionError(
+            f"option {name!r} must be 'earliest', 'latest' or JSON per queue, not {value!r}") from None
+    if not isinstance(obj, dict):
+        raise LmqOptionError(f"option {name!r}: JSON must map topics to {{queue: offset}}")
+    out: dict[str, dict[str, int]] = {}
+    for topic, queues in obj.items():
+        if not isinstance(queues, dict):
+            raise LmqOptionError(f"option {name!r}: topic {topic!r} must map queues to offsets")
+        per: dict[str, int] = {}
+        for q, off in queues.items():
+            if not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
+                raise LmqOptionError(f"option {name!r}: offset of {topic}/{q} must be an integer >= -2")
+            if off == EARLIEST and not allow_earliest:
+                raise LmqOptionError(f"option {name!r}: -2 (earliest) is not allowed here")
+            qid = q.rpartition("/")[2]
+            if not qid.isdigit():
+                raise LmqOptionError(f"option {name!r}: queue {q!r} must be 'broker/id' or 'id'")
+            per[q] = off
+        out[str(topic)] = per
+    return out
+
+
+@dataclass(slots=True)
+class SourceOptions:
+    namesrv: str
+    topics: list[str]
+    mqtt_filter: str | None
+    starting: int | dict = EARLIEST
+    ending: int | dict = LATEST
+    max_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    pull_batch: int = DEFAULT_PULL_BATCH
+    request_timeout: float = 10.0
+    extra: dict = field(default_factory=dict)
+
+
+def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
+    opts = check_known(options, SOURCE_OPTIONS, "source")
+    namesrv = opts.get("lmq.namesrv", "").strip()
+    if not namesrv:
+        raise LmqOptionError("option 'lmq.namesrv' is required (name servers, ';'-separated)")
+    mqtt_filter = opts.get("mqtttopic")
+    topics = [t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()]
+    if mqtt_filter is not None:
+        from spark_sinks.mqtt import validate_filter
+        validate_filter(mqtt_filter)
+        if not topics:
+            topics = ["MQTT_MESSAGES"]  # the gateway's store topic (MqttConfig.store_topic)
+    elif not topics:
+        raise LmqOptionError("option 'subscribe' (comma-separated topics) or option "
+                             "'mqttTopic' is required")
+    starting = parse_offsets("startingOffsets", opts.get("startingoffsets"),
+                             LATEST if streaming else EARLIEST)
+    if "endingoffsets" in opts and streaming:
+        raise LmqOptionError("option 'endingOffsets' is for batch queries only")
+    ending = parse_offsets("endingOffsets", opts.get("endingoffsets"), LATEST, allow_earliest=False)
+    max_per = opts.get("maxoffsetspertrigger")
+    return SourceOptions(
+        namesrv=namesrv,
+        topics=topics,
+        mqtt_filter=mqtt_filter,
+        starting=starting,
+        ending=ending,
+        max_per_trigger=_positive_int("maxOffsetsPerTrigger", max_per) if max_per else None,
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+        pull_batch=_positive_int("lmq.pullBatchSize", opts.get("lmq.pullbatchsize",
+                                                               str(DEFAULT_PULL_BATCH))),
+        request_timeout=float(_positive_int("lmq.requestTimeout",
+                                            opts.get("lmq.requesttimeout", "10"))),
+    )
+
+
+class LmqDataLossError(RuntimeError):
+    """Messages of a planned range are gone and `failOnDataLoss` is true."""

@@ -1,0 +1,124 @@
+"""The source's row schema and the conversion of pulled messages into Arrow record batches.
+
+Columns (modelled on Spark's Kafka source; docs/spark.md): ``key`` (the message KEYS, as
+text), ``value`` (body, binary), ``topic``, ``queueId``, ``queueOffset``, ``brokerName``,
+``timestamp`` (store time), ``bornTimestamp``, ``tags``, ``msgId`` (UNIQ_KEY, else the
+offset id), ``properties`` (every message property), and for MQTT traffic stored by the
+gateway ``mqttTopic``, ``qos`` and ``retain`` (null for other messages).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from core.common.message import MessageExt
+from core.common.properties import MessageConst
+
+#: DDL of the source's rows (`spark.read.format("lmq").schema` cannot change it).
+SOURCE_SCHEMA_DDL = (
+    "key string, value binary, topic string, queueId int, queueOffset long, "
+    "brokerName string, timestamp timestamp, bornTimestamp timestamp, tags string, "
+    "msgId string, properties map<string,string>, mqttTopic string, qos int, retain boolean"
+)
+
+# Property names of the MQTT gateway's stored form (gateway/mqtt/message.py, docs/mqtt.md).
+MQTT_TOPIC = "MQTT_TOPIC"
+MQTT_QOS = "MQTT_QOS"
+MQTT_RETAIN = "MQTT_RETAIN"
+
+ARROW_SCHEMA = pa.schema([
+    ("key", pa.string()),
+    ("value", pa.binary()),
+    ("topic", pa.string()),
+    ("queueId", pa.int32()),
+    ("queueOffset", pa.int64()),
+    ("brokerName", pa.string()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("bornTimestamp", pa.timestamp("us", tz="UTC")),
+    ("tags", pa.string()),
+    ("msgId", pa.string()),
+    ("properties", pa.map_(pa.string(), pa.string())),
+    ("mqttTopic", pa.string()),
+    ("qos", pa.int32()),
+    ("retain", pa.bool_()),
+])
+
+
+def mqtt_topic_of(props: dict[str, str]) -> str | None:
+    """The MQTT topic the gateway stored with a message (plain or base64 form), or None."""
+    value = props.get(MQTT_TOPIC)
+    if value is not None:
+        return value
+    raw = props.get(MQTT_TOPIC + "64")
+    if raw is None:
+        return None
+    try:
+        return base64.b64decode(raw).decode("utf-8")
+    except ValueError:
+        return None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+#: Properties the pull path adds to each message (not part of the stored message).
+_PULL_ONLY = frozenset({MessageConst.MIN_OFFSET, MessageConst.MAX_OFFSET})
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _ms_to_ts(ms: list[int]) -> pa.Array:
+    return pc.multiply(pa.array(ms, pa.int64()), 1000).cast(_TS)
+
+
+def to_record_batch(msgs: list[MessageExt], broker_name: str) -> pa.RecordBatch:
+    """One Arrow record batch holding `msgs` as source rows."""
+    keys, values, topics, qids, offsets, stores, borns = [], [], [], [], [], [], []
+    tags, ids, props, mtopics, qoss, retains = [], [], [], [], [], []
+    for m in msgs:
+        p = m.properties
+        keys.append(p.get(MessageConst.KEYS))
+        values.append(m.body)
+        topics.append(m.topic)
+        qids.append(m.queue_id)
+        offsets.append(m.queue_offset)
+        stores.append(m.store_timestamp)
+        borns.append(m.born_timestamp)
+        tags.append(p.get(MessageConst.TAGS))
+        ids.append(m.msg_id)
+        props.append([kv for kv in p.items() if kv[0] not in _PULL_ONLY])
+        mtopic = mqtt_topic_of(p)
+        mtopics.append(mtopic)
+        if mtopic is None:
+            qoss.append(None)
+            retains.append(None)
+        else:
+            qoss.append(_int_or_none(p.get(MQTT_QOS)) or 0)
+            retains.append(p.get(MQTT_RETAIN) == "1")
+    n = len(msgs)
+    columns = [
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.binary()),
+        pa.array(topics, pa.string()),
+        pa.array(qids, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array([broker_name] * n, pa.string()),
+        _ms_to_ts(stores),
+        _ms_to_ts(borns),
+        pa.array(tags, pa.string()),
+        pa.array(ids, pa.string()),
+        pa.array(props, pa.map_(pa.string(), pa.string())),
+        pa.array(mtopics, pa.string()),
+        pa.array(qoss, pa.int32()),
+        pa.array(retains, pa.bool_()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

@@ -1,0 +1,261 @@
+"""`df.write.format("lmq")` and `df.writeStream.format("lmq")` (docs/spark.md).
+
+Tasks send every row as a transactional half message (invisible to consumers) and hand
+the handles to the driver. Batch writes: the driver's commit commits them all, abort rolls
+them back. Streaming (exactly once): the driver's ``commit(messages, batchId)`` first
+looks for the commit record of (query id, batch id); when there is none it stores the
+record (listing the halves) and then commits the halves; when there is one, the batch is
+a replay: its new halves are rolled back, and the halves of the record that are not in
+their topic yet (a crash between the record and the commits) are committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from core.client.transaction import LocalTransactionState
+from core.common.message import Message
+from spark_sinks.conn import client_for
+from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known
+from spark_sinks.txn import (
+    P_BATCH,
+    P_QUERY,
+    P_TASK,
+    Half,
+    end_halves,
+    find_record,
+    halves_of,
+    send_halves,
+    uncommitted,
+    write_record,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP = "SPARK_LMQ_SINK"
+DEFAULT_COMMIT_TOPIC = "SPARK_LMQ_COMMITS"
+#: Rows handed to the client thread at a time by a task.
+CHUNK_ROWS = 1000
+
+_COLUMNS = {"value", "key", "topic", "tags", "properties"}
+
+
+@dataclass(slots=True)
+class SinkOptions:
+    namesrv: str
+    topic: str | None
+    group: str = DEFAULT_GROUP
+    commit_topic: str = DEFAULT_COMMIT_TOPIC
+    request_timeout: float = 10.0
+    query_id: str | None = None
+    checkpoint: str | None = None
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    low = {k.lower(): v for k, v in options.items()}
+    opts = check_known(options, SINK_OPTIONS, "sink")
+    namesrv = opts.get("lmq.namesrv", "").strip()
+    if not namesrv:
+        raise LmqOptionError("option 'lmq.namesrv' is required (name servers, ';'-separated)")
+    try:
+        timeout = float(opts.get("lmq.requesttimeout", "10"))
+    except ValueError:
+        raise LmqOptionError("option 'lmq.requestTimeout' must be a number of seconds") from None
+    return SinkOptions(namesrv=namesrv, topic=opts.get("topic") or None,
+                       group=opts.get("lmq.producergroup", DEFAULT_GROUP),
+                       commit_topic=opts.get("lmq.committopic", DEFAULT_COMMIT_TOPIC),
+                       request_timeout=timeout, query_id=opts.get("lmq.queryid"),
+                       checkpoint=low.get("checkpointlocation"))
+
+
+def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
+    """Column name -> index; refuses a missing `value`, unknown columns and wrong types."""
+    idx = {}
+    for i, f in enumerate(schema.fields):
+        if f.name not in _COLUMNS:
+            raise LmqOptionError(f"column {f.name!r} is not written by the lmq sink; "
+                                 f"its columns: {', '.join(sorted(_COLUMNS))}")
+        if f.name == "value" and not isinstance(f.dataType, (BinaryType, StringType)):
+            raise LmqOptionError("column 'value' must be binary or string")
+        if f.name in ("key", "topic", "tags") and not isinstance(f.dataType, StringType):
+            raise LmqOptionError(f"column {f.name!r} must be a string")
+        if f.name == "properties" and not isinstance(f.dataType, MapType):
+            raise LmqOptionError("column 'properties' must be a map<string,string>")
+        idx[f.name] = i
+    if "value" not in idx:
+        raise LmqOptionError("the lmq sink needs a 'value' column")
+    if "topic" not in idx and not opts.topic:
+        raise LmqOptionError("give the option 'topic' or a 'topic' column")
+    return idx
+
+
+@dataclass
+class LmqCommitMessage(WriterCommitMessage):
+    task: str
+    halves: list[Half] = field(default_factory=list)
+
+
+# -- executor side -------------------------------------------------------------------------
+
+_producers: dict[tuple[str, str], object] = {}
+_plock = threading.Lock()
+
+
+def _producer(opts: SinkOptions):
+    """The process's transaction producer of the sink group (started once, reused)."""
+    key = (opts.namesrv, opts.group)
+    with _plock:
+        p = _producers.get(key)
+        if p is None:
+            client = client_for(opts.namesrv, opts.request_timeout)
+
+            async def check(msg):  # the broker's back-check of an unresolved half
+                return await _check_half(client.instance, opts, msg)
+
+            p = client.transaction_producer(
+                opts.group, execute_local=lambda _m, _a: LocalTransactionState.UNKNOW,
+                check=check, retry_times=0)
+            p.start()
+            _producers[key] = p
+        return p
+
+
+async def _check_half(instance, opts: SinkOptions, msg) -> LocalTransactionState:
+    query, batch = msg.properties.get(P_QUERY), msg.properties.get(P_BATCH)
+    if not query or batch is None:
+        return LocalTransactionState.UNKNOW
+    record = await find_record(instance, opts.commit_topic, query, int(batch))
+    if record is None:
+        return LocalTransactionState.UNKNOW
+    uniq = msg.uniq_key
+    if any(h.uniq == uniq for h in halves_of(record)):
+        return LocalTransactionState.COMMIT_MESSAGE
+    return LocalTransactionState.ROLLBACK_MESSAGE
+
+
+def _to_message(row, idx: dict[str, int], default_topic: str | None) -> Message:
+    value = row[idx["value"]]
+    if value is None:
+        raise ValueError("the lmq sink cannot write a null 'value'")
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    topic = (row[idx["topic"]] if "topic" in idx else None) or default_topic
+    if not topic:
+        raise ValueError("a row has no topic (null 'topic' column and no 'topic' option)")
+    msg = Message(topic, bytes(value))
+    if "key" in idx and row[idx["key"]]:
+        msg.keys = [row[idx["key"]]]
+    if "tags" in idx and row[idx["tags"]]:
+        msg.tags = row[idx["tags"]]
+    if "properties" in idx and row[idx["properties"]]:
+        for k, v in row[idx["properties"]].items():
+            if k is not None and v is not None:
+                msg.properties[str(k)] = str(v)
+    return msg
+
+
+def write_halves(opts: SinkOptions, idx: dict[str, int], rows: Iterator, query: str,
+                 batch: int) -> LmqCommitMessage:
+    producer = _producer(opts)
+    client = client_for(opts.namesrv, opts.request_timeout)
+    task = uuid.uuid4().hex
+    tag = {P_QUERY: query, P_BATCH: str(batch), P_TASK: task}
+    out = LmqCommitMessage(task)
+    chunk: list[Message] = []
+    for row in rows:
+        chunk.append(_to_message(row, idx, opts.topic))
+        if len(chunk) >= CHUNK_ROWS:
+            out.halves.extend(client.call(send_halves, producer.target, chunk, tag))
+            chunk = []
+    if chunk:
+        out.halves.extend(client.call(send_halves, producer.target, chunk, tag))
+    return out
+
+
+def _all_halves(messages) -> list[Half]:
+    return [h for m in messages if isinstance(m, LmqCommitMessage) for h in m.halves]
+
+
+def _end(opts: SinkOptions, halves: list[Half], commit: bool) -> None:
+    if halves:
+        client = client_for(opts.namesrv, opts.request_timeout)
+        client.call(end_halves, client.instance, opts.group, halves, commit)
+
+
+# -- writers -------------------------------------------------------------------------------
+
+
+class LmqBatchWriter(DataSourceWriter):
+    """All or nothing: the rows become visible when the job commits."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.idx = check_columns(schema, opts)
+        self.job = "batch-" + uuid.uuid4().hex
+
+    def write(self, iterator: Iterator) -> LmqCommitMessage:
+        return write_halves(self.opts, self.idx, iterator, self.job, 0)
+
+    def commit(self, messages) -> None:
+        _end(self.opts, _all_halves(messages), True)
+
+    def abort(self, messages) -> None:
+        _end(self.opts, _all_halves(messages), False)
+
+
+def _query_id_from_checkpoint(checkpoint: str | None) -> str:
+    if not checkpoint:
+        raise LmqOptionError("the lmq streaming sink needs a checkpointLocation (or 'lmq.queryId')")
+    path = checkpoint[len("file:"):] if checkpoint.startswith("file:") else checkpoint
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            return str(json.loads(f.readline())["id"])
+    except (OSError, ValueError, KeyError):
+        raise LmqOptionError(f"cannot read the query id from {checkpoint}/metadata; set the "
+                             "option 'lmq.queryId' to a name unique to this query") from None
+
+
+class LmqStreamWriter(DataSourceStreamWriter):
+    """Exactly-once micro-batches (see the module docstring)."""
+
+    def __init__(self, opts: SinkOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.idx = check_columns(schema, opts)
+        self.query = opts.query_id or _query_id_from_checkpoint(opts.checkpoint)
+
+    def write(self, iterator: Iterator) -> LmqCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        return write_halves(self.opts, self.idx, iterator, self.query,
+                            int(batch) if batch is not None else -1)
+
+    def commit(self, messages, batchId: int) -> None:
+        opts = self.opts
+        halves = _all_halves(messages)
+        client = client_for(opts.namesrv, opts.request_timeout)
+        inst = client.instance
+        record = client.call(find_record, inst, opts.commit_topic, self.query, batchId)
+        if record is not None:
+            log.warning("lmq sink: batch %d of query %s was committed before; dropping the "
+                        "replay", batchId, self.query)
+            _end(opts, halves, False)
+            _end(opts, client.call(uncommitted, inst, halves_of(record)), True)
+            return
+        producer = _producer(opts)
+        client.call(write_record, inst, producer.target, opts.commit_topic, self.query,
+                    batchId, halves)
+        _end(opts, halves, True)
+
+    def abort(self, messages, batchId: int) -> None:
+        _end(self.opts, _all_halves(messages), False)

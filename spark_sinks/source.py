@@ -1,0 +1,256 @@
+"""`spark.read.format("lmq")` and `spark.readStream.format("lmq")` (docs/spark.md).
+
+One Spark partition per (topic, broker, queue) with messages in the offset range
+[start, end); a range is read by pulls from its start offset, so the same range yields
+the same rows after a restart (Spark's offset log holds the ranges: exactly-once input).
+Offsets, in the offset log and in ``startingOffsets`` / ``endingOffsets``, are JSON
+``{"Topic": {"broker-a/0": 12, ...}}``: the next queue offset to read per queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from core.client.model import MessageQueue, PullStatus
+from core.client.pull_consumer import PullConsumer
+from spark_sinks.conn import client_for
+from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
+from spark_sinks.rows import mqtt_topic_of, to_record_batch
+
+log = logging.getLogger(__name__)
+
+#: Consumer group named in pull requests (nothing is committed under it).
+READER_GROUP = "SPARK_LMQ_READER"
+
+Key = tuple[str, str, int]  # (topic, broker name, queue id)
+
+
+def _qkey(broker: str, qid: int) -> str:
+    return f"{broker}/{qid}"
+
+
+@dataclass(frozen=True)
+class QueueRange(InputPartition):
+    """One partition: the messages of one queue with start <= queueOffset < end.
+    `start` may be EARLIEST (a queue first seen in this batch: its oldest message)."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    start: int
+    end: int
+
+
+# -- driver side: queue discovery and offset resolution ---------------------------------
+
+
+async def _bounds(instance, topics: list[str]) -> dict[Key, tuple[int, int]]:
+    """(min offset, max offset) of every readable queue of `topics`."""
+    pc = PullConsumer(instance, READER_GROUP)
+    out: dict[Key, tuple[int, int]] = {}
+    for topic in topics:
+        route = await instance.update_route(topic)
+        if route is None:
+            continue  # no such topic yet: no queues, nothing to read
+        for mq in route.subscribe_queues(topic):
+            out[(topic, mq.broker_name, mq.queue_id)] = (await pc.min_offset(mq),
+                                                         await pc.max_offset(mq))
+    return out
+
+
+def queue_bounds(opts: SourceOptions) -> dict[Key, tuple[int, int]]:
+    client = client_for(opts.namesrv, opts.request_timeout)
+    return client.call(_bounds, client.instance, list(opts.topics))
+
+
+def _spec_for(spec: dict, key: Key) -> int | None:
+    per = spec.get(key[0])
+    if per is None:
+        return None
+    v = per.get(_qkey(key[1], key[2]))
+    return per.get(str(key[2])) if v is None else v
+
+
+def resolve(spec: int | dict, bounds: dict[Key, tuple[int, int]], default: int) -> dict[Key, int]:
+    """Concrete offsets for every queue: EARLIEST = min offset, LATEST = max offset; queues a
+    JSON spec leaves out get `default`."""
+    out = {}
+    for key, (lo, hi) in bounds.items():
+        v = spec if isinstance(spec, int) else _spec_for(spec, key)
+        if v is None:
+            v = default
+        out[key] = lo if v == EARLIEST else hi if v == LATEST else v
+    return out
+
+
+def to_json(offsets: dict[Key, int]) -> dict:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, broker, qid), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[_qkey(broker, qid)] = off
+    return out
+
+
+def from_json(obj: dict) -> dict[Key, int]:
+    out = {}
+    for topic, per in obj.items():
+        for q, off in per.items():
+            broker, _, qid = q.rpartition("/")
+            out[(topic, broker, int(qid))] = int(off)
+    return out
+
+
+def split_limit(start: dict[Key, int], latest: dict[Key, int], limit: int) -> dict[Key, int]:
+    """End offsets that admit at most `limit` messages in all, shared among the queues in
+    proportion to their backlog (largest remainders get the leftovers)."""
+    backlog = {k: max(0, latest[k] - start.get(k, 0)) for k in latest}
+    total = sum(backlog.values())
+    if total <= limit:
+        return dict(latest)
+    shares = {k: limit * b / total for k, b in backlog.items()}
+    take = {k: int(s) for k, s in shares.items()}
+    left = limit - sum(take.values())
+    for k in sorted(shares, key=lambda k: (take[k] - shares[k], k))[:left]:
+        take[k] += 1
+    return {k: start.get(k, 0) + take[k] for k in latest}
+
+
+def make_partitions(start: dict[Key, int], end: dict[Key, int]) -> list[QueueRange]:
+    parts = []
+    for key in sorted(end):
+        s = start.get(key, EARLIEST)
+        if s == EARLIEST or end[key] > s:
+            parts.append(QueueRange(key[0], key[1], key[2], s, end[key]))
+    return parts
+
+
+# -- executor side: reading one range --------------------------------------------------------
+
+
+def _data_loss(opts: SourceOptions, what: str) -> None:
+    if opts.fail_on_data_loss:
+        raise LmqDataLossError(
+            f"{what}; the messages were deleted (retention) or the queue was reset. "
+            "Set failOnDataLoss=false to skip such ranges with a warning.")
+    log.warning("lmq source skips lost messages: %s", what)
+
+
+def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
+    """Arrow record batches of the messages in `part` (filtered by `mqttTopic` if set)."""
+    client = client_for(opts.namesrv, opts.request_timeout)
+    pc = client.pull_consumer(READER_GROUP)
+    mq = MessageQueue(part.topic, part.broker, part.queue_id)
+    offset, end = part.start, part.end
+    if offset == EARLIEST:
+        offset = min(pc.min_offset(mq), end)
+    elif end < offset:
+        _data_loss(opts, f"{mq}: end offset {end} is below start offset {offset}")
+        return
+    flt = opts.mqtt_filter
+    if flt is not None:
+        from spark_sinks.mqtt import topic_matches
+    while offset < end:
+        res = pc.pull(mq, None, offset, min(opts.pull_batch, end - offset))
+        if res.status is PullStatus.FOUND and res.messages:
+            msgs = res.messages
+            first = msgs[0].queue_offset
+            if first > offset:
+                _data_loss(opts, f"{mq}: offsets {offset}..{first - 1} are gone")
+            msgs = [m for m in msgs if m.queue_offset < end]
+            offset = max(offset + 1, msgs[-1].queue_offset + 1 if msgs else end)
+            if flt is not None:
+                msgs = [m for m in msgs
+                        if (t := mqtt_topic_of(m.properties)) is not None and topic_matches(flt, t)]
+            if msgs:
+                yield to_record_batch(msgs, part.broker)
+            continue
+        nxt = res.next_begin_offset
+        if res.status is PullStatus.OFFSET_ILLEGAL or nxt > offset or res.min_offset > offset:
+            new = max(nxt, res.min_offset)
+            if new <= offset:
+                raise LmqDataLossError(f"{mq}: offset {offset} is illegal (queue {res.min_offset}"
+                                       f"..{res.max_offset})")
+            _data_loss(opts, f"{mq}: offsets {offset}..{min(new, end) - 1} are gone")
+            offset = new
+            continue
+        # NO_NEW_MSG below `end`: the queue shrank (broker data reset) — nothing more to read.
+        _data_loss(opts, f"{mq}: offsets {offset}..{end - 1} are not in the queue "
+                         f"(max offset {res.max_offset})")
+        return
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+class LmqBatchReader(DataSourceReader):
+    """Batch read of the ranges fixed when the query is planned."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        bounds = queue_bounds(opts)
+        start = resolve(opts.starting, bounds, EARLIEST)
+        end = resolve(opts.ending, bounds, LATEST)
+        self.ranges = make_partitions(start, end)
+
+    def partitions(self) -> list[QueueRange]:
+        return self.ranges
+
+    def read(self, partition: QueueRange) -> Iterator:
+        return read_range(self.opts, partition)
+
+
+class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader with admission control (`maxOffsetsPerTrigger`)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._until: dict[Key, int] | None = None  # set by Trigger.AvailableNow
+
+    def initialOffset(self) -> dict:
+        bounds = queue_bounds(self.opts)
+        return to_json(resolve(self.opts.starting, bounds, EARLIEST))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_per_trigger:
+            return ReadMaxRows(self.opts.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._until = {k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()}
+
+    def _latest(self) -> dict[Key, int]:
+        latest = {k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()}
+        if self._until is not None:
+            latest = {k: min(v, self._until.get(k, v)) for k, v in latest.items()
+                      if k in self._until}
+        return latest
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = from_json(start)
+        latest = self._latest()
+        for k, v in begin.items():  # never move a queue backwards; keep vanished queues
+            latest[k] = max(latest.get(k, v), v)
+        if isinstance(limit, ReadMaxRows):
+            latest = split_limit(begin, latest, int(limit.max_rows))
+        return to_json(latest)
+
+    def reportLatestOffset(self) -> dict:
+        return to_json({k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()})
+
+    def partitions(self, start: dict, end: dict) -> list[QueueRange]:
+        return make_partitions(from_json(start), from_json(end))
+
+    def read(self, partition: QueueRange) -> Iterator:
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        return None

@@ -1,0 +1,102 @@
+"""Fixtures of the Spark tests: a real name server + broker on free ports (served from a
+background thread: Spark's Python workers reach it over TCP) and one small local Spark
+session per test module."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+pyspark = pytest.importorskip("pyspark")
+
+from tests.core.client.cluster import cluster  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_cluster(**broker_kw):
+    """(box, stop) — box has `addr` (name server), `broker` (address), `cluster`."""
+    ready = threading.Event()
+    box: dict = {}
+
+    async def main():
+        async with cluster(**broker_kw) as c:
+            box.update(addr=c.namesrv_addr, broker=c.broker_addrs[0], cluster=c,
+                       token=trio.lowlevel.current_trio_token(), stop=trio.Event())
+            ready.set()
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    assert ready.wait(30), "cluster did not start"
+
+    def stop():
+        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
+        thread.join(30)
+    return box, stop
+
+
+@pytest.fixture(scope="module")
+def lmq_cluster():
+    box, stop = start_cluster()
+    yield box
+    stop()
+
+
+def make_spark(app: str, master: str = "local[2]"):
+    from pyspark.sql import SparkSession
+
+    from spark_sinks import register
+
+    # Spark's Python workers must import this worktree's packages.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false")
+             .config("spark.driver.memory", "512m")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = make_spark("lmq-tests")
+    yield s
+    s.stop()
+
+
+def topic_with_queues(addr: str, topic: str, queues: int = 4) -> None:
+    from core.client.blocking import BlockingClient
+
+    with BlockingClient(addr) as c:
+        c.admin().topic_create(topic, read_queue_nums=queues, write_queue_nums=queues)
+
+
+def send_to_queues(addr: str, topic: str, counts: dict[int, int], prefix: str = "v",
+                   broker: str = "broker-a") -> list[bytes]:
+    """Send counts[q] messages to queue q of `topic`; the bodies, in send order."""
+    from core.client import Message, MessageQueue
+    from core.client.blocking import BlockingClient
+
+    bodies = []
+    with BlockingClient(addr) as c, c.producer("PG_SPARK_TEST") as p:
+        for q, n in counts.items():
+            for i in range(n):
+                body = f"{prefix}-{q}-{i}".encode()
+                m = Message(topic, body)
+                m.keys = [f"k-{q}-{i}"]
+                m.tags = f"t{q}"
+                m.properties["seq"] = str(i)
+                p.send_to_queue(m, MessageQueue(topic, broker, q))
+                bodies.append(body)
+    return bodies
