@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 from typing import TYPE_CHECKING
 
 import trio
 
 from core.client import PullStatus
+from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import PacketTooLarge, Publish, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
@@ -100,18 +100,6 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
     return data
 
 
-def _writable(stream) -> bool:
-    """Has the kernel room for more of this stream's output now? (unknown: False)"""
-    sock = getattr(stream, "socket", None)
-    if sock is None:
-        sock = getattr(getattr(stream, "transport_stream", None), "socket", None)
-    if sock is None:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLOUT)
-    return bool(poller.poll(0))
-
-
 class Pump:
     """The delivery task of one connected session (see the module doc)."""
 
@@ -136,7 +124,7 @@ class Pump:
         if not self.held_since:
             return False
         if self.conn.out_bytes or getattr(self.conn, "_writing", False):
-            return not _writable(self.conn.stream)
+            return not writable(self.conn.stream)
         return True
 
     # -- main loop ---------------------------------------------------------------------

@@ -23,11 +23,12 @@ Connections that only subscribe always read, so PUBACKs and PINGREQs keep flowin
 from __future__ import annotations
 
 import logging
+import select
 from typing import Protocol
 
 import trio
 
-__all__ = ["DeliveryGate", "STUCK_S"]
+__all__ = ["DeliveryGate", "STUCK_S", "writable"]
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +98,15 @@ class DeliveryGate:
                 log.info("delivery to %r is held up by its client; publishers no longer wait "
                          "for it", getattr(member, "client_id", "?"))
                 self.set_behind(member, False)
+
+
+def writable(stream) -> bool:
+    """Has the kernel room for more of this stream's output now? (unknown: False)"""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        sock = getattr(getattr(stream, "transport_stream", None), "socket", None)
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
