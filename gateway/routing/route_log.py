@@ -143,7 +143,15 @@ class RouteLog:
         self._ack_offset = await self.client.api.get_max_offset(self.addr, cfg.ack_topic, 0)
 
     async def _load_snapshot(self) -> int | None:
-        """Load the newest complete snapshot; the log offset to read from, or None."""
+        """Load the newest complete snapshot; the log offset to read from, or None (no
+        usable snapshot: read the whole log)."""
+        try:
+            return await self._read_snapshot()
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("route snapshot unusable, reading the whole log: %s", exc)
+            return None
+
+    async def _read_snapshot(self) -> int | None:
         topic = self.config.snap_topic
         end = await self.client.api.get_max_offset(self.addr, topic, 0)
         low = await self.client.api.get_min_offset(self.addr, topic, 0)
@@ -155,7 +163,7 @@ class RouteLog:
         head = json.loads(last.messages[0].body)
         version, parts = int(head["v"]), int(head["n"])
         first = end - parts
-        if first < low:
+        if parts < 1 or first < low:
             return None
         routes: list[dict] = []
         offset = first

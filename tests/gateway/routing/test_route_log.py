@@ -114,6 +114,21 @@ def test_restart_rebuilds_from_snapshot_and_log(tmp_path):
     run(tmp_path, fn)
 
 
+def test_malformed_snapshot_falls_back_to_the_log(tmp_path):
+    async def fn(gateway):
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, gateway("gw-a"))
+            await a.add_route(Route("direct", "k", "QD", "ex"))
+            await a.write_snapshot()
+            await a.add_route(Route("direct", "k2", "QD2", "ex"))
+            await a._send(a.config.snap_topic, b'{"v": "x"')  # a broken newest snapshot
+            c = await start(nursery, gateway("gw-c"))
+            assert c.snapshot_version == 0 and set(c.table.routes()) == set(a.table.routes())
+            nursery.cancel_scope.cancel()
+
+    run(tmp_path, fn)
+
+
 def test_silent_gateway_stops_blocking_after_timeout(tmp_path):
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
