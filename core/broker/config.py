@@ -152,6 +152,11 @@ class BrokerConfig:
     tls_ca_file: str | None = None
     tls_verify: bool = True
 
+    # -- Apache-only strict mode (docs/stateless-gateways.md §5) ----------------------
+    #: Refuse (REQUEST_CODE_NOT_SUPPORTED) every request code Apache RocketMQ 5 lacks,
+    #: such as our private POP holder codes: proves a client would run against Apache.
+    apache_strict: bool = False
+
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)

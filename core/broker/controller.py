@@ -172,6 +172,10 @@ class BrokerController:
         for name in PROCESSOR_MODULES:
             module = importlib.import_module(f"core.broker.processors.{name}")
             module.register(table, self)
+        if self.config.apache_strict:
+            from core.broker.strict_mode import restrict
+
+            restrict(table)
         return table
 
     @property

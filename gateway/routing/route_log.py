@@ -1,0 +1,303 @@
+"""The shared routing table's trio driver: route log, snapshots and acknowledgements on
+system topics, with standard RocketMQ requests only (docs/stateless-gateways.md).
+
+* ``LMQ_GW_ROUTE_LOG`` (one queue): route changes (`LogEntry`). The version of an entry is
+  its queue offset + 1, assigned by the broker, so every writer's changes are ordered.
+* ``LMQ_GW_ROUTE_SNAP`` (one queue): table snapshots, in numbered parts; a gateway starts
+  from the newest complete one and reads the log after it.
+* ``LMQ_GW_ROUTE_ACK`` (one queue): ``{gateway, version}`` records, sent after each applied
+  batch and every `heartbeat_interval_s`. `AckTracker` (sans-IO) turns them into the set of
+  live gateways and the versions they applied.
+
+`RouteLog.add_route` appends an entry and returns once every live gateway reported that
+version, or after `ack_timeout_s`. Requests used: UPDATE_AND_CREATE_TOPIC, SEND_MESSAGE_V2,
+PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET: all in Apache RocketMQ 5.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from core.client import ClientInstance, MessageQueue, PullStatus
+from core.client.errors import MQClientError
+from core.common.sysflag import PullSysFlag
+from core.remoting.errors import RemotingError
+from gateway.routing.route_table import LogEntry, Route, RouteError, RouteTable
+
+__all__ = ["AckTracker", "RouteLog", "RouteLogConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RouteLogConfig:
+    """Settings of the route log (defaults documented in docs/stateless-gateways.md)."""
+
+    log_topic: str = "LMQ_GW_ROUTE_LOG"
+    snap_topic: str = "LMQ_GW_ROUTE_SNAP"
+    ack_topic: str = "LMQ_GW_ROUTE_ACK"
+    group: str = "LMQ_GW_ROUTES"
+    heartbeat_interval_s: float = 1.0
+    gateway_timeout_s: float = 5.0
+    ack_timeout_s: float = 3.0
+    pull_suspend_ms: int = 1000
+    pull_batch: int = 32
+    snapshot_every: int = 10_000
+    snapshot_part_routes: int = 5_000  # routes per snapshot message (well under 4 MiB)
+    max_routes: int = 1_000_000
+    retry_delay_s: float = 0.5  # after a failed pull or send
+
+
+class AckTracker:
+    """Which gateways are live and which table version each applied (sans-IO).
+
+    A gateway is live while its last report is younger than `timeout_s` (measured on the
+    local clock when the report was read, so peers' clocks do not matter).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._seen: dict[str, tuple[int, float]] = {}
+
+    def record(self, gateway: str, version: int, now: float) -> None:
+        old = self._seen.get(gateway)
+        self._seen[gateway] = (max(version, old[0]) if old else version, now)
+
+    def live(self, now: float) -> dict[str, int]:
+        """gateway -> applied version, for live gateways; forgets the silent ones."""
+        for g in [g for g, (_, t) in self._seen.items() if now - t > self.timeout_s]:
+            del self._seen[g]
+        return {g: v for g, (v, _) in self._seen.items()}
+
+    def lagging(self, version: int, now: float) -> list[str]:
+        """Live gateways that have not applied `version` yet."""
+        return [g for g, v in self.live(now).items() if v < version]
+
+
+class RouteLog:
+    """One gateway's copy of the routing table, kept in step with the cluster."""
+
+    def __init__(self, client: ClientInstance, broker_addr: str, broker_name: str,
+                 gateway_id: str, config: RouteLogConfig | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.addr = broker_addr
+        self.broker_name = broker_name
+        self.gateway_id = gateway_id
+        self.config = config or RouteLogConfig()
+        self.table = RouteTable(max_routes=self.config.max_routes)
+        self.acks = AckTracker(self.config.gateway_timeout_s)
+        self.clock = clock
+        self.snapshot_version = 0  # version of the snapshot this table was loaded from
+        self._changed = trio.Event()  # set (and replaced) on every applied batch / ack read
+        self._log_offset = 0
+        self._ack_offset = 0
+        self._last_snapshot = 0
+
+    # ------------------------------------------------------------------ broker I/O
+    def _mq(self, topic: str) -> MessageQueue:
+        return MessageQueue(topic, self.broker_name, 0)
+
+    async def _send(self, topic: str, body: bytes) -> int:
+        """Append `body` to queue 0 of `topic`; its queue offset."""
+        ext = {"a": self.config.group, "b": topic, "c": "TBW102", "d": "1", "e": "0",
+               "f": "0", "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0",
+               "k": "false", "m": "false"}
+        result = await self.client.api.send_message(
+            self.addr, self._mq(topic), ext, body, batch=False, uniq_id="")
+        assert result is not None
+        return result.queue_offset
+
+    async def _pull(self, topic: str, offset: int, suspend_ms: int, max_nums: int | None = None):
+        flag = PullSysFlag.SUBSCRIPTION | (PullSysFlag.SUSPEND if suspend_ms else 0)
+        ext = {"consumerGroup": self.config.group, "topic": topic, "queueId": "0",
+               "queueOffset": str(offset), "maxMsgNums": str(max_nums or self.config.pull_batch),
+               "sysFlag": str(int(flag)), "commitOffset": "0",
+               "suspendTimeoutMillis": str(suspend_ms), "subscription": "*",
+               "subVersion": "0", "expressionType": "TAG"}
+        timeout = suspend_ms / 1000.0 + self.client.config.request_timeout
+        return await self.client.api.pull_message(self.addr, ext, timeout)
+
+    async def ensure_topics(self) -> None:
+        for topic in (self.config.log_topic, self.config.snap_topic, self.config.ack_topic):
+            await self.client.api.create_topic(self.addr, topic, 1, 1)
+
+    # ------------------------------------------------------------------ start-up
+    async def load(self) -> None:
+        """Newest complete snapshot, then the log after it, up to its current end."""
+        cfg = self.config
+        await self.ensure_topics()
+        start = await self._load_snapshot()
+        if start is None:
+            start = await self.client.api.get_min_offset(self.addr, cfg.log_topic, 0)
+        self._log_offset = start
+        while await self._apply_log(0):
+            pass
+        self._ack_offset = await self.client.api.get_max_offset(self.addr, cfg.ack_topic, 0)
+
+    async def _load_snapshot(self) -> int | None:
+        """Load the newest complete snapshot; the log offset to read from, or None (no
+        usable snapshot: read the whole log)."""
+        try:
+            return await self._read_snapshot()
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("route snapshot unusable, reading the whole log: %s", exc)
+            return None
+
+    async def _read_snapshot(self) -> int | None:
+        topic = self.config.snap_topic
+        end = await self.client.api.get_max_offset(self.addr, topic, 0)
+        low = await self.client.api.get_min_offset(self.addr, topic, 0)
+        if end <= low:
+            return None
+        last = await self._pull(topic, end - 1, 0, 1)
+        if last.status is not PullStatus.FOUND or not last.messages:
+            return None
+        head = json.loads(last.messages[0].body)
+        version, parts = int(head["v"]), int(head["n"])
+        first = end - parts
+        if parts < 1 or first < low:
+            return None
+        routes: list[dict] = []
+        offset = first
+        while offset < end:
+            got = await self._pull(topic, offset, 0, min(self.config.pull_batch, end - offset))
+            if got.status is not PullStatus.FOUND:
+                return None
+            for msg in got.messages:
+                part = json.loads(msg.body)
+                if int(part["v"]) != version or int(part["n"]) != parts:
+                    return None  # interleaved writers: fall back to the whole log
+                routes.extend(part["r"])
+            offset = got.next_begin_offset
+        self.table.load(version, routes)
+        self.snapshot_version = self._last_snapshot = version
+        return version  # version = offset of the last covered entry + 1
+
+    # ------------------------------------------------------------------ steady state
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _apply_log(self, suspend_ms: int) -> bool:
+        """One pull of the log; True if entries were applied."""
+        got = await self._pull(self.config.log_topic, self._log_offset, suspend_ms)
+        if got.status is PullStatus.OFFSET_ILLEGAL:
+            self._log_offset = max(got.next_begin_offset, got.min_offset)
+            return True
+        if got.status is not PullStatus.FOUND:
+            return False
+        for msg in got.messages:
+            version = msg.queue_offset + 1
+            try:
+                entry = LogEntry.decode(msg.body, version)
+            except RouteError as exc:
+                log.warning("route log entry %d skipped: %s", version, exc)
+                self.table.version = max(self.table.version, version)
+                continue
+            self.table.apply(entry)
+        self._log_offset = got.next_begin_offset
+        self._notify()
+        return True
+
+    async def report(self) -> None:
+        """Tell the others which version this gateway applied."""
+        body = json.dumps({"g": self.gateway_id, "v": self.table.version}).encode()
+        await self._send(self.config.ack_topic, body)
+
+    async def _log_loop(self) -> None:
+        while True:
+            try:
+                if await self._apply_log(self.config.pull_suspend_ms):
+                    await self.report()
+                    await self._maybe_snapshot()
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("route log pull failed: %s", exc)
+                await trio.sleep(self.config.retry_delay_s)
+
+    async def _ack_loop(self) -> None:
+        while True:
+            try:
+                got = await self._pull(self.config.ack_topic, self._ack_offset,
+                                       self.config.pull_suspend_ms)
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("route ack pull failed: %s", exc)
+                await trio.sleep(self.config.retry_delay_s)
+                continue
+            if got.status is PullStatus.FOUND:
+                now = self.clock()
+                for msg in got.messages:
+                    try:
+                        rec = json.loads(msg.body)
+                        self.acks.record(str(rec["g"]), int(rec["v"]), now)
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                self._notify()
+            if got.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
+                self._ack_offset = max(got.next_begin_offset, self._ack_offset)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self.report()
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("route heartbeat failed: %s", exc)
+            await trio.sleep(self.config.heartbeat_interval_s)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Load the table, then follow the log and the acknowledgements until cancelled."""
+        await self.load()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._log_loop)
+            nursery.start_soon(self._ack_loop)
+            nursery.start_soon(self._heartbeat_loop)
+            task_status.started()
+
+    # ------------------------------------------------------------------ changes
+    async def add_route(self, route: Route) -> tuple[int, bool]:
+        """Append an add; (version, True) once every live gateway applied it, or
+        (version, False) after `ack_timeout_s`."""
+        return await self._change(LogEntry("add", route))
+
+    async def remove_route(self, route: Route) -> tuple[int, bool]:
+        return await self._change(LogEntry("remove", route))
+
+    async def _change(self, entry: LogEntry) -> tuple[int, bool]:
+        version = await self._send(self.config.log_topic, entry.encode()) + 1
+        return version, await self.wait_applied(version)
+
+    async def wait_applied(self, version: int) -> bool:
+        """Wait until this gateway and every live one applied `version` (bounded)."""
+        with trio.move_on_after(self.config.ack_timeout_s):
+            while self.table.version < version or self.acks.lagging(version, self.clock()):
+                await self._changed.wait()
+            return True
+        return False
+
+    # ------------------------------------------------------------------ snapshots
+    async def _maybe_snapshot(self) -> None:
+        if self.table.version - self._last_snapshot < self.config.snapshot_every:
+            return
+        live = self.acks.live(self.clock())
+        if live and min(live) != self.gateway_id:
+            return  # the gateway with the smallest id writes snapshots
+        await self.write_snapshot()
+
+    async def write_snapshot(self) -> int:
+        """Write the table as it is now; the version it covers."""
+        version, routes = self.table.snapshot()
+        size = self.config.snapshot_part_routes
+        parts = max(1, math.ceil(len(routes) / size))
+        for i in range(parts):
+            body = json.dumps({"v": version, "n": parts, "i": i,
+                               "r": routes[i * size:(i + 1) * size]}, separators=(",", ":"))
+            await self._send(self.config.snap_topic, body.encode())
+        self._last_snapshot = version
+        return version
