@@ -306,6 +306,7 @@ class BrokerLink:
                         results[id(req)] = code
                     self._advance_tails(broker, chunk, code == STORED)
                     start = end
+                    await trio.lowlevel.checkpoint()  # a round is long: let others run
         finally:
             self._in_round = False
             late, self._late = self._late, []

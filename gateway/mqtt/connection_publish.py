@@ -28,6 +28,9 @@ __all__ = ["PublishHandler"]
 
 log = logging.getLogger(__name__)
 
+#: PUBLISHes handled in one go before the reader lets other tasks run.
+PUBLISHES_PER_STEP = 64
+
 _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
                "subscription_identifiers": ()}
 
@@ -113,6 +116,10 @@ class PublishHandler:
             link.submit(msg, lambda code: self._stored(pid, 2, code))
         if link.backlog >= link.dispatch_bound:
             await link.wait_for_space()
+        elif not link.backlog % PUBLISHES_PER_STEP:
+            # One socket read can hold hundreds of PUBLISHes: let other tasks (PINGREQs,
+            # deliveries) run between slices of it.
+            await trio.lowlevel.checkpoint()
 
     def _refused(self: Connection, p: Publish, code: int) -> None:
         if p.qos == 0:

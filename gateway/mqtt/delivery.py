@@ -44,8 +44,11 @@ log = logging.getLogger(__name__)
 
 #: Pause after a failed pull before the cursor is read again.
 PULL_RETRY_S = 1.0
-#: Pull-and-deliver rounds a pump runs before it writes and yields to other tasks.
+#: Pull-and-deliver rounds a pump runs before it writes and yields to other tasks, and
+#: the time they may take at most (the event loop stays responsive: PINGREQs, other
+#: sessions).
 TURN_BATCHES = 16
+TURN_BUDGET_S = 0.005
 
 
 def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
@@ -149,12 +152,13 @@ class Pump:
                 # In-process pulls do not yield: read and encode several batches per turn
                 # (the publishers' tasks each handle a whole socket read per turn too).
                 progress = False
+                budget = trio.current_time() + TURN_BUDGET_S
                 for _ in range(TURN_BATCHES):
                     await self.fill()
                     if not self.deliver():
                         break
                     progress = True
-                    if conn.out_bytes >= limit:
+                    if conn.out_bytes >= limit or trio.current_time() >= budget:
                         break
                 if conn.out:
                     self.held_since = trio.current_time()
