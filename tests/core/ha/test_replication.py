@@ -200,3 +200,25 @@ def test_topics_and_offsets_synced(tmp_path, role):
             assert slave.topic_config_manager.get(TOPIC) is not None
             assert slave.offset_manager.query("G1", TOPIC, 0) == 1
     trio.run(main)
+
+
+def test_native_client_pulls_from_slave_when_master_is_gone(tmp_path):
+    from core.client import ClientInstance, MessageQueue, PullConsumer, PullStatus
+
+    async def main():
+        async with cluster(tmp_path, role="ASYNC_MASTER") as (client, master, slave, ns, _n):
+            await wait_for(lambda: master.ha_master.slaves)
+            for i in range(3):
+                assert (await send(client, master, b"c%d" % i)).code == ResponseCode.SUCCESS
+            await wait_for(lambda: slave.store.max_physical_offset == master.store.max_physical_offset)
+            await slave.ha_slave.sync_config()
+            await slave.register_all()
+            master.stop()  # unregisters: the route keeps only the slave (brokerId 1)
+            await wait_for(lambda: not master.started)
+            async with ClientInstance(namesrv_addr=ns) as native:
+                pc = PullConsumer(native, "CG_HA")
+                await native.update_route(TOPIC)
+                r = await pc.pull(MessageQueue(TOPIC, "bk", 0), "*", 0)
+                assert r.status is PullStatus.FOUND
+                assert [m.body for m in r.messages] == [b"c0", b"c1", b"c2"]
+    trio.run(main)
