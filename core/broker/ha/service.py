@@ -89,6 +89,7 @@ class HAMaster:
         self._data = trio.Event()
         self._acked_changed = trio.Event()
         self._next_id = 0
+        self.refused = 0  # connections refused at the handshake
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -140,6 +141,7 @@ class HAMaster:
             with trio.fail_after(cfg.ha_handshake_timeout_s):
                 offset = await self._handshake(stream)
         except (HAProtocolError, trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            self.refused += 1
             log.warning("HA: refused slave %s: %s", peer, exc)
             await trio.aclose_forcefully(stream)
             return

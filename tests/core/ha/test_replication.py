@@ -181,7 +181,7 @@ def test_wrong_secret_is_refused(tmp_path):
     async def main():
         async with cluster(tmp_path, slave=False) as (client, master, _s, ns, nursery):
             bad = await start_slave(nursery, tmp_path, master, ns, ha_secret="wrong")
-            await trio.sleep(0.3)
+            await wait_for(lambda: master.ha_master.refused >= 1)
             assert not master.ha_master.slaves
             assert not bad.ha_slave.connected
             bad.stop()
