@@ -457,7 +457,10 @@ class BrokerController:
                         )
                     for service in self.services:
                         run = getattr(service, "run", None)
-                        if run is not None:
+                        # A slave writes nothing: delay levels, transaction checks and
+                        # POP revives run on the master only (docs/ha.md).
+                        if run is not None and (self.ha_slave is None
+                                                or service is self.lock_manager):
                             await nursery.start(run)
                     if self.ha_master is not None:
                         await nursery.start(self.ha_master.serve)
