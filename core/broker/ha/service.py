@@ -20,7 +20,9 @@ offset at or past the end of their record (`wait_replicated`).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -43,6 +45,7 @@ _MAC = 32
 _I64 = struct.Struct(">q")
 _HEADER = struct.Struct(">qi")
 _MAX_NAME = 1024
+_COALESCE = 64 * 1024  # chunks up to this are copied behind their header: one send
 
 
 class SyncStatus:
@@ -87,7 +90,8 @@ class HAMaster:
         self.slaves: dict[int, int] = {}  # connection id -> offset it reported
         self.acked = -1  # greatest offset a connected slave reported
         self._data = trio.Event()
-        self._acked_changed = trio.Event()
+        self._waiters: list[tuple[int, int, trio.Event]] = []  # (end offset, seq, event)
+        self._seq = itertools.count()
         self._next_id = 0
         self.refused = 0  # connections refused at the handshake
 
@@ -98,21 +102,32 @@ class HAMaster:
 
     async def wait_replicated(self, end_offset: int, timeout_s: float) -> str:
         """SYNC_MASTER: OK once a slave holds [.., end_offset); SLAVE_NOT_AVAILABLE when no
-        slave is connected; FLUSH_SLAVE_TIMEOUT after `timeout_s`."""
+        slave is connected; FLUSH_SLAVE_TIMEOUT after `timeout_s`. Waiters sit in a heap by
+        offset, so a report wakes only the sends it covers."""
         if not self.slaves:
             return SyncStatus.SLAVE_NOT_AVAILABLE
-        with trio.move_on_after(timeout_s):
-            while self.acked < end_offset:
-                if not self.slaves:
-                    return SyncStatus.SLAVE_NOT_AVAILABLE
-                await self._acked_changed.wait()
+        if self.acked < end_offset:
+            ev = trio.Event()
+            heapq.heappush(self._waiters, (end_offset, next(self._seq), ev))
+            with trio.move_on_after(timeout_s):
+                await ev.wait()
+        if self.acked >= end_offset:
             return SyncStatus.OK
+        if not self.slaves:
+            return SyncStatus.SLAVE_NOT_AVAILABLE
         return SyncStatus.FLUSH_SLAVE_TIMEOUT
 
     def _set_acked(self) -> None:
         self.acked = max(self.slaves.values(), default=-1)
-        ev, self._acked_changed = self._acked_changed, trio.Event()
-        ev.set()
+        waiters = self._waiters
+        if not self.slaves:  # nobody left to wait for: answer every waiting send now
+            for _end, _seq, ev in waiters:
+                ev.set()
+            waiters.clear()
+            return
+        acked = self.acked
+        while waiters and waiters[0][0] <= acked:
+            heapq.heappop(waiters)[2].set()
 
     # -- listener
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -217,8 +232,11 @@ class HAMaster:
                     continue
                 await stream.send_all(_HEADER.pack(store.max_physical_offset, 0))
                 continue
-            await stream.send_all(_HEADER.pack(offset, len(chunk)))
-            await stream.send_all(chunk)
+            if len(chunk) <= _COALESCE:
+                await stream.send_all(_HEADER.pack(offset, len(chunk)) + chunk)  # one segment
+            else:
+                await stream.send_all(_HEADER.pack(offset, len(chunk)))
+                await stream.send_all(chunk)
             offset += len(chunk)
 
 

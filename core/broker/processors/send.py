@@ -546,7 +546,7 @@ def register(table, broker) -> None:
         RequestCode.SEND_MESSAGE_V2,
         RequestCode.SEND_BATCH_MESSAGE,
     ):
-        table.register(code, proc.handle, inline=not broker.sync_flush)
+        table.register(code, proc.handle, inline=not (broker.sync_flush or broker.sync_master))
 
 
 __all__ = ["HeaderError", "SendHeader", "SendProcessor", "decode_send_header", "register"]

@@ -16,6 +16,7 @@ import struct
 
 from core.common.codec import BLANK_MAGIC, parse_layout
 from core.store.commitlog import END_FILE_MIN_BLANK
+from core.store.put_path import _KV_COMMIT_BYTES
 from core.store.recovery import _dispatch
 
 _SIZE_MAGIC = struct.Struct(">iI")
@@ -125,7 +126,9 @@ def append_chunk(store, phys: int, data) -> int:
         mf.zero_from(p)  # a later chunk must not find leftovers after the valid end
     store._wpos = p
     store._wrote = mf.start + p
-    store._commit_kv()
+    # RocksDB batches as on the master's put path (not one write per chunk).
+    if kv.ops >= store._kv_max_ops or store._wrote - kv.marker > _KV_COMMIT_BYTES:
+        store._commit_kv()
     if bad is not None:
         raise ReplicaError(f"invalid record at {bad} in a replicated chunk")
     return store._wrote
