@@ -222,3 +222,30 @@ def test_native_client_pulls_from_slave_when_master_is_gone(tmp_path):
                 assert r.status is PullStatus.FOUND
                 assert [m.body for m in r.messages] == [b"c0", b"c1", b"c2"]
     trio.run(main)
+
+
+def test_sync_waits_do_not_serialize_a_connection(tmp_path):
+    """Sends on one connection wait for the slave side by side (not one after another)."""
+    async def main():
+        async with cluster(tmp_path, master_kw={"sync_slave_timeout_s": 60}) as (
+            client, master, slave, _ns, nursery
+        ):
+            await wait_for(lambda: master.ha_master.slaves)
+            ha = master.ha_master
+            release = ha._set_acked
+            ha._set_acked = lambda: None  # reports arrive, but no send is released yet
+            codes = []
+
+            async def one(body):
+                codes.append((await send(client, master, body)).code)
+
+            nursery.start_soon(one, b"a")
+            nursery.start_soon(one, b"b")
+            # Both were stored while the first still waits for the slave.
+            await wait_for(lambda: master.store.max_offset(TOPIC, 0) == 2)
+            assert codes == []
+            ha._set_acked = release
+            release()
+            await wait_for(lambda: len(codes) == 2)
+            assert codes == [ResponseCode.SUCCESS] * 2
+    trio.run(main)
