@@ -45,6 +45,7 @@ _MAC = 32
 _I64 = struct.Struct(">q")
 _HEADER = struct.Struct(">qi")
 _MAX_NAME = 1024
+_MAX_HANDSHAKES = 16  # connections in the handshake at once, beyond ha_max_slaves
 _COALESCE = 64 * 1024  # chunks up to this are copied behind their header: one send
 
 
@@ -94,6 +95,7 @@ class HAMaster:
         self._seq = itertools.count()
         self._next_id = 0
         self.refused = 0  # connections refused at the handshake
+        self._open = 0  # connections being served (handshaking or streaming)
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -146,9 +148,19 @@ class HAMaster:
 
     async def _handle(self, stream) -> None:
         cfg = self.config
-        if len(self.slaves) >= cfg.ha_max_slaves:
-            await stream.aclose()
+        # Slaves plus connections still in the handshake (those cost a task each for up
+        # to ha_handshake_timeout_s).
+        if self._open >= cfg.ha_max_slaves + _MAX_HANDSHAKES:
+            await trio.aclose_forcefully(stream)
             return
+        self._open += 1
+        try:
+            await self._serve_slave(stream)
+        finally:
+            self._open -= 1
+
+    async def _serve_slave(self, stream) -> None:
+        cfg = self.config
         peer = "?"
         try:
             host, port = stream.socket.getpeername()[:2]
@@ -158,6 +170,10 @@ class HAMaster:
         except (HAProtocolError, trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
             self.refused += 1
             log.warning("HA: refused slave %s: %s", peer, exc)
+            await trio.aclose_forcefully(stream)
+            return
+        if len(self.slaves) >= cfg.ha_max_slaves:
+            log.warning("HA: refused slave %s: already %d slaves", peer, len(self.slaves))
             await trio.aclose_forcefully(stream)
             return
         cid = self._next_id = self._next_id + 1
@@ -203,7 +219,8 @@ class HAMaster:
             while True:
                 with trio.fail_after(self.config.ha_housekeeping_s):
                     data = await _recv_exactly(stream, 8)
-                off, = _I64.unpack(data)
+                # A report past our own end would acknowledge sends the slave cannot hold.
+                off = min(_I64.unpack(data)[0], self.store.max_physical_offset)
                 if off > self.slaves.get(cid, -1):
                     self.slaves[cid] = off
                     self._set_acked()
@@ -261,8 +278,9 @@ class HASlave:
             while True:
                 try:
                     await self._session()
-                except (HAProtocolError, ReplicaError, OSError, trio.BrokenResourceError,
-                        trio.ClosedResourceError, trio.TooSlowError) as exc:
+                except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
+                        trio.BrokenResourceError, trio.ClosedResourceError,
+                        trio.TooSlowError) as exc:
                     log.warning("HA: connection to master %s failed: %s",
                                 self.config.ha_master_address, exc)
                 self.connected = False
@@ -312,7 +330,8 @@ class HASlave:
             if self.master_broker_addr is not None:
                 try:
                     await self.sync_config()
-                except (RemotingError, OSError, ValueError, KeyError) as exc:
+                except (RemotingError, OSError, ValueError, KeyError, TypeError,
+                        AttributeError) as exc:
                     log.warning("HA: config sync from %s failed: %r", self.master_broker_addr, exc)
             with trio.move_on_after(self.config.ha_config_sync_s):
                 await self._sync_now.wait()

@@ -53,8 +53,8 @@ def read_chunk(store, offset: int, max_bytes: int) -> memoryview | None:
         if magic == BLANK_MAGIC:
             p = fs
             break
-        if total <= 0:
-            raise ReplicaError(f"bad record size at {mf.start + p}")
+        if total <= 0 or p + total > limit:
+            raise ReplicaError(f"offset {offset} is not at a record start")
         if p > pos and p + total - pos > max_bytes:
             break
         p += total

@@ -249,3 +249,35 @@ def test_sync_waits_do_not_serialize_a_connection(tmp_path):
             await wait_for(lambda: len(codes) == 2)
             assert codes == [ResponseCode.SUCCESS] * 2
     trio.run(main)
+
+
+def test_hostile_handshakes_are_refused_and_the_slave_carries_on(tmp_path):
+    import hashlib
+    import hmac
+    import struct
+
+    async def main():
+        async with cluster(tmp_path) as (client, master, slave, _ns, _n):
+            ha = master.ha_master
+            await wait_for(lambda: ha.slaves)
+            port = ha.port
+
+            async def attempt(name: bytes, offset: int, secret: str = SECRET) -> bytes:
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    hello = b""
+                    while len(hello) < 38:
+                        hello += await stream.receive_some(38 - len(hello))
+                    mac = hmac.new(secret.encode(), b"slave" + hello[6:] + name,
+                                   hashlib.sha256).digest()
+                    await stream.send_all(mac + struct.pack(">qH", offset, len(name)) + name)
+                    with trio.move_on_after(5):
+                        return await stream.receive_some(100)
+                    return b"timeout"
+
+            assert await attempt(b"bk", 0, "guess") == b""  # wrong secret: closed
+            assert await attempt(b"other", 0) == b""  # another broker's slave
+            assert await attempt(b"bk", 1 << 40) == b""  # ahead of the master
+            assert ha.refused == 3
+            assert (await send(client, master, b"still")).code == ResponseCode.SUCCESS
+    trio.run(main)
