@@ -104,6 +104,31 @@ class BrokerConfig:
     register_interval_s: float = 30.0  # registerNameServerPeriod
     register_timeout_s: float = 6.0
 
+    # -- master/slave replication (docs/ha.md) ---------------------------------------
+    #: ASYNC_MASTER (no wait), SYNC_MASTER (a send waits for a slave) or SLAVE.
+    broker_role: str = "ASYNC_MASTER"
+    #: Shared secret of the HA port (HMAC-SHA256 challenge both ways). Without it a
+    #: master opens no HA port and a slave cannot start.
+    ha_secret: str | None = field(default=None, repr=False)
+    #: The master's HA listener (on `host`, loopback by default); None = the broker
+    #: port + 1 (RocketMQ's default haListenPort), 0 = any free port.
+    ha_listen_port: int | None = None
+    #: SLAVE: the master's HA address, "host:port".
+    ha_master_address: str | None = None
+    #: SYNC_MASTER: how long a send waits for a slave (then FLUSH_SLAVE_TIMEOUT).
+    sync_slave_timeout_s: float = 3.0
+    #: Bytes per replication chunk (at least one whole record is always sent).
+    ha_batch_bytes: int = 256 * 1024
+    #: Master heartbeat when idle; a peer silent for ha_housekeeping_s is dropped.
+    ha_heartbeat_s: float = 5.0
+    ha_housekeeping_s: float = 20.0
+    ha_handshake_timeout_s: float = 10.0
+    ha_reconnect_s: float = 1.0
+    #: Slaves one master streams to at once; more connections are closed.
+    ha_max_slaves: int = 4
+    #: SLAVE: how often topics and consumer offsets are pulled from the master.
+    ha_config_sync_s: float = 10.0
+
     # delay levels, transactions, queue locks
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     transaction_timeout_s: float = 6.0
@@ -151,31 +176,6 @@ class BrokerConfig:
     namesrv_tls: bool = False
     tls_ca_file: str | None = None
     tls_verify: bool = True
-
-    # -- master/slave replication (docs/ha.md) ---------------------------------------
-    #: ASYNC_MASTER (no wait), SYNC_MASTER (a send waits for a slave) or SLAVE.
-    broker_role: str = "ASYNC_MASTER"
-    #: Shared secret of the HA port (HMAC-SHA256 challenge both ways). Without it a
-    #: master opens no HA port and a slave cannot start.
-    ha_secret: str | None = field(default=None, repr=False)
-    #: The master's HA listener (on `host`, loopback by default); None = the broker
-    #: port + 1 (RocketMQ's default haListenPort), 0 = any free port.
-    ha_listen_port: int | None = None
-    #: SLAVE: the master's HA address, "host:port".
-    ha_master_address: str | None = None
-    #: SYNC_MASTER: how long a send waits for a slave (then FLUSH_SLAVE_TIMEOUT).
-    sync_slave_timeout_s: float = 3.0
-    #: Bytes per replication chunk (at least one whole record is always sent).
-    ha_batch_bytes: int = 256 * 1024
-    #: Master heartbeat when idle; a peer silent for ha_housekeeping_s is dropped.
-    ha_heartbeat_s: float = 5.0
-    ha_housekeeping_s: float = 20.0
-    ha_handshake_timeout_s: float = 10.0
-    ha_reconnect_s: float = 1.0
-    #: Slaves one master streams to at once; more connections are closed.
-    ha_max_slaves: int = 4
-    #: SLAVE: how often topics and consumer offsets are pulled from the master.
-    ha_config_sync_s: float = 10.0
 
     def __post_init__(self) -> None:
         if isinstance(self.namesrv_addrs, str):
