@@ -18,7 +18,7 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 
 @dataclass
 class BrokerConfig:
-    """Settings of one broker (master only: `broker_id` is 0)."""
+    """Settings of one broker (a master has `broker_id` 0, a slave > 0: docs/ha.md)."""
 
     # identity and network
     broker_name: str = "broker-a"
@@ -104,6 +104,31 @@ class BrokerConfig:
     register_interval_s: float = 30.0  # registerNameServerPeriod
     register_timeout_s: float = 6.0
 
+    # -- master/slave replication (docs/ha.md) ---------------------------------------
+    #: ASYNC_MASTER (no wait), SYNC_MASTER (a send waits for a slave) or SLAVE.
+    broker_role: str = "ASYNC_MASTER"
+    #: Shared secret of the HA port (HMAC-SHA256 challenge both ways). Without it a
+    #: master opens no HA port and a slave cannot start.
+    ha_secret: str | None = field(default=None, repr=False)
+    #: The master's HA listener (on `host`, loopback by default); None = the broker
+    #: port + 1 (RocketMQ's default haListenPort), 0 = any free port.
+    ha_listen_port: int | None = None
+    #: SLAVE: the master's HA address, "host:port".
+    ha_master_address: str | None = None
+    #: SYNC_MASTER: how long a send waits for a slave (then FLUSH_SLAVE_TIMEOUT).
+    sync_slave_timeout_s: float = 3.0
+    #: Bytes per replication chunk (at least one whole record is always sent).
+    ha_batch_bytes: int = 256 * 1024
+    #: Master heartbeat when idle; a peer silent for ha_housekeeping_s is dropped.
+    ha_heartbeat_s: float = 5.0
+    ha_housekeeping_s: float = 20.0
+    ha_handshake_timeout_s: float = 10.0
+    ha_reconnect_s: float = 1.0
+    #: Slaves one master streams to at once; more connections are closed.
+    ha_max_slaves: int = 4
+    #: SLAVE: how often topics and consumer offsets are pulled from the master.
+    ha_config_sync_s: float = 10.0
+
     # delay levels, transactions, queue locks
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     transaction_timeout_s: float = 6.0
@@ -162,6 +187,18 @@ class BrokerConfig:
             self.namesrv_addrs = parse_addr_list(self.namesrv_addrs)
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
+            raise ValueError(f"broker_role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, "
+                             f"not {self.broker_role!r}")
+        if self.broker_role == "SLAVE":
+            if self.broker_id <= 0:
+                raise ValueError("a SLAVE needs broker_id > 0")
+            if not self.ha_master_address or not self.ha_secret:
+                raise ValueError("a SLAVE needs ha_master_address and ha_secret")
+        elif self.broker_id != 0:
+            raise ValueError("a master has broker_id 0")
+        if self.broker_role == "SYNC_MASTER" and not self.ha_secret:
+            raise ValueError("SYNC_MASTER needs ha_secret (no slave could connect)")
 
     @property
     def topic_auto_creation(self) -> bool:

@@ -28,6 +28,7 @@ from core.acl import credentials_or_none, guard_from_file, remoting_client
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
+from core.broker.ha import HAMaster, HASlave, SyncStatus
 from core.broker.lock_manager import RebalanceLockManager
 from core.broker.long_polling import PullRequestHoldService
 from core.broker.offsets import ConsumerOffsetManager
@@ -150,6 +151,11 @@ class BrokerController:
         self.transaction_service = TransactionalMessageService(self)
         self.lock_manager = RebalanceLockManager(self)
 
+        # Replication (docs/ha.md): a master streams to slaves when ha_secret is set.
+        self.ha_master = HAMaster(self) if config.broker_role != "SLAVE" and config.ha_secret else None
+        self.ha_slave = HASlave(self) if config.broker_role == "SLAVE" else None
+        self.sync_master = config.broker_role == "SYNC_MASTER"
+
         self.table = self.build_processor_table()
         if config.acl_enable:
             self.table.guard = guard_from_file(config.acl_file)
@@ -209,22 +215,37 @@ class BrokerController:
     async def put_message(self, inner: InnerMessage) -> PutResult:
         """Append one message; under SYNC_FLUSH wait for the group commit covering it
         (FLUSH_DISK_TIMEOUT when it does not come within `sync_flush_timeout_ms`)."""
-        if self.closing:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "broker is shutting down")
+        if self.closing or self.ha_slave is not None:
+            return self._refused()
         result = self.store.put(inner)
         return await self._after_put(result)
 
     async def put_messages(self, inners: list[InnerMessage]) -> PutResult:
         """Append a batch (same topic and queue, consecutive offsets)."""
-        if self.closing:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "broker is shutting down")
+        if self.closing or self.ha_slave is not None:
+            return self._refused()
         result = self.store.put_batch(inners)
         return await self._after_put(result)
 
+    def _refused(self) -> PutResult:
+        if self.closing:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "broker is shutting down")
+        # RocketMQ's slave store answers SERVICE_NOT_AVAILABLE to a put.
+        return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "the broker is a slave")
+
     async def _after_put(self, result: PutResult) -> PutResult:
-        if self._group_commit is not None and result.status is PutStatus.OK:
+        if result.status is not PutStatus.OK:
+            return result
+        ha = self.ha_master
+        if ha is not None:
+            ha.notify_append()
+        if self._group_commit is not None:
             if not await self._group_commit.wait_flushed(result.end_offset):
                 result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        if self.sync_master and result.status is PutStatus.OK:
+            st = await ha.wait_replicated(result.end_offset, self.config.sync_slave_timeout_s)
+            if st != SyncStatus.OK:
+                result.status = PutStatus[st]
         return result
 
     # ------------------------------------------------------------------ clients
@@ -280,12 +301,19 @@ class BrokerController:
             "brokerName": cfg.broker_name,
             "brokerAddr": self.broker_addr,
             "clusterName": cfg.cluster_name,
-            "haServerAddr": f"{ip}:{cfg.port + 1}",
+            "haServerAddr": f"{ip}:{self.ha_port}",
             "brokerId": str(cfg.broker_id),
             "compressed": "false",
             "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF),
         }
         return RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body)
+
+    @property
+    def ha_port(self) -> int:
+        if self.ha_master is not None and self.ha_master.port is not None:
+            return self.ha_master.port
+        port = self.config.ha_listen_port
+        return self.config.port + 1 if port is None else port
 
     async def register_all(self) -> None:
         """REGISTER_BROKER to every configured name server, concurrently."""
@@ -433,8 +461,15 @@ class BrokerController:
                         )
                     for service in self.services:
                         run = getattr(service, "run", None)
-                        if run is not None:
+                        # A slave writes nothing: delay levels, transaction checks and
+                        # POP revives run on the master only (docs/ha.md).
+                        if run is not None and (self.ha_slave is None
+                                                or service is self.lock_manager):
                             await nursery.start(run)
+                    if self.ha_master is not None:
+                        await nursery.start(self.ha_master.serve)
+                    if self.ha_slave is not None:
+                        await nursery.start(self.ha_slave.run)
                     nursery.start_soon(self._persist_offsets_loop)
                     nursery.start_soon(
                         self._every, self.config.client_scan_interval_s, self._scan_clients,

@@ -71,7 +71,7 @@ DEFAULT_RETRY_INTERVAL_S = 1.0
 # Put results after which the message counts as delivered (FLUSH_DISK_TIMEOUT: stored,
 # only the fsync wait timed out) and those worth retrying; anything else (an illegal
 # message) can never succeed and is skipped.
-_DELIVERED = frozenset({"OK", "FLUSH_DISK_TIMEOUT"})
+_DELIVERED = frozenset({"OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
 _TRANSIENT = frozenset({"SERVICE_NOT_AVAILABLE", "UNKNOWN_ERROR"})
 
 

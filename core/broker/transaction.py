@@ -72,7 +72,7 @@ _PERSIST_EVERY = 256
 #: Default size of the resolved-transaction table (`transaction_resolved_cache_size`).
 DEFAULT_RESOLVED_CACHE_SIZE = 100_000
 
-_STORED = frozenset({"OK", "FLUSH_DISK_TIMEOUT"})
+_STORED = frozenset({"OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
 _PUT_ERROR_CODES = {
     "MESSAGE_ILLEGAL": ResponseCode.MESSAGE_ILLEGAL,
     "PROPERTIES_SIZE_EXCEEDED": ResponseCode.MESSAGE_ILLEGAL,

@@ -201,6 +201,15 @@ class ClientInstance:
         addrs = self.broker_addrs.get(broker_name) or self.pinned_brokers.get(broker_name)
         return addrs.get(MASTER_ID) if addrs else None
 
+    def find_subscribe_addr(self, broker_name: str) -> str | None:
+        """Where reads of `broker_name` go: its master, or when the route no longer lists
+        one (master down), the slave with the lowest id (RocketMQ's
+        findBrokerAddressInSubscribe; docs/ha.md)."""
+        addrs = self.broker_addrs.get(broker_name) or self.pinned_brokers.get(broker_name)
+        if not addrs:
+            return None
+        return addrs.get(MASTER_ID) or addrs[min(addrs)]
+
     def find_broker_addr_by_topic(self, topic: str) -> str | None:
         """A master holding `topic` (Java picks one at random, for GET_CONSUMER_LIST...)."""
         route = self.routes.get(topic)

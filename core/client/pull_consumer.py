@@ -23,10 +23,11 @@ TIMEOUT_WHEN_SUSPEND_S = 30.0
 
 
 async def broker_addr_for(client: ClientInstance, mq: MessageQueue) -> str:
-    addr = client.find_broker_addr(mq.broker_name)
+    """The broker pulls and offsets of `mq` go to: the master, else a slave."""
+    addr = client.find_subscribe_addr(mq.broker_name)
     if addr is None and not mq.topic.startswith("%LMQ%"):
         await client.update_route(mq.topic)
-        addr = client.find_broker_addr(mq.broker_name)
+        addr = client.find_subscribe_addr(mq.broker_name)
     if addr is None:
         raise MQClientError(f"The broker[{mq.broker_name}] not exist")
     return addr

@@ -44,6 +44,30 @@ def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
 
 
+def add_ha_options(parser: argparse.ArgumentParser) -> None:
+    """Replication flags of `lmq broker` (docs/ha.md). The shared secret comes from the
+    config file (`ha_secret`) or the LMQ_HA_SECRET environment variable, never a flag
+    (command lines are visible to every local user)."""
+    parser.add_argument("--broker-id", type=int, help="0 for a master, > 0 for a slave")
+    parser.add_argument("--broker-role", choices=("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"),
+                        help="replication role (default ASYNC_MASTER)")
+    parser.add_argument("--ha-port", type=int,
+                        help="master: HA listener port (default broker port + 1; 0 = free)")
+    parser.add_argument("--ha-master-address", help="slave: the master's HA host:port")
+
+
+def ha_overrides(args: argparse.Namespace) -> dict:
+    import os
+
+    return {
+        "broker_id": args.broker_id,
+        "broker_role": args.broker_role,
+        "ha_listen_port": args.ha_port,
+        "ha_master_address": args.ha_master_address,
+        "ha_secret": os.environ.get("LMQ_HA_SECRET") or None,
+    }
+
+
 def add_remoting_security_options(parser: argparse.ArgumentParser, *, broker: bool) -> None:
     """Exposure and TLS flags of the remoting ports (docs/remoting.md)."""
     parser.add_argument(

@@ -9,7 +9,9 @@ import argparse
 
 from lmq.commands._broker_args import (
     add_broker_options,
+    add_ha_options,
     broker_overrides,
+    ha_overrides,
     log,
     refuse_insecure,
     run_server,
@@ -21,9 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "broker",
         help="run a broker that registers with separate name servers",
-        description="Run a RocketMQ 4.x compatible broker (master).",
+        description="Run a RocketMQ 4.x compatible broker (master or slave: docs/ha.md).",
     )
     add_broker_options(parser, namesrv_port=False)
+    add_ha_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -32,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     try:
-        broker_config, _ = build_configs(args.config, broker_overrides(args), {})
+        broker_config, _ = build_configs(
+            args.config, {**broker_overrides(args), **ha_overrides(args)}, {}
+        )
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
         return 2

@@ -258,7 +258,8 @@ class PopService:
                         MessageConst.DELAY_TIME_LEVEL, POP_CK):
                 clear_property(inner, key)
             result = await broker.put_message(inner)
-            if result.status.name not in ("OK", "FLUSH_DISK_TIMEOUT"):
+            if result.status.name not in ("OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT",
+                                          "SLAVE_NOT_AVAILABLE"):
                 return False
             self.dead_lettered += 1
         self._hold(entry, None, group, topic, qid, offset)

@@ -194,6 +194,8 @@ def decode_send_header(cmd: RemotingCommand) -> SendHeader:
 _PUT_CODES = {
     "OK": ResponseCode.SUCCESS,
     "FLUSH_DISK_TIMEOUT": ResponseCode.FLUSH_DISK_TIMEOUT,
+    "FLUSH_SLAVE_TIMEOUT": ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    "SLAVE_NOT_AVAILABLE": ResponseCode.SLAVE_NOT_AVAILABLE,
     "SERVICE_NOT_AVAILABLE": ResponseCode.SERVICE_NOT_AVAILABLE,
     "MESSAGE_ILLEGAL": ResponseCode.MESSAGE_ILLEGAL,
     "PROPERTIES_SIZE_EXCEEDED": ResponseCode.MESSAGE_ILLEGAL,
@@ -207,6 +209,11 @@ def _status_code(status_name: str) -> int:
 
 # The same by status, for the hot path (Enum.name is a property lookup).
 _CODE_BY_STATUS = {st: _status_code(st.name) for st in PutStatus}
+# Codes of a stored message (the send response carries its msgId and offsets).
+_STORED_CODES = (
+    ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE,
+)
 # Names that passed the per-name checks of §5.1 step 1 (bounded: names come from clients).
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
@@ -498,7 +505,7 @@ class SendProcessor:
         code = _CODE_BY_STATUS.get(result.status)
         if code is None:
             code = _status_code(result.status.name)
-        if code and code != ResponseCode.FLUSH_DISK_TIMEOUT:
+        if code and code not in _STORED_CODES:
             return error(cmd, code, result.remark or f"put message failed: {result.status.name}")
         ids = result.msg_ids
         # Every value a JSON string: the C++ decoder reads numbers as 0 (§1.4 rule 3).
@@ -539,7 +546,7 @@ def register(table, broker) -> None:
         RequestCode.SEND_MESSAGE_V2,
         RequestCode.SEND_BATCH_MESSAGE,
     ):
-        table.register(code, proc.handle, inline=not broker.sync_flush)
+        table.register(code, proc.handle, inline=not (broker.sync_flush or broker.sync_master))
 
 
 __all__ = ["HeaderError", "SendHeader", "SendProcessor", "decode_send_header", "register"]

@@ -30,7 +30,7 @@ DLQ_QUEUE_NUMS = 1
 #: delayLevel 0 from the client means "broker decides": 3 + reconsumeTimes (§9.3).
 FIRST_RETRY_LEVEL_BASE = 3
 
-_STORED = frozenset({"OK", "FLUSH_DISK_TIMEOUT"})
+_STORED = frozenset({"OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
 
 
 def register(table: ProcessorTable, broker: BrokerController) -> None:

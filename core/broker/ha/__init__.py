@@ -1,0 +1,5 @@
+"""Master/slave replication of a broker (docs/ha.md)."""
+
+from core.broker.ha.service import HAMaster, HASlave, SyncStatus
+
+__all__ = ["HAMaster", "HASlave", "SyncStatus"]

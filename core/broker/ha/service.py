@@ -1,0 +1,364 @@
+"""Replication of the CommitLog from a master broker to its slaves (docs/ha.md).
+
+Wire protocol on the HA port (all integers big-endian):
+
+    master -> slave   "LMQHA1" + nonce[32]
+    slave  -> master  hmac[32] + int64 slave_max_offset + uint16 len + broker name
+                      hmac = HMAC-SHA256(ha_secret, "slave" + nonce + broker name)
+    master -> slave   hmac[32] + uint16 len + master remoting address
+                      hmac = HMAC-SHA256(ha_secret, "master" + nonce + broker name)
+    then
+    master -> slave   int64 offset + int32 length + CommitLog bytes  (length 0: heartbeat,
+                      offset = master max offset)
+    slave  -> master  int64 slave max offset (after every chunk, and every heartbeat)
+
+The master streams from the offset the slave reports; a chunk is whole records within
+one CommitLog file (core/store/ha). SYNC_MASTER sends wait until some slave reports an
+offset at or past the end of their record (`wait_replicated`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import itertools
+import json
+import logging
+import os
+import struct
+
+import trio
+
+from core.broker.offsets import TOPIC_GROUP_SEPARATOR
+from core.broker.topic_config import TopicConfig
+from core.remoting.codec import RemotingCommand
+from core.remoting.codes import RequestCode
+from core.remoting.errors import RemotingError
+from core.store.ha import ReplicaError, append_chunk, read_chunk
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"LMQHA1"
+_NONCE = 32
+_MAC = 32
+_I64 = struct.Struct(">q")
+_HEADER = struct.Struct(">qi")
+_MAX_NAME = 1024
+_MAX_HANDSHAKES = 16  # connections in the handshake at once, beyond ha_max_slaves
+_COALESCE = 64 * 1024  # chunks up to this are copied behind their header: one send
+
+
+class SyncStatus:
+    OK = "OK"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+class HAProtocolError(Exception):
+    pass
+
+
+def _mac(secret: str, role: bytes, nonce: bytes, name: bytes) -> bytes:
+    return hmac.new(secret.encode(), role + nonce + name, hashlib.sha256).digest()
+
+
+async def _recv_exactly(stream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        data = await stream.receive_some(n - len(buf))
+        if not data:
+            raise HAProtocolError("connection closed")
+        buf += data
+    return bytes(buf)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+# ---------------------------------------------------------------------- master
+class HAMaster:
+    """Master side: the HA listener, one streaming task per slave, and the SYNC_MASTER
+    wait on the slaves' acknowledged offset."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.store = broker.store
+        self.port: int | None = None
+        self.slaves: dict[int, int] = {}  # connection id -> offset it reported
+        self.acked = -1  # greatest offset a connected slave reported
+        self._data = trio.Event()
+        self._waiters: list[tuple[int, int, trio.Event]] = []  # (end offset, seq, event)
+        self._seq = itertools.count()
+        self._next_id = 0
+        self.refused = 0  # connections refused at the handshake
+        self._open = 0  # connections being served (handshaking or streaming)
+
+    # -- hooks of the broker
+    def notify_append(self) -> None:
+        """A put wrote records: wake the streaming tasks (cheap; every put)."""
+        self._data.set()
+
+    async def wait_replicated(self, end_offset: int, timeout_s: float) -> str:
+        """SYNC_MASTER: OK once a slave holds [.., end_offset); SLAVE_NOT_AVAILABLE when no
+        slave is connected; FLUSH_SLAVE_TIMEOUT after `timeout_s`. Waiters sit in a heap by
+        offset, so a report wakes only the sends it covers."""
+        if not self.slaves:
+            return SyncStatus.SLAVE_NOT_AVAILABLE
+        if self.acked < end_offset:
+            ev = trio.Event()
+            heapq.heappush(self._waiters, (end_offset, next(self._seq), ev))
+            with trio.move_on_after(timeout_s):
+                await ev.wait()
+        if self.acked >= end_offset:
+            return SyncStatus.OK
+        if not self.slaves:
+            return SyncStatus.SLAVE_NOT_AVAILABLE
+        return SyncStatus.FLUSH_SLAVE_TIMEOUT
+
+    def _set_acked(self) -> None:
+        self.acked = max(self.slaves.values(), default=-1)
+        waiters = self._waiters
+        if not self.slaves:  # nobody left to wait for: answer every waiting send now
+            for _end, _seq, ev in waiters:
+                ev.set()
+            waiters.clear()
+            return
+        acked = self.acked
+        while waiters and waiters[0][0] <= acked:
+            heapq.heappop(waiters)[2].set()
+
+    # -- listener
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        port = cfg.port + 1 if cfg.ha_listen_port is None else cfg.ha_listen_port
+        listeners = await trio.open_tcp_listeners(port, host=cfg.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("HA listener on %s:%d", cfg.host, self.port)
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            try:
+                await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            finally:
+                for ln in listeners:
+                    await ln.aclose()
+
+    async def _handle(self, stream) -> None:
+        cfg = self.config
+        # Slaves plus connections still in the handshake (those cost a task each for up
+        # to ha_handshake_timeout_s).
+        if self._open >= cfg.ha_max_slaves + _MAX_HANDSHAKES:
+            await trio.aclose_forcefully(stream)
+            return
+        self._open += 1
+        try:
+            await self._serve_slave(stream)
+        finally:
+            self._open -= 1
+
+    async def _serve_slave(self, stream) -> None:
+        cfg = self.config
+        peer = "?"
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+            with trio.fail_after(cfg.ha_handshake_timeout_s):
+                offset = await self._handshake(stream)
+        except (HAProtocolError, trio.TooSlowError, OSError, trio.BrokenResourceError) as exc:
+            self.refused += 1
+            log.warning("HA: refused slave %s: %s", peer, exc)
+            await trio.aclose_forcefully(stream)
+            return
+        if len(self.slaves) >= cfg.ha_max_slaves:
+            log.warning("HA: refused slave %s: already %d slaves", peer, len(self.slaves))
+            await trio.aclose_forcefully(stream)
+            return
+        cid = self._next_id = self._next_id + 1
+        self.slaves[cid] = offset
+        self._set_acked()
+        log.info("HA: slave %s connected at offset %d", peer, offset)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_reports, stream, cid, nursery.cancel_scope)
+                await self._stream_to(stream, offset)
+        except (HAProtocolError, ReplicaError, OSError, trio.BrokenResourceError,
+                trio.ClosedResourceError) as exc:
+            log.warning("HA: slave %s dropped: %s", peer, exc)
+        finally:
+            self.slaves.pop(cid, None)
+            self._set_acked()
+            await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, stream) -> int:
+        cfg = self.config
+        nonce = os.urandom(_NONCE)
+        await stream.send_all(MAGIC + nonce)
+        mac = await _recv_exactly(stream, _MAC)
+        offset, = _I64.unpack(await _recv_exactly(stream, 8))
+        n, = struct.unpack(">H", await _recv_exactly(stream, 2))
+        if n > _MAX_NAME:
+            raise HAProtocolError("broker name too long")
+        name = await _recv_exactly(stream, n)
+        if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"slave", nonce, name)):
+            raise HAProtocolError("bad credentials")
+        if name.decode("utf-8", "replace") != cfg.broker_name:
+            raise HAProtocolError(f"slave of broker {name!r}, this is {cfg.broker_name!r}")
+        if offset < 0 or offset > self.store.max_physical_offset:
+            raise HAProtocolError(f"slave offset {offset} is ahead of this master")
+        addr = self.broker.broker_addr.encode()
+        await stream.send_all(
+            _mac(cfg.ha_secret, b"master", nonce, name) + struct.pack(">H", len(addr)) + addr
+        )
+        return offset
+
+    async def _read_reports(self, stream, cid: int, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                with trio.fail_after(self.config.ha_housekeeping_s):
+                    data = await _recv_exactly(stream, 8)
+                # A report past our own end would acknowledge sends the slave cannot hold.
+                off = min(_I64.unpack(data)[0], self.store.max_physical_offset)
+                if off > self.slaves.get(cid, -1):
+                    self.slaves[cid] = off
+                    self._set_acked()
+        except (HAProtocolError, trio.TooSlowError, OSError, trio.BrokenResourceError,
+                trio.ClosedResourceError) as exc:
+            log.info("HA: slave connection %d ends: %s", cid, exc)
+        scope.cancel()
+
+    async def _stream_to(self, stream, offset: int) -> None:
+        cfg = self.config
+        store = self.store
+        store_start = store.min_physical_offset
+        if offset < store_start:
+            # The slave's data is older than anything kept here (or it is empty):
+            # start at the first file (the slave repositions an empty store).
+            offset = store_start
+        while True:
+            chunk = read_chunk(store, offset, cfg.ha_batch_bytes)
+            if chunk is None:
+                ev = self._data
+                if ev.is_set():
+                    self._data = ev = trio.Event()
+                    continue
+                with trio.move_on_after(cfg.ha_heartbeat_s):
+                    await ev.wait()
+                    continue
+                await stream.send_all(_HEADER.pack(store.max_physical_offset, 0))
+                continue
+            if len(chunk) <= _COALESCE:
+                await stream.send_all(_HEADER.pack(offset, len(chunk)) + chunk)  # one segment
+            else:
+                await stream.send_all(_HEADER.pack(offset, len(chunk)))
+                await stream.send_all(chunk)
+            offset += len(chunk)
+
+
+# ---------------------------------------------------------------------- slave
+class HASlave:
+    """Slave side: connect to the master's HA port, apply the stream, report offsets,
+    and pull topics and consumer offsets from the master every `ha_config_sync_s`."""
+
+    def __init__(self, broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.store = broker.store
+        self.master_broker_addr: str | None = None
+        self.connected = False
+        self.master_offset = -1  # the master's max offset at its last heartbeat
+        self._sync_now = trio.Event()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._config_sync_loop)
+            while True:
+                try:
+                    await self._session()
+                except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
+                        trio.BrokenResourceError, trio.ClosedResourceError,
+                        trio.TooSlowError) as exc:
+                    log.warning("HA: connection to master %s failed: %s",
+                                self.config.ha_master_address, exc)
+                self.connected = False
+                await trio.sleep(self.config.ha_reconnect_s)
+
+    async def _session(self) -> None:
+        cfg = self.config
+        host, port = split_addr(cfg.ha_master_address)
+        with trio.fail_after(cfg.ha_handshake_timeout_s):
+            stream = await trio.open_tcp_stream(host, port)
+        async with stream:
+            with trio.fail_after(cfg.ha_handshake_timeout_s):
+                hello = await _recv_exactly(stream, len(MAGIC) + _NONCE)
+                if hello[: len(MAGIC)] != MAGIC:
+                    raise HAProtocolError("not an HA port")
+                nonce = hello[len(MAGIC):]
+                name = cfg.broker_name.encode()
+                await stream.send_all(
+                    _mac(cfg.ha_secret, b"slave", nonce, name)
+                    + _I64.pack(self.store.max_physical_offset)
+                    + struct.pack(">H", len(name)) + name
+                )
+                mac = await _recv_exactly(stream, _MAC)
+                if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"master", nonce, name)):
+                    raise HAProtocolError("master failed authentication")
+                n, = struct.unpack(">H", await _recv_exactly(stream, 2))
+                self.master_broker_addr = (await _recv_exactly(stream, n)).decode()
+            self.connected = True
+            self._sync_now.set()  # topics and offsets at once, then every ha_config_sync_s
+            log.info("HA: replicating from %s at offset %d", cfg.ha_master_address,
+                     self.store.max_physical_offset)
+            limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
+            while True:
+                with trio.fail_after(cfg.ha_housekeeping_s):
+                    offset, length = _HEADER.unpack(await _recv_exactly(stream, _HEADER.size))
+                    if length < 0 or length > limit:
+                        raise HAProtocolError(f"chunk of {length} bytes")
+                    data = await _recv_exactly(stream, length) if length else b""
+                if length:
+                    append_chunk(self.store, offset, data)
+                else:
+                    self.master_offset = offset
+                await stream.send_all(_I64.pack(self.store.max_physical_offset))
+
+    async def _config_sync_loop(self) -> None:
+        while True:
+            if self.master_broker_addr is not None:
+                try:
+                    await self.sync_config()
+                except (RemotingError, OSError, ValueError, KeyError, TypeError,
+                        AttributeError) as exc:
+                    log.warning("HA: config sync from %s failed: %r", self.master_broker_addr, exc)
+            with trio.move_on_after(self.config.ha_config_sync_s):
+                await self._sync_now.wait()
+            self._sync_now = trio.Event()
+
+    async def sync_config(self) -> None:
+        """Topics and consumer offsets from the master (RocketMQ's slave does the same
+        with GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET)."""
+        broker = self.broker
+        client = broker.client
+        if client is None:
+            return
+        addr = self.master_broker_addr
+        timeout = self.config.register_timeout_s
+        resp = await client.invoke(
+            addr, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG, {}), timeout
+        )
+        if resp.code == 0 and resp.body:
+            table = json.loads(resp.body).get("topicConfigTable", {})
+            for data in table.values():
+                broker.topic_config_manager.update(TopicConfig.from_json(data))
+        resp = await client.invoke(
+            addr, RemotingCommand.request(RequestCode.GET_ALL_CONSUMER_OFFSET, {}), timeout
+        )
+        if resp.code == 0 and resp.body:
+            om = broker.offset_manager
+            for key, queues in json.loads(resp.body).get("offsetTable", {}).items():
+                topic, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)
+                for q, off in queues.items():
+                    om.commit(group, topic, int(q), int(off))
