@@ -94,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("topic")
     p.add_argument("--time", required=True,
                    help="ms since epoch, ISO date-time (local), 'now', or relative: -30m, -2h, -1d")
+    # argparse takes "-1h" for an option (only "-1" looks like a number to it): let relative
+    # times through as values, as `--time -1h` is what people type.
+    p._negative_number_matcher = _RELATIVE_ARG
     p.set_defaults(func=_runner(_consumer_reset))
 
     message_parser = cmds.add_parser("message", help="find messages")
@@ -263,6 +266,8 @@ def _ts(ms: int) -> str:
 
 
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+# What argparse may take for a value rather than an option: -5, -1.5, -30m, -2h, -1d.
+_RELATIVE_ARG = re.compile(r"^-\d+(?:\.\d+)?[smhd]?$|^-\.\d+$")
 
 
 def parse_time(text: str, now_ms: int | None = None) -> int:
