@@ -61,6 +61,27 @@ def _broken_pipe(exc: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # inside the try: a reader gone shows here, not at exit
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        if not _broken_pipe(exc):
+            raise
+        # The reader went away (`lmq admin tail X | head`): stop quietly, as `cat` does.
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras:
@@ -72,18 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    try:
-        return int(func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except BaseException as exc:
-        if not _broken_pipe(exc):
-            raise
-        # The reader went away (`lmq admin tail X | head`): stop quietly, as `cat` does.
-        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
+    return int(func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from lmq.commands._checks import log_level
+
 log = logging.getLogger("lmq")
 
 
@@ -70,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="name server address(es), ';'-separated (default %(default)s)")
     parser.add_argument("--data-dir", help="gateway state directory (default ./data/mqtt)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", type=log_level, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)")
     parser.add_argument("--remoting-tls", action="store_true",
                         help="reach the name servers and brokers over TLS")
     parser.add_argument("--remoting-tls-ca-file",

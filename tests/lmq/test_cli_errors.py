@@ -1,0 +1,122 @@
+"""The `lmq` command as a newcomer meets it: start-up errors are one line naming the cause
+and the fix (never a traceback), and the small conveniences (--version, per-command usage)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.broker.config import BrokerConfig
+from core.namesrv import NamesrvConfig
+from gateway.mqtt.config import MqttConfig
+from lmq.commands._checks import config_type_error, lock_data_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lmq(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmq", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def one_line_error(r: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "ERROR" in line or "error:" in line]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def serve_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["serve", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
+            "--broker-port", "0", "--no-mqtt", *extra]
+
+
+def test_version():
+    r = lmq("--version")
+    assert r.returncode == 0
+    assert r.stdout.startswith("lmq ") and r.stdout.split()[1][0].isdigit(), r.stdout
+
+
+def test_wrong_serve_flag_shows_serve_usage():
+    r = lmq("serve", "--mqtt-prot", "1884")
+    assert r.returncode == 2
+    assert "usage: lmq serve" in r.stderr
+    assert "lmq serve --help" in one_line_error(r)
+
+
+def test_unknown_log_level_refused(tmp_path):
+    r = lmq(*serve_args(tmp_path, "--log-level", "verbose"))
+    assert r.returncode == 2
+    line = one_line_error(r)
+    assert "'verbose'" in line and "DEBUG" in line
+
+
+def test_config_value_of_wrong_type_refused(tmp_path):
+    config = tmp_path / "lmq.toml"
+    config.write_text('file_reserved_hours = "abc"\n')
+    r = lmq(*serve_args(tmp_path, "--config", str(config)))
+    assert r.returncode == 2
+    line = one_line_error(r)
+    assert "file_reserved_hours = 'abc'" in line and "must be a number" in line
+    assert str(config) in line
+
+
+@pytest.mark.parametrize("config", [BrokerConfig(), NamesrvConfig(), MqttConfig()])
+def test_defaults_pass_the_type_check(config):
+    assert config_type_error(config) is None
+
+
+def test_type_check_accepts_an_int_for_a_float_but_no_bool_for_an_int():
+    assert config_type_error(BrokerConfig(file_reserved_hours=2)) is None
+    assert "must be an integer" in config_type_error(BrokerConfig(port=True))
+
+
+def test_taken_port_named_with_its_listener(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = lmq("serve", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
+                "--broker-port", str(port), "--no-mqtt")
+    assert r.returncode == 1
+    assert f"port {port} (broker)" in one_line_error(r)
+
+
+def test_taken_port_of_a_standalone_name_server(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = lmq("namesrv", "--port", str(port))
+    assert r.returncode == 1
+    assert f"port {port} (name server)" in one_line_error(r)
+
+
+def test_data_dir_held_by_another_server(tmp_path):
+    import os
+
+    fd, problem = lock_data_dir(str(tmp_path / "data"))  # what a running server holds
+    assert problem is None
+    try:
+        r = lmq(*serve_args(tmp_path))
+    finally:
+        os.close(fd)
+    assert r.returncode == 1
+    line = one_line_error(r)
+    assert "in use by another lmq server" in line and f"pid {os.getpid()}" in line
+    assert "--data-dir" in line
+
+
+def test_closed_pipe_is_a_quiet_exit():
+    # `lmq ... | head` where head has already exited: no BrokenPipeError traceback.
+    proc = subprocess.Popen([sys.executable, "-m", "lmq", "--help"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    proc.stderr.close()
+    assert "BrokenPipe" not in err and "Traceback" not in err, err
