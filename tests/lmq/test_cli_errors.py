@@ -111,12 +111,34 @@ def test_data_dir_held_by_another_server(tmp_path):
     assert "--data-dir" in line
 
 
-def test_closed_pipe_is_a_quiet_exit():
-    # `lmq ... | head` where head has already exited: no BrokenPipeError traceback.
-    proc = subprocess.Popen([sys.executable, "-m", "lmq", "--help"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    proc.wait(timeout=60)
-    proc.stderr.close()
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_closed_pipe_is_a_quiet_exit(tmp_path):
+    """`lmq admin topic list | head` when head has gone: no BrokenPipeError traceback."""
+    import time
+
+    addr = f"127.0.0.1:{_free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
+         "--namesrv-port", addr.split(":")[1], "--broker-port", "0", "--no-mqtt"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while lmq("admin", "clusterList", "-n", addr).returncode != 0:
+            assert server.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+        proc = subprocess.Popen([sys.executable, "-m", "lmq", "admin", "topic", "list", "-n", addr],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # the reader is gone before the first line is written
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
     assert "BrokenPipe" not in err and "Traceback" not in err, err
+    assert proc.returncode == 141
