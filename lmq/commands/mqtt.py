@@ -110,19 +110,26 @@ def run(args: argparse.Namespace) -> int:
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
-                       "tls_verify": not args.remoting_tls_no_verify}
-                gateway = await nursery.start(functools.partial(
-                    run_standalone, config, args.namesrv_addr,
-                    client_options=tls if args.remoting_tls else None,
-                ))
+                started: list = []
 
                 async def watch() -> None:
+                    # Watching from the start: a signal while the name servers are still
+                    # awaited ends the process at once.
                     async for _ in signals:
-                        gateway.stop()
+                        if started:
+                            started[0].stop()
+                        else:
+                            nursery.cancel_scope.cancel()
                         return
 
                 nursery.start_soon(watch)
+                await wait_for_namesrv(args.namesrv_addr)
+                tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
+                       "tls_verify": not args.remoting_tls_no_verify}
+                started.append(await nursery.start(functools.partial(
+                    run_standalone, config, args.namesrv_addr,
+                    client_options=tls if args.remoting_tls else None,
+                )))
 
     try:
         trio.run(main)
@@ -130,6 +137,41 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return 1
     return 0
+
+
+# Waits between attempts to reach the name servers at start-up: doubling up to the cap.
+NAMESRV_RETRY_FIRST_S = 1.0
+NAMESRV_RETRY_MAX_S = 10.0
+
+
+async def wait_for_namesrv(addr_list: str) -> None:
+    """Return once one of the name servers accepts a TCP connection; until then log one
+    line per attempt saying what is wrong and what to do (a gateway may start first)."""
+    import trio
+
+    from core.broker.config import parse_addr_list
+
+    addrs = parse_addr_list(addr_list)
+    delay = NAMESRV_RETRY_FIRST_S
+    while True:
+        problems = []
+        for addr in addrs:
+            host, _, port = addr.rpartition(":")
+            try:
+                with trio.fail_after(5):
+                    stream = await trio.open_tcp_stream(host, int(port))
+                await stream.aclose()
+                return
+            except (OSError, trio.TooSlowError, ValueError) as exc:
+                cause = exc.__cause__ or exc  # trio: "all attempts failed" from a group
+                while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                    cause = cause.exceptions[0]
+                reason = getattr(cause, "strerror", None) or str(cause) or "no answer in 5 s"
+                problems.append(f"{addr} ({reason})")
+        log.warning("name server not reachable: %s; retrying in %.0f s (start it, or fix "
+                    "--namesrv-addr)", ", ".join(problems), delay)
+        await trio.sleep(delay)
+        delay = min(delay * 2, NAMESRV_RETRY_MAX_S)
 
 
 def passwd(args: argparse.Namespace) -> int:

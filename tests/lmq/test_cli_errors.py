@@ -142,3 +142,34 @@ def test_closed_pipe_is_a_quiet_exit(tmp_path):
         server.wait(timeout=30)
     assert "BrokenPipe" not in err and "Traceback" not in err, err
     assert proc.returncode == 141
+
+
+def test_gateway_waits_for_its_name_server_and_stops_on_sigterm(tmp_path):
+    import signal
+
+    addr = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmq", "mqtt", "--namesrv-addr", addr, "--port", "0",
+         "--data-dir", str(tmp_path / "mqtt")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stderr.readline() for _ in range(2)]  # it retries, saying so each time
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    for line in lines:
+        assert f"name server not reachable: {addr}" in line, lines
+        assert "Connection refused" in line
+        assert "fix --namesrv-addr" in line
+    assert "Traceback" not in rest, rest
+
+
+def test_admin_without_name_server_is_one_line():
+    r = lmq("admin", "clusterList", "-n", f"127.0.0.1:{_free_port()}", "--timeout", "2")
+    assert r.returncode == 1
+    assert "no name server reachable" in one_line_error(r)
