@@ -22,18 +22,26 @@ log = logging.getLogger("lmq")
 
 
 def add_mqtt_options(parser: argparse.ArgumentParser, *, embedded: bool) -> None:
-    """MQTT listener flags (None = keep the config file's / default value)."""
-    prefix = "--mqtt-" if embedded else "--"
-    parser.add_argument(f"{prefix}port", dest="mqtt_port", type=int,
-                        help="MQTT TCP port (default 1883)")
-    parser.add_argument(f"{prefix}ws-port", dest="mqtt_ws_port", type=int,
-                        help="MQTT over WebSocket port (default: off)")
-    parser.add_argument(f"{prefix}tls-port", dest="mqtt_tls_port", type=int,
-                        help="MQTT over TLS port (default: off; needs certfile and keyfile)")
-    parser.add_argument(f"{prefix}certfile", dest="mqtt_certfile", help="TLS certificate (PEM)")
-    parser.add_argument(f"{prefix}keyfile", dest="mqtt_keyfile", help="TLS private key (PEM)")
-    parser.add_argument(f"{prefix}config", dest="mqtt_config", metavar="FILE",
-                        help="MQTT gateway TOML file (keys = MqttConfig fields)")
+    """MQTT listener flags (None = keep the config file's / default value).
+
+    One spelling for both commands: `--mqtt-port` etc. `lmq mqtt` also takes the short
+    `--port` etc. it had first, hidden from its help."""
+    options = (
+        ("port", dict(type=int, help="MQTT TCP port (default 1883)")),
+        ("ws-port", dict(type=int, help="MQTT over WebSocket port (default: off)")),
+        ("tls-port", dict(type=int, help="MQTT over TLS port (default: off; needs "
+                                         "--mqtt-certfile and --mqtt-keyfile)")),
+        ("certfile", dict(help="TLS certificate chain (PEM) of the MQTT TLS port")),
+        ("keyfile", dict(help="TLS private key (PEM) of the MQTT TLS port")),
+        ("config", dict(metavar="FILE", help="MQTT gateway TOML file (keys = MqttConfig "
+                                             "fields, docs/mqtt.md)")),
+    )
+    for name, kwargs in options:
+        dest = "mqtt_" + name.replace("-", "_")
+        parser.add_argument(f"--mqtt-{name}", dest=dest, **kwargs)
+        if not embedded:
+            hidden = {k: v for k, v in kwargs.items() if k != "help"}
+            parser.add_argument(f"--{name}", dest=dest, help=argparse.SUPPRESS, **hidden)
     if embedded:
         parser.add_argument("--no-mqtt", action="store_true", help="do not run the MQTT gateway")
 

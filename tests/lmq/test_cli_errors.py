@@ -173,3 +173,41 @@ def test_admin_without_name_server_is_one_line():
     r = lmq("admin", "clusterList", "-n", f"127.0.0.1:{_free_port()}", "--timeout", "2")
     assert r.returncode == 1
     assert "no name server reachable" in one_line_error(r)
+
+
+def test_one_spelling_of_the_mqtt_flags_for_both_commands():
+    from lmq.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["serve", "--mqtt-port", "1884"], ["mqtt", "--mqtt-port", "1884"],
+                 ["mqtt", "--port", "1884"]):
+        assert parser.parse_args(argv).mqtt_port == 1884, argv
+    help_text = _subparser(parser, "mqtt").format_help()
+    assert "--mqtt-port" in help_text and "--port" not in help_text.replace("--mqtt-port", "")
+
+
+def _subparser(parser, name):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from lmq.cli import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, f"{path} {name}")
+            elif action.option_strings and action.help is not argparse.SUPPRESS:
+                yield path, action
+
+    missing = [f"{path} {'/'.join(a.option_strings)}" for path, a in walk(build_parser(), "lmq")
+               if not a.help]
+    assert not missing, missing
