@@ -141,8 +141,21 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
+    except (OSError, BaseExceptionGroup) as exc:
+        import errno
+
+        from lmq.commands._broker_args import _os_error
+        from lmq.commands._checks import busy_listener
+
+        error = _os_error(exc)
+        if error is None:
+            raise
+        busy = None
+        if error.errno == errno.EADDRINUSE:
+            busy = busy_listener([("MQTT", config.host, config.port),
+                                  ("MQTT over WebSocket", config.host, config.ws_port),
+                                  ("MQTT over TLS", config.host, config.tls_port)])
+        log.error("cannot start: %s", busy or error)
         return 1
     return 0
 

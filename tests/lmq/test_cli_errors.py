@@ -211,3 +211,37 @@ def test_every_option_has_help():
     missing = [f"{path} {'/'.join(a.option_strings)}" for path, a in walk(build_parser(), "lmq")
                if not a.help]
     assert not missing, missing
+
+
+def test_taken_mqtt_port_named_embedded_and_standalone(tmp_path):
+    import time
+
+    addr = f"127.0.0.1:{_free_port()}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
+             "--namesrv-port", addr.split(":")[1], "--broker-port", "0", "--mqtt-port", str(port)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            # lmq serve keeps its name server and broker up and says why MQTT is not.
+            deadline = time.monotonic() + 60
+            for line in server.stderr:
+                if "MQTT gateway not started" in line or time.monotonic() > deadline:
+                    break
+            assert "MQTT gateway not started" in line and f"MQTT port {port}" in line, line
+            assert "--mqtt-port" in line
+            while lmq("admin", "clusterList", "-n", addr).returncode != 0:
+                assert time.monotonic() < deadline, "broker did not register"
+                time.sleep(0.3)
+            # lmq mqtt alone exits with one line naming the port.
+            r = lmq("mqtt", "--namesrv-addr", addr, "--mqtt-port", str(port),
+                    "--data-dir", str(tmp_path / "gw"))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+            server.stderr.close()
+    assert r.returncode == 1
+    assert f"port {port} (MQTT)" in one_line_error(r)
