@@ -59,12 +59,18 @@ def config_type_error(config: Any, source: str = "the configuration") -> str | N
     """The first field of dataclass `config` whose value does not have the declared type,
     as one line, or None. TOML gives typed values, so `file_reserved_hours = "abc"` is a
     string where a number belongs, and is refused before anything starts."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        hint = hints.get(f.name)
-        value = getattr(config, f.name)
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return mapping_type_error(type(config), values, source)
+
+
+def mapping_type_error(cls: type, values: dict, source: str = "the configuration") -> str | None:
+    """As `config_type_error`, for the keyword arguments of dataclass `cls` before it is
+    built (its own checks may trip over a value of the wrong type first)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        hint = hints.get(name)
         if hint is not None and not _matches(value, hint):
-            return (f"bad value in {source}: {f.name} = {value!r} must be {_type_name(hint)} "
+            return (f"bad value in {source}: {name} = {value!r} must be {_type_name(hint)} "
                     f"(fix it in the TOML file or the flag that sets it)")
     return None
 

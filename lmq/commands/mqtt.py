@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from lmq.commands._checks import log_level
+from lmq.commands._checks import log_level, mapping_type_error
 
 log = logging.getLogger("lmq")
 
@@ -57,6 +57,18 @@ def mqtt_config_from_args(args: argparse.Namespace, **extra):
         "keyfile": args.mqtt_keyfile,
     }
     overrides.update(extra)
+    if args.mqtt_config:  # the file's values, typed, before MqttConfig checks their ranges
+        import tomllib
+
+        from gateway.mqtt.config import MqttConfig
+
+        with open(args.mqtt_config, "rb") as fh:
+            table = tomllib.load(fh)
+        table = table.get("mqtt", table)
+        problem = isinstance(table, dict) and mapping_type_error(MqttConfig, table,
+                                                                 args.mqtt_config)
+        if problem:
+            raise ValueError(problem)
     return load_mqtt_config(args.mqtt_config, overrides)
 
 

@@ -245,3 +245,12 @@ def test_taken_mqtt_port_named_embedded_and_standalone(tmp_path):
             server.stderr.close()
     assert r.returncode == 1
     assert f"port {port} (MQTT)" in one_line_error(r)
+
+
+def test_mqtt_config_value_of_wrong_type_refused(tmp_path):
+    config = tmp_path / "mqtt.toml"
+    config.write_text('receive_maximum = "lots"\n')
+    r = lmq(*serve_args(tmp_path)[:-1], "--mqtt-config", str(config))
+    assert r.returncode == 2
+    line = one_line_error(r)
+    assert "receive_maximum = 'lots'" in line and "must be an integer" in line
