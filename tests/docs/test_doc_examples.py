@@ -12,6 +12,10 @@ Markers, in a comment on the lines just before a block:
 * ``<!-- not run: REASON -->``: the block is skipped (a server, docker, a benchmark, a
   placeholder); the reason is required.
 * ``<!-- prints: TEXT -->``: the block's standard output must contain TEXT.
+
+Blocks run in document order on one server, so a later block may read what an earlier one
+sent (docs/client.md's pull example reads the messages its first example sent); run the
+whole module, not one block with -k.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ def _port_free(port: int) -> bool:
 
 
 def _can_unshare() -> bool:
-    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "nsenter", "ip")):
         return False
     return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
 
