@@ -246,6 +246,11 @@ class ServerConnection:
         self._out.append(encode_method_frame(channel, method))
         self._last_send = self._now
 
+    def send_raw(self, data: bytes) -> None:
+        """Queue already-encoded frames (e.g. a method with its content)."""
+        self._out.append(data)
+        self._last_send = self._now
+
     def close(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Start a connection-level close (Connection.Close, then wait for Close-Ok)."""
         if self._state in (_State.CLOSING, _State.ENDED):

@@ -1,0 +1,85 @@
+"""A real broker + route log + AMQP server on free ports, and pika clients in a thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import trio
+
+from core.client import ClientInstance, PullStatus
+from core.common.sysflag import PullSysFlag
+from gateway.amqp.broker import AmqpBroker, AmqpBrokerConfig
+from gateway.amqp.server import AmqpServer, AmqpServerConfig
+from gateway.routing.route_log import RouteLog, RouteLogConfig
+from tests.core.broker.harness import run_embedded
+
+
+def params(port: int) -> pika.ConnectionParameters:
+    return pika.ConnectionParameters("127.0.0.1", port, credentials=pika.PlainCredentials(
+        "guest", "guest"), connection_attempts=1, socket_timeout=10,
+        blocked_connection_timeout=10)
+
+
+@dataclass
+class Gateway:
+    port: int
+    broker: AmqpBroker
+    client: ClientInstance
+    addr: str
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run an async function on the trio loop (from the pika thread)."""
+        return trio.from_thread.run(fn, *args)
+
+    def lmq_messages(self, lmq: str) -> list:
+        return self.call(pull_all, self.client, self.addr, lmq)
+
+    def stored_count(self) -> int:
+        """Messages in the AMQP store topic (all its queues)."""
+        cfg = self.broker.config
+
+        async def count() -> int:
+            total = 0
+            for qid in range(cfg.store_queues):
+                total += await self.client.api.get_max_offset(self.addr, cfg.store_topic, qid)
+            return total
+
+        return self.call(count)
+
+
+async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
+    ext = {"consumerGroup": "AMQP_TEST_READER", "topic": topic, "queueId": "0",
+           "queueOffset": "0", "maxMsgNums": "64", "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)),
+           "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "*",
+           "subVersion": "0", "expressionType": "TAG"}
+    got = await client.api.pull_message(addr, ext, 10.0)
+    return list(got.messages) if got.status is PullStatus.FOUND else []
+
+
+def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any], **server_kw) -> Any:
+    """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
+    result: list[Any] = []
+
+    async def body(server, _remoting):
+        b = server.broker
+        async with ClientInstance(namesrv_addr=server.namesrv_addr) as client:
+            routes = RouteLog(client, b.broker_addr, b.config.broker_name, "amqp-gw-1",
+                              RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,
+                                             gateway_timeout_s=2.0, ack_timeout_s=10.0))
+            broker = AmqpBroker(client, b.broker_addr, b.config.broker_name, routes,
+                                AmqpBrokerConfig())
+            async with trio.open_nursery() as nursery:
+                await nursery.start(routes.run)
+                await broker.start()
+                amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)
+                port = await nursery.start(amqp.serve)
+                gw = Gateway(port, broker, client, b.broker_addr)
+                result.append(await trio.to_thread.run_sync(client_fn, gw))
+                nursery.cancel_scope.cancel()
+
+    # A gateway over TCP may set INNER_MULTI_DISPATCH only when the broker allows it.
+    run_embedded(body, tmp_path, timeout=90.0, allow_inner_properties_without_acl=True)
+    return result[0]

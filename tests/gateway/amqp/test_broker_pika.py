@@ -1,0 +1,162 @@
+"""Exchanges, queues, bindings and publish over a real broker, driven by pika."""
+
+from __future__ import annotations
+
+import base64
+
+import pika
+import pika.exceptions
+import pytest
+
+from gateway.amqp.broker import PROP_PROPERTIES, PROP_ROUTING_KEY
+from gateway.amqp.properties import decode_properties
+from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _lmq(gw: Gateway, queue: str) -> str:
+    return gw.broker.queues[queue].lmq
+
+
+def test_topic_exchange_fans_out_one_stored_copy(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.exchange_declare("events", "topic")
+        for queue, pattern in (("q-star", "order.*"), ("q-hash", "order.#"),
+                               ("q-other", "invoice.*")):
+            ch.queue_declare(queue)
+            ch.queue_bind(queue, "events", pattern)
+        props = pika.BasicProperties(content_type="application/json", delivery_mode=2,
+                                     headers={"tenant": "acme", "n": 7})
+        ch.basic_publish("events", "order.created", b'{"id": 1}', props)
+        ch.basic_publish("events", "order.created.late", b"second")  # only order.#
+        conn.close()
+        got = {q: gw.lmq_messages(_lmq(gw, q)) for q in ("q-star", "q-hash", "q-other")}
+        return got, gw.stored_count()
+
+    got, stored = run_gateway(tmp_path, client)
+    assert stored == 2  # two publishes, each stored once however many queues it reached
+    assert [m.body for m in got["q-star"]] == [b'{"id": 1}']
+    assert [m.body for m in got["q-hash"]] == [b'{"id": 1}', b"second"]
+    assert got["q-other"] == []
+    # Both queues hold the same stored message, not copies.
+    assert got["q-star"][0].commitlog_offset == got["q-hash"][0].commitlog_offset
+    first = got["q-hash"][0]
+    assert first.properties[PROP_ROUTING_KEY] == "order.created"
+    props = decode_properties(base64.b64decode(first.properties[PROP_PROPERTIES]))
+    assert props.content_type == "application/json" and props.delivery_mode == 2
+    assert props.headers == {"tenant": "acme", "n": 7}
+
+
+def test_direct_fanout_headers_and_default_exchange(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        for name in ("d1", "f1", "h1", "plain"):
+            ch.queue_declare(name)
+        ch.queue_bind("d1", "amq.direct", "key-a")
+        ch.exchange_declare("fan", "fanout")
+        ch.queue_bind("f1", "fan", "ignored")
+        ch.queue_bind("h1", "amq.headers", "", arguments={"x-match": "any", "kind": "x"})
+        ch.basic_publish("amq.direct", "key-a", b"direct")
+        ch.basic_publish("amq.direct", "key-b", b"nobody")
+        ch.basic_publish("fan", "whatever", b"fanout")
+        ch.basic_publish("amq.headers", "", b"headers",
+                         pika.BasicProperties(headers={"kind": "x"}))
+        ch.basic_publish("amq.headers", "", b"no-match",
+                         pika.BasicProperties(headers={"kind": "y"}))
+        ch.basic_publish("", "plain", b"default")
+        ch.queue_unbind("d1", "amq.direct", "key-a")
+        ch.basic_publish("amq.direct", "key-a", b"after-unbind")
+        conn.close()
+        return {q: [m.body for m in gw.lmq_messages(_lmq(gw, q))]
+                for q in ("d1", "f1", "h1", "plain")}
+
+    assert run_gateway(tmp_path, client) == {
+        "d1": [b"direct"], "f1": [b"fanout"], "h1": [b"headers"], "plain": [b"default"]}
+
+
+def test_server_named_exclusive_queue_and_confirms(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        name = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(name, "amq.topic", "a.b")
+        ch.basic_publish("amq.topic", "a.b", b"confirmed")  # returns once acked
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("amq.topic", "no.route", b"x", mandatory=True)
+        ch.basic_publish("amq.topic", "no.route", b"dropped")  # not mandatory: just acked
+        # Another connection may not use the exclusive queue (405 RESOURCE_LOCKED).
+        other = pika.BlockingConnection(params(gw.port))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as locked:
+            other.channel().queue_declare(name, passive=True)
+        other.close()
+        lmq = _lmq(gw, name)
+        bodies = [m.body for m in gw.lmq_messages(lmq)]
+        stored = gw.stored_count()
+        conn.close()
+        return name, bodies, stored, locked.value.reply_code, name in gw.broker.queues
+
+    name, bodies, stored, locked, still_there = run_gateway(tmp_path, client)
+    assert name.startswith("amq.gen-")
+    assert bodies == [b"confirmed"]
+    assert stored == 1  # unroutable messages are not stored
+    assert locked == 405
+    assert not still_there  # the exclusive queue died with its connection
+
+
+def _closed_with(ch_call) -> tuple[int, str]:
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch_call()
+    return info.value.reply_code, info.value.reply_text
+
+
+def test_misuse_gets_rabbitmq_reply_codes(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        out = {}
+        out["passive exchange"] = _closed_with(
+            lambda: conn.channel().exchange_declare("missing", passive=True))
+        out["passive queue"] = _closed_with(
+            lambda: conn.channel().queue_declare("missing", passive=True))
+        out["amq exchange"] = _closed_with(
+            lambda: conn.channel().exchange_declare("amq.mine", "direct"))
+        out["amq queue"] = _closed_with(lambda: conn.channel().queue_declare("amq.mine"))
+        ch = conn.channel()
+        ch.queue_declare("q", durable=True)
+        ch.exchange_declare("x", "direct")
+        out["queue redeclare"] = _closed_with(lambda: ch.queue_declare("q", durable=False))
+        ch = conn.channel()
+        out["exchange redeclare"] = _closed_with(lambda: ch.exchange_declare("x", "fanout"))
+        out["bind missing queue"] = _closed_with(
+            lambda: conn.channel().queue_bind("nope", "x", "k"))
+        out["bind missing exchange"] = _closed_with(
+            lambda: conn.channel().queue_bind("q", "nope", "k"))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        out["publish missing exchange"] = _closed_with(
+            lambda: ch.basic_publish("nope", "k", b"x"))
+        # The connection survived every channel error.
+        ch = conn.channel()
+        ch.queue_declare("q", durable=True)  # same arguments: fine
+        ch.exchange_declare("amq.direct", passive=True)  # predefined
+        alive = conn.is_open
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as hard:
+            conn.channel().exchange_declare("y", "no-such-type")
+        return out, alive, hard.value.reply_code
+
+    out, alive, hard = run_gateway(tmp_path, client)
+    codes = {k: v[0] for k, v in out.items()}
+    assert codes == {"passive exchange": 404, "passive queue": 404, "amq exchange": 403,
+                     "amq queue": 403, "queue redeclare": 406, "exchange redeclare": 406,
+                     "bind missing queue": 404, "bind missing exchange": 404,
+                     "publish missing exchange": 404}
+    assert out["queue redeclare"][1] == ("PRECONDITION_FAILED - inequivalent arg 'durable' for "
+                                         "queue 'q' in vhost '/': received 'false' but current "
+                                         "is 'true'")
+    assert out["passive exchange"][1] == "NOT_FOUND - no exchange 'missing' in vhost '/'"
+    assert alive
+    assert hard == 503
