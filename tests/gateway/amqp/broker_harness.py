@@ -34,6 +34,18 @@ class Gateway:
         """Run an async function on the trio loop (from the pika thread)."""
         return trio.from_thread.run(fn, *args)
 
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+        """Poll `condition` on the trio loop until it holds (AssertionError after timeout_s)."""
+        async def poll() -> None:
+            with trio.fail_after(timeout_s):
+                while not condition():
+                    await trio.sleep(0.01)
+
+        try:
+            self.call(poll)
+        except trio.TooSlowError:
+            raise AssertionError("condition not reached") from None
+
     def lmq_messages(self, lmq: str) -> list:
         return self.call(pull_all, self.client, self.addr, lmq)
 
@@ -78,6 +90,9 @@ def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any], **server_kw) -> A
                 port = await nursery.start(amqp.serve)
                 gw = Gateway(port, broker, client, b.broker_addr)
                 result.append(await trio.to_thread.run_sync(client_fn, gw))
+                with trio.fail_after(20):  # connection clean-ups before the route log stops
+                    while amqp.connections:
+                        await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
 
     # A gateway over TCP may set INNER_MULTI_DISPATCH only when the broker allows it.
