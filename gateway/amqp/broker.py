@@ -31,6 +31,7 @@ import trio
 
 from core.client import ClientInstance, MessageQueue
 from core.client.errors import MQClientError
+from core.client.pop_consumer import PopClient
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
@@ -73,6 +74,17 @@ class AmqpBrokerConfig:
     max_exchanges: int = 10_000
     #: Bindings of one queue.
     max_bindings_per_queue: int = 1_000
+    #: POP invisibility of a delivery not yet acknowledged (RabbitMQ's consumer_timeout
+    #: is 30 min); a gateway crash returns its deliveries at once (holder), not after this.
+    invisible_ms: int = 30 * 60 * 1000
+    #: How long one POP request waits for a message (a consumer's cancel waits for it).
+    poll_ms: int = 1000
+    #: Messages per POP request (the broker's POP_MAX_NUMS is 32).
+    pop_batch: int = 32
+    #: Prefix of the POP consumer group of a queue (group = prefix + the queue's LMQ).
+    group_prefix: str = "GID_AMQP"
+    #: POP holder id of this gateway process (default: random per process).
+    holder_id: str = ""
 
 
 @dataclass
@@ -140,14 +152,42 @@ class AmqpBroker:
             name: Exchange(name, kind) for name, kind in PREDEFINED.items()}
         self.queues: dict[str, Queue] = {}
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
+        self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
+        self._pop_clients: dict[str, PopClient] = {}
+        #: Consumer loops run here (not in a connection's nursery): a POP in progress is
+        #: never cancelled, so no delivery is handed out to a request nobody reads.
+        self.nursery: trio.Nursery | None = None
         self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
                           "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
                           "h": "0", "j": "0", "k": "false", "m": "false"}
 
     async def start(self) -> None:
-        """Create the store topic (the route log must be running: `routes.run`)."""
+        """Create the store topic and register this gateway as a POP holder (the route log
+        must be running: `routes.run`)."""
         n = self.config.store_queues
         await self.client.api.create_topic(self.addr, self.config.store_topic, n, n)
+        # Holder (docs/pop.md): when this gateway's broker connection drops, the broker
+        # makes its unacknowledged deliveries visible again at once.
+        first = self.pop_client(self.config.group_prefix)
+        await first.register_holder(self.holder_id)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.start()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def pop_client(self, group: str) -> PopClient:
+        pc = self._pop_clients.get(group)
+        if pc is None:
+            pc = self._pop_clients[group] = PopClient(
+                self.client.api.remoting, self.addr, self.broker_name, group)
+        return pc
+
+    def queue_pop(self, queue: Queue) -> PopClient:
+        """The POP client of a queue's consumer group (one group per queue)."""
+        return self.pop_client(self.config.group_prefix + queue.lmq)
 
     # ------------------------------------------------------------------ exchanges
     def exchange_declare(self, name: str, kind: str, *, passive: bool, durable: bool,
@@ -251,6 +291,10 @@ class AmqpBroker:
         """Exclusive queues die with their connection."""
         for queue in [q for q in self.queues.values() if q.owner == owner]:
             await self._drop_queue(queue)
+
+    def consumable(self, name: str, owner: int) -> Queue:
+        """The queue for consume/get: 404 if unknown, 405 if another's exclusive queue."""
+        return self._queue_for(name, owner)
 
     def _queue_for(self, name: str, owner: int) -> Queue:
         queue = self.queues.get(name)

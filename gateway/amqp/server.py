@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +105,18 @@ class AmqpServer:
                                 frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
         conn.decoder.max_message_size = cfg.max_message_size
         session = AmqpSession(conn, self.broker) if self.broker is not None else None
+        send_lock = trio.Lock()  # consumer loops write deliveries from their own tasks
+
+        async def flush() -> None:
+            async with send_lock:
+                out = conn.data_to_send()
+                if out:
+                    await stream.send_all(out)
+
+        if session is not None:
+            session.flush = flush
         try:
-            await self._loop(stream, conn, session)
+            await self._loop(stream, conn, session, flush)
         finally:
             if session is not None:
                 # Bounded: a broker that is gone must not keep the task forever.
@@ -115,7 +125,8 @@ class AmqpServer:
                     await session.ended()
 
     async def _loop(self, stream: trio.SocketStream, conn: ServerConnection,
-                    session: AmqpSession | None) -> None:
+                    session: AmqpSession | None,
+                    flush: Callable[[], Awaitable[None]]) -> None:
         cfg = self.config
         now = trio.current_time()
         handshake_deadline: float | None = now + cfg.handshake_timeout_s
@@ -140,9 +151,7 @@ class AmqpServer:
                 await self._event(conn, session, event)
                 if type(event) is ConnectionOpened:
                     handshake_deadline = None
-            out = conn.data_to_send()
-            if out:
-                await stream.send_all(out)
+            await flush()
             if conn.closing and close_deadline is None:
                 close_deadline = trio.current_time() + cfg.close_linger_s
 

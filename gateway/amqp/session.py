@@ -10,6 +10,7 @@ method of the connection is read, so publisher confirms go out in publish order.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.amqp import errors
@@ -21,11 +22,20 @@ from gateway.amqp.connection import (
     MethodReceived,
     ServerConnection,
 )
+from gateway.amqp.consume import Deliveries
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import (
     BasicAck,
+    BasicCancel,
+    BasicCancelOk,
+    BasicConsume,
+    BasicConsumeOk,
+    BasicGet,
     BasicNack,
     BasicPublish,
+    BasicQos,
+    BasicQosOk,
+    BasicReject,
     BasicReturn,
     ConfirmSelect,
     ConfirmSelectOk,
@@ -49,12 +59,17 @@ _connection_ids = itertools.count(1)
 
 
 class _Channel:
-    __slots__ = ("confirm", "next_publish_tag", "last_queue")
+    __slots__ = ("confirm", "next_publish_tag", "last_queue", "deliveries")
 
-    def __init__(self) -> None:
+    def __init__(self, deliveries: Deliveries) -> None:
         self.confirm = False
         self.next_publish_tag = 1
         self.last_queue = ""  # "the current queue" of spec 1.7.2.1 (a "" queue name)
+        self.deliveries = deliveries
+
+
+async def _no_flush() -> None:
+    return None
 
 
 class AmqpSession:
@@ -65,11 +80,13 @@ class AmqpSession:
         self.broker = broker
         self.id = next(_connection_ids)
         self.channels: dict[int, _Channel] = {}
+        #: Writes what the connection has queued to the socket (set by the server).
+        self.flush: Callable[[], Awaitable[None]] = _no_flush
 
     async def handle(self, event: Any) -> None:
         kind = type(event)
         if kind is ChannelClosed:
-            self.channels.pop(event.channel, None)
+            await self._drop_channel(event.channel)
             return
         if kind is ContentReceived:
             content = event.content
@@ -80,7 +97,8 @@ class AmqpSession:
             return
         state = self.channels.get(channel)
         if state is None:
-            state = self.channels[channel] = _Channel()
+            state = self.channels[channel] = _Channel(Deliveries(
+                self.broker, channel, self.conn.frame_max, self.conn.send_raw, self._flush))
         try:
             if content is not None:
                 await self._publish(channel, state, content)
@@ -93,13 +111,27 @@ class AmqpSession:
             if exc.connection_level:
                 self.conn.close(exc.reply_code, exc.text, exc.class_id, exc.method_id)
             else:
-                self.channels.pop(channel, None)
                 self.conn.close_channel(channel, exc.reply_code, exc.text, exc.class_id,
                                         exc.method_id)
+                await self._drop_channel(channel)
+
+    async def _flush(self) -> None:
+        await self.flush()
+
+    async def _drop_channel(self, channel: int) -> None:
+        state = self.channels.pop(channel, None)
+        if state is not None:
+            await state.deliveries.close()
 
     async def ended(self) -> None:
-        """The connection is gone: its exclusive queues go too."""
+        """The connection is gone: its unacknowledged deliveries are requeued, its
+        exclusive queues go."""
+        for channel in list(self.channels):
+            await self._drop_channel(channel)
         await self.broker.connection_ended(self.id)
+
+    def _tag_taken(self, tag: str) -> bool:
+        return any(tag in c.deliveries.consumers for c in self.channels.values())
 
     # ------------------------------------------------------------------ methods
     def _queue_name(self, state: _Channel, name: str) -> str:
@@ -145,6 +177,31 @@ class AmqpSession:
             count = await broker.queue_delete(self._queue_name(state, method.queue), self.id)
             if not method.nowait:
                 send(channel, QueueDeleteOk(count))
+        elif kind is BasicAck:
+            await state.deliveries.ack(method.delivery_tag, method.multiple)
+        elif kind is BasicNack:
+            await state.deliveries.nack(method.delivery_tag, method.multiple, method.requeue)
+        elif kind is BasicReject:
+            await state.deliveries.nack(method.delivery_tag, False, method.requeue)
+        elif kind is BasicQos:
+            # prefetch_size is not limited (RabbitMQ ignores it too); global counts as
+            # per consumer (docs/amqp.md).
+            state.deliveries.prefetch = method.prefetch_count
+            send(channel, BasicQosOk())
+        elif kind is BasicConsume:
+            queue = broker.consumable(self._queue_name(state, method.queue), self.id)
+            tag = state.deliveries.consume(method.consumer_tag, queue.lmq,
+                                           broker.queue_pop(queue), method.no_ack,
+                                           self._tag_taken)
+            if not method.nowait:
+                send(channel, BasicConsumeOk(tag))
+        elif kind is BasicCancel:
+            state.deliveries.cancel(method.consumer_tag)
+            if not method.nowait:
+                send(channel, BasicCancelOk(method.consumer_tag))
+        elif kind is BasicGet:
+            queue = broker.consumable(self._queue_name(state, method.queue), self.id)
+            await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)
         elif kind is ConfirmSelect:
             state.confirm = True
             if not method.nowait:

@@ -85,7 +85,7 @@ def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any], **server_kw) -> A
                                 AmqpBrokerConfig())
             async with trio.open_nursery() as nursery:
                 await nursery.start(routes.run)
-                await broker.start()
+                await nursery.start(broker.run)
                 amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)
                 port = await nursery.start(amqp.serve)
                 gw = Gateway(port, broker, client, b.broker_addr)

@@ -160,3 +160,72 @@ def test_misuse_gets_rabbitmq_reply_codes(tmp_path):
     assert out["passive exchange"][1] == "NOT_FOUND - no exchange 'missing' in vhost '/'"
     assert alive
     assert hard == 503
+
+
+def test_consume_ack_round_trip_and_nack_requeue_redelivers(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("work")
+        ch.queue_bind("work", "amq.direct", "job")
+        for i in range(3):
+            ch.basic_publish("amq.direct", "job", f"m{i}".encode(),
+                             pika.BasicProperties(content_type="text/plain",
+                                                  headers={"i": i}))
+        ch.basic_qos(prefetch_count=10)
+        seen = []
+        for method, props, body in ch.consume("work", inactivity_timeout=10):
+            assert method is not None, "no delivery"
+            seen.append((body, method.redelivered, method.routing_key, props.headers))
+            if body == b"m1" and not method.redelivered:
+                ch.basic_nack(method.delivery_tag, requeue=True)  # comes back redelivered
+            else:
+                ch.basic_ack(method.delivery_tag)
+            if len(seen) == 4:
+                break
+        ch.cancel()
+        # Everything acknowledged: a new consumer (another connection) gets nothing.
+        other = pika.BlockingConnection(params(gw.port))
+        got = other.channel().basic_get("work", auto_ack=False)
+        other.close()
+        conn.close()
+        return seen, got
+
+    seen, got = run_gateway(tmp_path, client)
+    assert sorted(b for b, *_ in seen) == [b"m0", b"m1", b"m1", b"m2"]
+    firsts = [(b, r) for b, r, *_ in seen]
+    assert (b"m1", False) in firsts and (b"m1", True) in firsts
+    assert all(r is False for b, r in firsts if b != b"m1")
+    assert seen[0][2] == "job" and seen[0][3] == {"i": 0}
+    assert got == (None, None, None)
+
+
+def test_basic_get_and_unacked_requeued_on_close(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("g")
+        empty = ch.basic_get("g")
+        ch.basic_publish("", "g", b"one")
+        ch.basic_publish("", "g", b"two")
+        m1, _, b1 = ch.basic_get("g", auto_ack=False)
+        ch.close()  # m1 left unacknowledged: back to the queue at once
+        ch = conn.channel()
+        seen = []
+        for _ in range(2):
+            m, _, b = ch.basic_get("g", auto_ack=False)
+            seen.append((b, m.redelivered))
+            ch.basic_ack(m.delivery_tag)
+        last = ch.basic_get("g")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+            ch.basic_ack(999)
+            ch.basic_get("g")  # the 406 arrives by now
+        conn.close()
+        return empty, (b1, m1.redelivered), sorted(seen), last, info.value.reply_code
+
+    empty, first, seen, last, code = run_gateway(tmp_path, client)
+    assert empty == (None, None, None)
+    assert first == (b"one", False)
+    assert seen == [(b"one", True), (b"two", False)]
+    assert last == (None, None, None)
+    assert code == 406
