@@ -182,8 +182,17 @@ class AmqpBroker:
         pc = self._pop_clients.get(group)
         if pc is None:
             pc = self._pop_clients[group] = PopClient(
-                self.client.api.remoting, self.addr, self.broker_name, group)
+                self.client.api.remoting, self.addr, self.broker_name, group,
+                holder_id=self.holder_id)
         return pc
+
+    async def register_holder(self) -> None:
+        """Bind the holder id to the (possibly new) broker connection again: called after
+        a broker error, since a reconnected connection is not registered."""
+        try:
+            await self.pop_client(self.config.group_prefix).register_holder(self.holder_id)
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("AMQP POP holder registration failed: %r", exc)
 
     def queue_pop(self, queue: Queue) -> PopClient:
         """The POP client of a queue's consumer group (one group per queue)."""

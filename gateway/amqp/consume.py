@@ -127,6 +127,7 @@ class Deliveries:
             except _BROKER_ERRORS as exc:
                 log.warning("AMQP consumer pop failed: %r", exc)
                 await trio.sleep(RETRY_DELAY_S)
+                await self.broker.register_holder()
                 continue
             if result.status is not PopStatus.FOUND:
                 if result.status == PopStatus.POLLING_FULL:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,14 @@ class Gateway:
         except trio.TooSlowError:
             raise AssertionError("condition not reached") from None
 
+    async def drop_broker_connections(self) -> None:
+        """Close this gateway's TCP connections to the broker, as a crash would."""
+        remoting = self.client.api.remoting
+        for conn in list(remoting._connections.values()):
+            conn.close()
+        remoting._connections.clear()
+        await trio.sleep(0)
+
     def lmq_messages(self, lmq: str) -> list:
         return self.call(pull_all, self.client, self.addr, lmq)
 
@@ -73,25 +82,37 @@ async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
 
 def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any], **server_kw) -> Any:
     """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
+    return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, **server_kw)
+
+
+def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int,
+                 **server_kw) -> Any:
+    """`count` gateways (each its own broker client, route log and AMQP server) over one
+    broker; `client_fn(gateways)` runs in a thread."""
     result: list[Any] = []
 
-    async def body(server, _remoting):
+    async def gateway(nursery, server, i: int, client) -> tuple[Gateway, AmqpServer]:
         b = server.broker
-        async with ClientInstance(namesrv_addr=server.namesrv_addr) as client:
-            routes = RouteLog(client, b.broker_addr, b.config.broker_name, "amqp-gw-1",
-                              RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,
-                                             gateway_timeout_s=2.0, ack_timeout_s=10.0))
-            broker = AmqpBroker(client, b.broker_addr, b.config.broker_name, routes,
-                                AmqpBrokerConfig())
+        routes = RouteLog(client, b.broker_addr, b.config.broker_name, f"amqp-gw-{i}",
+                          RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,
+                                         gateway_timeout_s=2.0, ack_timeout_s=10.0))
+        broker = AmqpBroker(client, b.broker_addr, b.config.broker_name, routes,
+                            AmqpBrokerConfig())
+        await nursery.start(routes.run)
+        await nursery.start(broker.run)
+        amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)
+        port = await nursery.start(amqp.serve)
+        return Gateway(port, broker, client, b.broker_addr), amqp
+
+    async def body(server, _remoting):
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(
+                ClientInstance(namesrv_addr=server.namesrv_addr)) for _ in range(count)]
             async with trio.open_nursery() as nursery:
-                await nursery.start(routes.run)
-                await nursery.start(broker.run)
-                amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)
-                port = await nursery.start(amqp.serve)
-                gw = Gateway(port, broker, client, b.broker_addr)
-                result.append(await trio.to_thread.run_sync(client_fn, gw))
+                made = [await gateway(nursery, server, i, clients[i]) for i in range(count)]
+                result.append(await trio.to_thread.run_sync(client_fn, [g for g, _ in made]))
                 with trio.fail_after(20):  # connection clean-ups before the route log stops
-                    while amqp.connections:
+                    while any(amqp.connections for _, amqp in made):
                         await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
 

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.amqp.broker import PROP_PROPERTIES, PROP_ROUTING_KEY
 from gateway.amqp.properties import decode_properties
-from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
+from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway, run_gateways
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -229,3 +229,33 @@ def test_basic_get_and_unacked_requeued_on_close(tmp_path):
     assert seen == [(b"one", True), (b"two", False)]
     assert last == (None, None, None)
     assert code == 406
+
+
+def test_crashed_gateways_unacked_deliveries_return_at_once(tmp_path):
+    def client(gws: list[Gateway]):
+        a, b = gws
+        conn_a = pika.BlockingConnection(params(a.port))
+        ch_a = conn_a.channel()
+        ch_a.queue_declare("shared", durable=True)
+        ch_a.basic_publish("", "shared", b"precious")
+        method, _, body = ch_a.basic_get("shared", auto_ack=False)
+        assert body == b"precious" and not method.redelivered
+        # Gateway A "crashes": its broker connections drop without any nack or release
+        # (what the broker sees of a gateway killed with -9).
+        a.call(a.drop_broker_connections)
+        conn_b = pika.BlockingConnection(params(b.port))
+        ch_b = conn_b.channel()
+        ch_b.queue_declare("shared", durable=True)  # declarations are per gateway yet
+        got = None
+        for m, _, bd in ch_b.consume("shared", inactivity_timeout=15):
+            got = (bd, m.redelivered) if m is not None else None
+            if m is not None:
+                ch_b.basic_ack(m.delivery_tag)
+            break
+        ch_b.cancel()
+        conn_b.close()
+        conn_a.close()
+        return got
+
+    # The invisibility deadline is 30 min: only the holder release can bring it back.
+    assert run_gateways(tmp_path, client, 2) == (b"precious", True)
