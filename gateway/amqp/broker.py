@@ -69,7 +69,7 @@ class AmqpBrokerConfig:
     store_queues: int = 4
     producer_group: str = "AMQP_GATEWAY"
     send_timeout_s: float = 5.0
-    #: Queues and exchanges one gateway process keeps (declare past it: 506 / channel 406).
+    #: Queues and exchanges one gateway process keeps (a declare past it: 406 on the channel).
     max_queues: int = 100_000
     max_exchanges: int = 10_000
     #: Bindings of one queue.
@@ -224,8 +224,9 @@ class AmqpBroker:
                     raise _inequivalent("exchange", name, arg, _show(received), _show(current))
             return
         if len(self.exchanges) >= self.config.max_exchanges + len(PREDEFINED):
-            raise AmqpError(errors.RESOURCE_ERROR, f"RESOURCE_ERROR - exchange limit "
-                            f"({self.config.max_exchanges}) reached")
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
+                            f"declare exchange '{name}': exchange limit "
+                            f"({self.config.max_exchanges}) is reached")
         self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
                                         dict(arguments))
 
@@ -270,8 +271,9 @@ class AmqpBroker:
                                         _show(queue.arguments.get(key)))
             return queue
         if len(self.queues) >= self.config.max_queues:
-            raise AmqpError(errors.RESOURCE_ERROR, f"RESOURCE_ERROR - queue limit "
-                            f"({self.config.max_queues}) reached")
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
+                            f"declare queue '{name}': queue limit in vhost '/' "
+                            f"({self.config.max_queues}) is reached")
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
         lmq = lmq_names.encode(lmq_names.AMQP, name).topic

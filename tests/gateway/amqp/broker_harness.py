@@ -80,13 +80,15 @@ async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
     return list(got.messages) if got.status is PullStatus.FOUND else []
 
 
-def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any], **server_kw) -> Any:
+def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any],
+                broker_config: AmqpBrokerConfig | None = None, **server_kw) -> Any:
     """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
-    return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, **server_kw)
+    return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, broker_config,
+                        **server_kw)
 
 
 def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int,
-                 **server_kw) -> Any:
+                 broker_config: AmqpBrokerConfig | None = None, **server_kw) -> Any:
     """`count` gateways (each its own broker client, route log and AMQP server) over one
     broker; `client_fn(gateways)` runs in a thread."""
     result: list[Any] = []
@@ -97,7 +99,7 @@ def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int
                           RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,
                                          gateway_timeout_s=2.0, ack_timeout_s=10.0))
         broker = AmqpBroker(client, b.broker_addr, b.config.broker_name, routes,
-                            AmqpBrokerConfig())
+                            broker_config or AmqpBrokerConfig())
         await nursery.start(routes.run)
         await nursery.start(broker.run)
         amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)

@@ -259,3 +259,27 @@ def test_crashed_gateways_unacked_deliveries_return_at_once(tmp_path):
 
     # The invisibility deadline is 30 min: only the holder release can bring it back.
     assert run_gateways(tmp_path, client, 2) == (b"precious", True)
+
+
+def test_queue_and_binding_limits_refused_on_the_channel(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("one")
+        ch.queue_declare("two")
+        over = _closed_with(lambda: ch.queue_declare("three"))
+        ch = conn.channel()
+        ch.queue_declare("one")  # redeclaring an existing queue is not a new one
+        ch.queue_bind("one", "amq.direct", "a")
+        ch.queue_bind("one", "amq.direct", "a")  # the same binding again: no new route
+        ch.queue_bind("one", "amq.direct", "b")
+        bind_over = _closed_with(lambda: ch.queue_bind("one", "amq.direct", "c"))
+        conn.close()
+        return over, bind_over
+
+    from gateway.amqp.broker import AmqpBrokerConfig
+
+    config = AmqpBrokerConfig(max_queues=2, max_bindings_per_queue=2)
+    over, bind_over = run_gateway(tmp_path, client, config)
+    assert over[0] == 406 and "queue limit" in over[1]
+    assert bind_over[0] == 406
