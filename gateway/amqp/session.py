@@ -184,8 +184,8 @@ class AmqpSession:
         elif kind is BasicReject:
             await state.deliveries.nack(method.delivery_tag, False, method.requeue)
         elif kind is BasicQos:
-            # prefetch_size is not limited (RabbitMQ ignores it too); global counts as
-            # per consumer (docs/amqp.md).
+            # prefetch_size is not limited (RabbitMQ ignores it too); the count covers
+            # the channel's unacknowledged deliveries, global or not (docs/amqp.md).
             state.deliveries.prefetch = method.prefetch_count
             send(channel, BasicQosOk())
         elif kind is BasicConsume:
