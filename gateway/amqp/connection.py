@@ -150,6 +150,8 @@ class ServerConnection:
         self.username = ""
         self.vhost = ""
         self.terminated = False
+        #: Set by the driver: the peer connected from a loopback address.
+        self.peer_loopback = False
         self._vhost_exists = vhost_exists
         self._server_properties = server_properties or {
             "product": "lmq-gateway", "platform": "Python", "capabilities": CAPABILITIES,

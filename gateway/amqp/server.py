@@ -10,6 +10,7 @@ slice does not implement (queue, exchange, basic, confirm, tx) close the connect
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,9 +52,19 @@ class AmqpServerConfig:
     #: After our Connection.Close, wait this long for Close-Ok before closing the socket.
     close_linger_s: float = 2.0
     max_connections: int = 10_000
+    #: As RabbitMQ's loopback_users: user `guest` is accepted from loopback peers only.
+    guest_loopback_only: bool = True
     #: After a connection ends, at most this long to drop its exclusive queues' bindings.
     cleanup_timeout_s: float = 5.0
     read_size: int = 65536
+
+
+def _is_loopback(stream: trio.SocketStream) -> bool:
+    try:
+        host = stream.socket.getpeername()[0]
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except (OSError, ValueError, AttributeError, IndexError):
+        return False
 
 
 def _guest_only(username: str, password: str) -> bool:
@@ -104,6 +115,7 @@ class AmqpServer:
         conn = ServerConnection(vhost_exists=self.vhost_exists, channel_max=cfg.channel_max,
                                 frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
         conn.decoder.max_message_size = cfg.max_message_size
+        conn.peer_loopback = _is_loopback(stream)
         session = AmqpSession(conn, self.broker) if self.broker is not None else None
         send_lock = trio.Lock()  # consumer loops write deliveries from their own tasks
 
@@ -164,6 +176,10 @@ class AmqpServer:
                                                    event.password)
             except Exception:  # a broken authenticator refuses; it must not stop the server
                 log.exception("AMQP authenticator failed")
+                ok = False
+            if ok and event.username == "guest" and self.config.guest_loopback_only and \
+                    not conn.peer_loopback:
+                # RabbitMQ's loopback_users default: guest only from this machine.
                 ok = False
             conn.login(bool(ok), trio.current_time())
         elif session is not None:
