@@ -276,7 +276,11 @@ class AmqpBroker:
                             f"({self.config.max_queues}) is reached")
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
-        lmq = lmq_names.encode(lmq_names.AMQP, name).topic
+        try:
+            lmq = lmq_names.encode(lmq_names.AMQP, name).topic
+        except ValueError:  # not UTF-8 (the codec keeps raw octets as lone surrogates)
+            raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - queue name "
+                            "is not valid UTF-8") from None
         queue = Queue(name, lmq, durable, exclusive, auto_delete, dict(arguments),
                       owner if exclusive else None)
         self.queues[name] = queue
@@ -366,14 +370,14 @@ class AmqpBroker:
         """Store one message multi-dispatched into `lmqs`; True once the broker stored it."""
         props = {
             MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
-            PROP_EXCHANGE: quote(exchange_name, safe=_SAFE),
-            PROP_ROUTING_KEY: quote(routing_key, safe=_SAFE),
+            PROP_EXCHANGE: _quote(exchange_name),
+            PROP_ROUTING_KEY: _quote(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
         }
         for attr, key in _READABLE:
             value = getattr(properties, attr)
             if value:
-                props[key] = quote(value, safe=_SAFE)
+                props[key] = _quote(value)
         cfg = self.config
         qid = zlib.crc32(routing_key.encode("utf-8", "surrogateescape")) % cfg.store_queues
         ext = dict(self._ext_base)
@@ -390,6 +394,11 @@ class AmqpBroker:
             return False
         self.stats["stored"] += 1
         return result is not None
+
+
+def _quote(text: str) -> str:
+    # Octets that are not UTF-8 arrive as lone surrogates (surrogateescape): keep them.
+    return quote(text, safe=_SAFE, errors="surrogateescape")
 
 
 def _show(value: Any) -> str:

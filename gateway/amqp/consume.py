@@ -42,7 +42,8 @@ _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
     props = m.message.properties
     raw = props.get(PROP_PROPERTIES)
-    return (unquote(props.get(PROP_EXCHANGE, "")), unquote(props.get(PROP_ROUTING_KEY, "")),
+    return (unquote(props.get(PROP_EXCHANGE, ""), errors="surrogateescape"),
+            unquote(props.get(PROP_ROUTING_KEY, ""), errors="surrogateescape"),
             base64.b64decode(raw) if raw else EMPTY_PROPERTIES)
 
 

@@ -10,8 +10,11 @@ method of the connection is read, so publisher confirms go out in publish order.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from gateway.amqp import errors
 from gateway.amqp.broker import AmqpBroker
@@ -54,6 +57,8 @@ from gateway.amqp.methods import (
 )
 
 __all__ = ["AmqpSession"]
+
+log = logging.getLogger(__name__)
 
 _connection_ids = itertools.count(1)
 
@@ -104,6 +109,8 @@ class AmqpSession:
                 await self._publish(channel, state, content)
             else:
                 await self._method(channel, state, method)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
         except AmqpError as exc:
             exc.channel = channel
             if exc.class_id == 0:
@@ -114,6 +121,11 @@ class AmqpSession:
                 self.conn.close_channel(channel, exc.reply_code, exc.text, exc.class_id,
                                         exc.method_id)
                 await self._drop_channel(channel)
+        except Exception:
+            # A bug must cost this connection only, never the server and its other clients.
+            log.exception("AMQP %s on channel %d failed", method.NAME, channel)
+            self.conn.close(errors.INTERNAL_ERROR, "INTERNAL_ERROR", method.CLASS_ID,
+                            method.METHOD_ID)
 
     async def _flush(self) -> None:
         await self.flush()

@@ -283,3 +283,40 @@ def test_queue_and_binding_limits_refused_on_the_channel(tmp_path):
     over, bind_over = run_gateway(tmp_path, client, config)
     assert over[0] == 406 and "queue limit" in over[1]
     assert bind_over[0] == 406
+
+
+def test_names_that_are_not_utf8_get_errors_not_crashes(tmp_path):
+    from gateway.amqp.codec import encode_content, encode_method_frame
+    from gateway.amqp.methods import (
+        BasicPublish,
+        ChannelClose,
+        ChannelOpen,
+        ChannelOpenOk,
+        QueueDeclare,
+    )
+    from gateway.amqp.properties import BasicProperties
+    from tests.gateway.amqp.test_server_pika import _raw_handshake, _read_until
+
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("all")
+        ch.queue_bind("all", "amq.topic", "#")
+        s, decoder = _raw_handshake(gw.port, heartbeat=0)
+        with s:
+            s.sendall(encode_method_frame(1, ChannelOpen()))
+            _read_until(s, decoder, ChannelOpenOk)
+            key = b"odd.\xff".decode("utf-8", "surrogateescape")
+            s.sendall(encode_content(1, BasicPublish(0, "amq.topic", key, False, False),
+                                     BasicProperties(), b"raw octets"))
+            s.sendall(encode_method_frame(1, QueueDeclare(0, key)))
+            close = _read_until(s, decoder, ChannelClose)
+            s.sendall(encode_method_frame(2, ChannelOpen()))
+            _read_until(s, decoder, ChannelOpenOk)  # the connection is fine
+        stored = gw.lmq_messages(_lmq(gw, "all"))
+        conn.close()
+        return close.reply_code, [(m.body, m.properties[PROP_ROUTING_KEY]) for m in stored]
+
+    code, stored = run_gateway(tmp_path, client)
+    assert code == 406
+    assert stored == [(b"raw octets", "odd.%FF")]
