@@ -58,6 +58,8 @@ PROP_PROPERTIES = "AMQP_P"
 #: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
 _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
              ("message_id", "AMQP_MESSAGE_ID"))
+#: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
+ACK_BATCH = 512
 _SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII except % (quote keeps these)
 
 
@@ -157,6 +159,10 @@ class AmqpBroker:
         #: Consumer loops run here (not in a connection's nursery): a POP in progress is
         #: never cancelled, so no delivery is handed out to a request nobody reads.
         self.nursery: trio.Nursery | None = None
+        # Acks waiting for the ack task: sent as BATCH_ACK, one request per consumer group
+        # (and pop) in each round, while the previous round is on the wire.
+        self._acks: list[tuple[PopClient, Any]] = []
+        self._acks_ready = trio.Event()
         self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
                           "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
                           "h": "0", "j": "0", "k": "false", "m": "false"}
@@ -175,8 +181,30 @@ class AmqpBroker:
         await self.start()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            nursery.start_soon(self._ack_loop)
             task_status.started()
             await trio.sleep_forever()
+
+    def ack_later(self, pop: PopClient, message: Any) -> None:
+        """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
+        self._acks.append((pop, message))
+        self._acks_ready.set()
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._acks_ready.wait()
+            self._acks_ready = trio.Event()
+            batch, self._acks = self._acks, []
+            groups: dict[int, tuple[PopClient, list]] = {}
+            for pop, m in batch:
+                groups.setdefault(id(pop), (pop, []))[1].append(m)
+            for pop, messages in groups.values():
+                for start in range(0, len(messages), ACK_BATCH):
+                    try:
+                        await pop.batch_ack(messages[start:start + ACK_BATCH])
+                    except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+                        # Unacknowledged: redelivered after the deadline (at least once).
+                        log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
 
     def pop_client(self, group: str) -> PopClient:
         pc = self._pop_clients.get(group)

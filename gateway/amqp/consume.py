@@ -153,7 +153,7 @@ class Deliveries:
                 self.closed = True
             if consumer.no_ack:
                 for m in result.messages:
-                    await self._settle(consumer.pop.ack, m)
+                    self.broker.ack_later(consumer.pop, m)
 
     # ------------------------------------------------------------------ get
     async def get(self, pop: PopClient, queue_lmq: str, no_ack: bool) -> None:
@@ -190,8 +190,9 @@ class Deliveries:
         return [entry]
 
     async def ack(self, tag: int, multiple: bool) -> None:
+        ack_later = self.broker.ack_later
         for pop, m in self._take(tag, multiple):
-            await self._settle(pop.ack, m)
+            ack_later(pop, m)
         self._wake()
 
     async def nack(self, tag: int, multiple: bool, requeue: bool) -> None:

@@ -7,6 +7,7 @@ import base64
 import pika
 import pika.exceptions
 import pytest
+import trio
 
 from gateway.amqp.broker import PROP_PROPERTIES, PROP_ROUTING_KEY
 from gateway.amqp.properties import decode_properties
@@ -320,3 +321,35 @@ def test_names_that_are_not_utf8_get_errors_not_crashes(tmp_path):
     code, stored = run_gateway(tmp_path, client)
     assert code == 406
     assert stored == [(b"raw octets", "odd.%FF")]
+
+
+def test_acks_reach_the_broker_and_unacked_come_back_after_the_deadline(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("dl")
+        for body in (b"acked", b"acked-too", b"kept"):
+            ch.basic_publish("", "dl", body)
+        ch.basic_get("dl", auto_ack=False)
+        m2, _, _ = ch.basic_get("dl", auto_ack=False)
+        held, _, b1 = ch.basic_get("dl", auto_ack=False)
+        ch.basic_ack(m2.delivery_tag, multiple=True)  # the first two; `held` stays out
+        # Past the (short) invisibility deadline: only the unacknowledged one returns.
+        gw.call(trio.sleep, 2.5)
+        other = pika.BlockingConnection(params(gw.port))
+        och = other.channel()
+        back = []
+        while True:
+            m, _, body = och.basic_get("dl", auto_ack=True)
+            if m is None:
+                break
+            back.append((body, m.redelivered))
+        other.close()
+        conn.close()
+        return b1, back
+
+    from gateway.amqp.broker import AmqpBrokerConfig
+
+    b1, back = run_gateway(tmp_path, client, AmqpBrokerConfig(invisible_ms=1000))
+    assert b1 == b"kept"
+    assert back == [(b"kept", True)]
