@@ -21,7 +21,6 @@ import base64
 import logging
 import secrets
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import trio
 from core.client import ClientInstance, MessageQueue
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient
+from core.common.codec import BATCH_HEAD, INT16
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
@@ -58,6 +58,9 @@ PROP_PROPERTIES = "AMQP_P"
 #: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
 _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
              ("message_id", "AMQP_MESSAGE_ID"))
+#: A batch of publishes is cut at this many octets (the broker takes 4 MiB bodies).
+MAX_BATCH_BYTES = 1024 * 1024
+_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
 _SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII except % (quote keeps these)
@@ -71,6 +74,9 @@ class AmqpBrokerConfig:
     store_queues: int = 4
     producer_group: str = "AMQP_GATEWAY"
     send_timeout_s: float = 5.0
+    #: Octets of publishes of one connection received but not yet stored; past it the
+    #: connection's socket is not read until stores complete (back-pressure).
+    max_publish_backlog_bytes: int = 4 * 1024 * 1024
     #: Queues and exchanges one gateway process keeps (a declare past it: 406 on the channel).
     max_queues: int = 100_000
     max_exchanges: int = 10_000
@@ -393,9 +399,9 @@ class AmqpBroker:
                             f"internal exchange '{exchange_name}' in vhost '/'")
         return sorted(self.routes.table.amqp_lmqs(exchange_name, routing_key, headers))
 
-    async def store(self, exchange_name: str, routing_key: str, properties: Any,
-                    raw_properties: bytes, body: bytes, lmqs: list[str]) -> bool:
-        """Store one message multi-dispatched into `lmqs`; True once the broker stored it."""
+    def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
+                          raw_properties: bytes, lmqs: list[str]) -> bytes:
+        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
         props = {
             MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
             PROP_EXCHANGE: _quote(exchange_name),
@@ -406,21 +412,41 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = _quote(value)
+        return encode_properties(props).encode()
+
+    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool:
+        """Store (properties, body) messages in store queue `qid`, in order, with one
+        request; True once the broker stored them all."""
         cfg = self.config
-        qid = zlib.crc32(routing_key.encode("utf-8", "surrogateescape")) % cfg.store_queues
         ext = dict(self._ext_base)
         ext["e"] = str(qid)
         ext["g"] = str(int(time.time() * 1000))
-        ext["i"] = encode_properties(props)
+        if len(items) == 1:
+            ext["i"] = items[0][0].decode()
+            body = items[0][1]
+            batch = False
+        else:
+            parts = []
+            add = parts.append
+            head = BATCH_HEAD.pack
+            for pb, payload in items:
+                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
+                add(payload)
+                add(INT16.pack(len(pb)))
+                add(pb)
+            body = b"".join(parts)
+            ext["i"] = ""
+            ext["m"] = "true"
+            batch = True
         mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
         try:
             result = await self.client.api.send_message(
-                self.addr, mq, ext, body, batch=False, uniq_id="", timeout=cfg.send_timeout_s)
+                self.addr, mq, ext, body, batch=batch, uniq_id="", timeout=cfg.send_timeout_s)
         except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
-            self.stats["failed"] += 1
-            log.warning("AMQP store failed: %r", exc)
+            self.stats["failed"] += len(items)
+            log.warning("AMQP store of %d message(s) failed: %r", len(items), exc)
             return False
-        self.stats["stored"] += 1
+        self.stats["stored"] += len(items)
         return result is not None
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from gateway.amqp import errors
-from gateway.amqp.broker import AmqpBroker
+from gateway.amqp.broker import MAX_BATCH_BYTES, AmqpBroker
 from gateway.amqp.codec import encode_content
 from gateway.amqp.connection import (
     ChannelClosed,
@@ -58,17 +59,21 @@ from gateway.amqp.methods import (
 
 __all__ = ["AmqpSession"]
 
+#: Methods that need not wait for the connection's earlier publishes to be stored.
+_NO_BARRIER = frozenset({BasicAck, BasicNack, BasicReject, BasicQos})
+
 log = logging.getLogger(__name__)
 
 _connection_ids = itertools.count(1)
 
 
 class _Channel:
-    __slots__ = ("confirm", "next_publish_tag", "last_queue", "deliveries")
+    __slots__ = ("confirm", "next_publish_tag", "confirms", "last_queue", "deliveries")
 
     def __init__(self, deliveries: Deliveries) -> None:
         self.confirm = False
         self.next_publish_tag = 1
+        self.confirms: deque[list] = deque()  # [tag, None | stored?] in publish order
         self.last_queue = ""  # "the current queue" of spec 1.7.2.1 (a "" queue name)
         self.deliveries = deliveries
 
@@ -87,6 +92,15 @@ class AmqpSession:
         self.channels: dict[int, _Channel] = {}
         #: Writes what the connection has queued to the socket (set by the server).
         self.flush: Callable[[], Awaitable[None]] = _no_flush
+        # Publishes received, not yet stored: (properties, body, confirm entry, channel,
+        # channel state); stored by `_store_loop` in the broker's nursery.
+        self._pubs: list[tuple] = []
+        self._pub_bytes = 0
+        self._pub_wake = trio.Event()
+        self._pub_space = trio.Event()
+        self._storing = False
+        self._ended = False
+        self._stores_done = trio.Event()
 
     async def handle(self, event: Any) -> None:
         kind = type(event)
@@ -108,6 +122,11 @@ class AmqpSession:
             if content is not None:
                 await self._publish(channel, state, content)
             else:
+                if self._pub_bytes and type(method) not in _NO_BARRIER:
+                    # Publishes before this method take effect first (a get after a
+                    # publish on the connection sees the message, as with RabbitMQ).
+                    while self._pub_bytes:
+                        await self._pub_space.wait()
                 await self._method(channel, state, method)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise
@@ -138,6 +157,11 @@ class AmqpSession:
     async def ended(self) -> None:
         """The connection is gone: its unacknowledged deliveries are requeued, its
         exclusive queues go."""
+        # Publishes already received are stored (bounded by the caller's deadline).
+        self._ended = True
+        self._pub_wake.set()
+        if self._storing:
+            await self._stores_done.wait()
         for channel in list(self.channels):
             await self._drop_channel(channel)
         await self.broker.connection_ended(self.id)
@@ -232,22 +256,98 @@ class AmqpSession:
             # RabbitMQ 3+ refuses immediate with a connection error.
             raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 0,
                             60, 40)
+        broker = self.broker
         props = content.properties
-        lmqs = self.broker.route(method.exchange, method.routing_key, props.headers)
-        stored = True
-        if lmqs:
-            stored = await self.broker.store(method.exchange, method.routing_key, props,
-                                             content.raw_properties, content.body, lmqs)
-        else:
-            self.broker.stats["unroutable"] += 1
+        lmqs = broker.route(method.exchange, method.routing_key, props.headers)
+        entry: list | None = None
+        if state.confirm:
+            entry = [state.next_publish_tag, None]
+            state.next_publish_tag += 1
+            state.confirms.append(entry)
+        if not lmqs:
+            broker.stats["unroutable"] += 1
             if method.mandatory:
                 # Basic.Return goes out before the confirm (RabbitMQ's order).
                 self.conn.send_raw(encode_content(
                     channel, BasicReturn(errors.NO_ROUTE, "NO_ROUTE", method.exchange,
                                          method.routing_key),
                     content.raw_properties, content.body, self.conn.frame_max))
-        if state.confirm and channel in self.channels:
-            tag = state.next_publish_tag
-            state.next_publish_tag += 1
-            self.conn.send(channel, BasicAck(tag, False) if stored
-                           else BasicNack(tag, False, False))
+            if entry is not None:
+                entry[1] = True
+                self._confirm(channel, state)
+            return
+        pb = broker.stored_properties(method.exchange, method.routing_key, props,
+                                      content.raw_properties, lmqs)
+        self._pubs.append((pb, content.body, entry, channel, state))
+        self._pub_bytes += len(pb) + len(content.body)
+        if not self._storing:
+            if broker.nursery is None:
+                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
+                                "running")
+            self._storing = True
+            self._stores_done = trio.Event()
+            broker.nursery.start_soon(self._store_loop)
+        self._pub_wake.set()
+        while self._pub_bytes > broker.config.max_publish_backlog_bytes:
+            await self._pub_space.wait()  # back-pressure: stop reading this socket
+
+    def _confirm(self, channel: int, state: _Channel) -> None:
+        """Send the confirms of `channel` that are settled, in publish order (a run of
+        acks as one Basic.Ack with multiple)."""
+        if self.channels.get(channel) is not state:
+            return  # the channel closed since: its confirms are moot
+        confirms = state.confirms
+        last_ack = 0
+        while confirms and confirms[0][1] is not None:
+            tag, ok = confirms.popleft()
+            if ok:
+                last_ack = tag
+                continue
+            if last_ack:
+                self.conn.send(channel, BasicAck(last_ack, True))
+                last_ack = 0
+            self.conn.send(channel, BasicNack(tag, False, False))
+        if last_ack:
+            self.conn.send(channel, BasicAck(last_ack, True))
+
+    async def _store_loop(self) -> None:
+        """Store this connection's publishes in order, one batch at a time: while one is
+        on the wire the next accumulates. All of a connection's publishes go to one store
+        queue, so they reach every queue in the order they were published."""
+        broker = self.broker
+        qid = self.id % broker.config.store_queues
+        try:
+            while True:
+                if not self._pubs:
+                    if self._ended:
+                        return
+                    await self._pub_wake.wait()
+                    self._pub_wake = trio.Event()
+                    continue
+                size = 0
+                n = 0
+                for pb, body, *_ in self._pubs:
+                    if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
+                        break
+                    size += len(pb) + len(body)
+                    n += 1
+                batch, self._pubs = self._pubs[:n], self._pubs[n:]
+                ok = await broker.store_batch(qid, [(pb, body) for pb, body, *_ in batch])
+                self._pub_bytes -= size
+                self._pub_space.set()
+                self._pub_space = trio.Event()
+                touched = {}
+                for _, _, entry, channel, state in batch:
+                    if entry is not None:
+                        entry[1] = ok
+                        touched[channel] = state
+                for channel, state in touched.items():
+                    self._confirm(channel, state)
+                if touched:
+                    try:
+                        await self.flush()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+        finally:
+            self._storing = False
+            self._stores_done.set()

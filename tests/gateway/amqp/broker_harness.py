@@ -30,6 +30,11 @@ class Gateway:
     broker: AmqpBroker
     client: ClientInstance
     addr: str
+    server: AmqpServer
+
+    def wait_idle(self) -> None:
+        """Until every connection's task ended (publishes received are stored by then)."""
+        self.wait_for(lambda: self.server.connections == 0)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run an async function on the trio loop (from the pika thread)."""
@@ -72,12 +77,19 @@ class Gateway:
 
 
 async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
-    ext = {"consumerGroup": "AMQP_TEST_READER", "topic": topic, "queueId": "0",
-           "queueOffset": "0", "maxMsgNums": "64", "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)),
-           "commitOffset": "0", "suspendTimeoutMillis": "0", "subscription": "*",
-           "subVersion": "0", "expressionType": "TAG"}
-    got = await client.api.pull_message(addr, ext, 10.0)
-    return list(got.messages) if got.status is PullStatus.FOUND else []
+    out: list = []
+    offset = 0
+    while True:
+        ext = {"consumerGroup": "AMQP_TEST_READER", "topic": topic, "queueId": "0",
+               "queueOffset": str(offset), "maxMsgNums": "32",
+               "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)), "commitOffset": "0",
+               "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0",
+               "expressionType": "TAG"}
+        got = await client.api.pull_message(addr, ext, 10.0)
+        if got.status is not PullStatus.FOUND or not got.messages:
+            return out
+        out.extend(got.messages)
+        offset = got.next_begin_offset
 
 
 def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any],
@@ -104,7 +116,7 @@ def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int
         await nursery.start(broker.run)
         amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)
         port = await nursery.start(amqp.serve)
-        return Gateway(port, broker, client, b.broker_addr), amqp
+        return Gateway(port, broker, client, b.broker_addr, amqp), amqp
 
     async def body(server, _remoting):
         async with contextlib.AsyncExitStack() as stack:

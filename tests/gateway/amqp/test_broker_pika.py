@@ -34,6 +34,7 @@ def test_topic_exchange_fans_out_one_stored_copy(tmp_path):
         ch.basic_publish("events", "order.created", b'{"id": 1}', props)
         ch.basic_publish("events", "order.created.late", b"second")  # only order.#
         conn.close()
+        gw.wait_idle()
         got = {q: gw.lmq_messages(_lmq(gw, q)) for q in ("q-star", "q-hash", "q-other")}
         return got, gw.stored_count()
 
@@ -72,6 +73,7 @@ def test_direct_fanout_headers_and_default_exchange(tmp_path):
         ch.queue_unbind("d1", "amq.direct", "key-a")
         ch.basic_publish("amq.direct", "key-a", b"after-unbind")
         conn.close()
+        gw.wait_idle()
         return {q: [m.body for m in gw.lmq_messages(_lmq(gw, q))]
                 for q in ("d1", "f1", "h1", "plain")}
 
@@ -353,3 +355,20 @@ def test_acks_reach_the_broker_and_unacked_come_back_after_the_deadline(tmp_path
     b1, back = run_gateway(tmp_path, client, AmqpBrokerConfig(invisible_ms=1000))
     assert b1 == b"kept"
     assert back == [(b"kept", True)]
+
+
+def test_publishes_of_a_connection_keep_their_order_in_every_queue(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        for q in ("ord-a", "ord-b"):
+            ch.queue_declare(q)
+            ch.queue_bind(q, "amq.topic", "#")
+        for i in range(60):  # a different routing key each time, stored in batches
+            ch.basic_publish("amq.topic", f"k{i}.x", str(i).encode())
+        conn.close()
+        gw.wait_idle()
+        return [[m.body for m in gw.lmq_messages(_lmq(gw, q))] for q in ("ord-a", "ord-b")]
+
+    a, b = run_gateway(tmp_path, client)
+    assert a == b == [str(i).encode() for i in range(60)]
