@@ -414,9 +414,11 @@ class AmqpBroker:
                 props[key] = _quote(value)
         return encode_properties(props).encode()
 
-    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool:
+    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
         """Store (properties, body) messages in store queue `qid`, in order, with one
-        request; True once the broker stored them all."""
+        request: True once the broker stored them all; None when the broker refused the
+        request (nothing stored: sending the messages one by one is safe); False when the
+        outcome is unknown or a lone message was refused."""
         cfg = self.config
         ext = dict(self._ext_base)
         ext["e"] = str(qid)
@@ -442,7 +444,15 @@ class AmqpBroker:
         try:
             result = await self.client.api.send_message(
                 self.addr, mq, ext, body, batch=batch, uniq_id="", timeout=cfg.send_timeout_s)
-        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+        except MQClientError as exc:
+            # The broker answered with an error (or the client refused locally): nothing
+            # was stored.
+            if len(items) > 1:
+                return None
+            self.stats["failed"] += 1
+            log.warning("AMQP store refused: %r", exc)
+            return False
+        except (RemotingError, OSError, trio.TooSlowError) as exc:
             self.stats["failed"] += len(items)
             log.warning("AMQP store of %d message(s) failed: %r", len(items), exc)
             return False

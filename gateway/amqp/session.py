@@ -333,13 +333,20 @@ class AmqpSession:
                     n += 1
                 batch, self._pubs = self._pubs[:n], self._pubs[n:]
                 ok = await broker.store_batch(qid, [(pb, body) for pb, body, *_ in batch])
+                if ok is None:
+                    # The broker refused the batch as a whole (e.g. one message too big):
+                    # store them one by one so only the culprits are nacked.
+                    results = [await broker.store_batch(qid, [(pb, body)])
+                               for pb, body, *_ in batch]
+                else:
+                    results = [ok] * len(batch)
                 self._pub_bytes -= size
                 self._pub_space.set()
                 self._pub_space = trio.Event()
                 touched = {}
-                for _, _, entry, channel, state in batch:
+                for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
                     if entry is not None:
-                        entry[1] = ok
+                        entry[1] = bool(stored)
                         touched[channel] = state
                 for channel, state in touched.items():
                     self._confirm(channel, state)

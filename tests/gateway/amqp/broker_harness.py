@@ -93,14 +93,16 @@ async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
 
 
 def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any],
-                broker_config: AmqpBrokerConfig | None = None, **server_kw) -> Any:
+                broker_config: AmqpBrokerConfig | None = None, *,
+                broker_kw: dict | None = None, **server_kw) -> Any:
     """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
     return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, broker_config,
-                        **server_kw)
+                        broker_kw=broker_kw, **server_kw)
 
 
 def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int,
-                 broker_config: AmqpBrokerConfig | None = None, **server_kw) -> Any:
+                 broker_config: AmqpBrokerConfig | None = None, *,
+                 broker_kw: dict | None = None, **server_kw) -> Any:
     """`count` gateways (each its own broker client, route log and AMQP server) over one
     broker; `client_fn(gateways)` runs in a thread."""
     result: list[Any] = []
@@ -131,5 +133,6 @@ def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int
                 nursery.cancel_scope.cancel()
 
     # A gateway over TCP may set INNER_MULTI_DISPATCH only when the broker allows it.
-    run_embedded(body, tmp_path, timeout=90.0, allow_inner_properties_without_acl=True)
+    run_embedded(body, tmp_path, timeout=90.0, allow_inner_properties_without_acl=True,
+                 **(broker_kw or {}))
     return result[0]

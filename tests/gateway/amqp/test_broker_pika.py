@@ -372,3 +372,25 @@ def test_publishes_of_a_connection_keep_their_order_in_every_queue(tmp_path):
 
     a, b = run_gateway(tmp_path, client)
     assert a == b == [str(i).encode() for i in range(60)]
+
+
+def test_confirm_nack_when_the_broker_refuses_and_the_rest_are_stored(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("nk")
+        # Without confirms, three publishes that may share a batch; the middle one is too
+        # big for the broker: a refused batch is sent again one by one.
+        plain = conn.channel()
+        for body in (b"small-1", b"x" * 100_000, b"small-2"):
+            plain.basic_publish("", "nk", body)
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", "nk", b"y" * 100_000)
+        ch.basic_publish("", "nk", b"small-3")  # acked
+        conn.close()
+        gw.wait_idle()
+        return [m.body for m in gw.lmq_messages(_lmq(gw, "nk"))]
+
+    bodies = run_gateway(tmp_path, client, broker_kw={"max_message_size": 64 * 1024})
+    assert bodies == [b"small-1", b"small-2", b"small-3"]
