@@ -198,19 +198,25 @@ class AmqpBroker:
 
     async def _ack_loop(self) -> None:
         while True:
-            await self._acks_ready.wait()
-            self._acks_ready = trio.Event()
-            batch, self._acks = self._acks, []
-            groups: dict[int, tuple[PopClient, list]] = {}
-            for pop, m in batch:
-                groups.setdefault(id(pop), (pop, []))[1].append(m)
-            for pop, messages in groups.values():
-                for start in range(0, len(messages), ACK_BATCH):
-                    try:
-                        await pop.batch_ack(messages[start:start + ACK_BATCH])
-                    except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
-                        # Unacknowledged: redelivered after the deadline (at least once).
-                        log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
+            try:
+                await self._ack_round()
+            except Exception:
+                log.exception("AMQP ack round failed")  # those acks: redelivered later
+
+    async def _ack_round(self) -> None:
+        await self._acks_ready.wait()
+        self._acks_ready = trio.Event()
+        batch, self._acks = self._acks, []
+        groups: dict[int, tuple[PopClient, list]] = {}
+        for pop, m in batch:
+            groups.setdefault(id(pop), (pop, []))[1].append(m)
+        for pop, messages in groups.values():
+            for start in range(0, len(messages), ACK_BATCH):
+                try:
+                    await pop.batch_ack(messages[start:start + ACK_BATCH])
+                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+                    # Unacknowledged: redelivered after the deadline (at least once).
+                    log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
 
     def pop_client(self, group: str) -> PopClient:
         pc = self._pop_clients.get(group)

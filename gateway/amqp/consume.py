@@ -113,6 +113,14 @@ class Deliveries:
         return min(batch, self.prefetch - len(self.unacked))
 
     async def _consume_loop(self, consumer: Consumer) -> None:
+        try:
+            await self._consume(consumer)
+        except Exception:
+            # Runs in the broker's nursery: a bug stops this consumer, not the gateway.
+            log.exception("AMQP consumer %s failed", consumer.tag)
+            self.consumers.pop(consumer.tag, None)
+
+    async def _consume(self, consumer: Consumer) -> None:
         cfg = self.broker.config
         while not consumer.cancelled and not self.closed:
             room = batch = self._room_left()

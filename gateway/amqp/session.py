@@ -355,6 +355,16 @@ class AmqpSession:
                         await self.flush()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
+        except Exception:
+            # A bug here must not take the gateway down (this task runs in the broker's
+            # nursery): nack what is waiting and let the connection go on.
+            log.exception("AMQP store loop failed")
+            pending, self._pubs, self._pub_bytes = self._pubs, [], 0
+            for _, _, entry, channel, state in pending:
+                if entry is not None:
+                    entry[1] = False
+                    self._confirm(channel, state)
+            self._pub_space.set()
         finally:
             self._storing = False
             self._stores_done.set()
