@@ -394,3 +394,30 @@ def test_confirm_nack_when_the_broker_refuses_and_the_rest_are_stored(tmp_path):
 
     bodies = run_gateway(tmp_path, client, broker_kw={"max_message_size": 64 * 1024})
     assert bodies == [b"small-1", b"small-2", b"small-3"]
+
+
+def test_two_gateways_share_bindings_and_compete_for_one_queue(tmp_path):
+    def client(gws: list[Gateway]):
+        a, b = gws
+        conn_a = pika.BlockingConnection(params(a.port))
+        conn_b = pika.BlockingConnection(params(b.port))
+        ch_a, ch_b = conn_a.channel(), conn_b.channel()
+        ch_a.queue_declare("shared-work")
+        ch_a.queue_bind("shared-work", "amq.direct", "task")  # bound through gateway A
+        ch_b.queue_declare("shared-work")
+        ch_b.confirm_delivery()
+        for i in range(20):  # published through gateway B: the route log carried the bind
+            ch_b.basic_publish("amq.direct", "task", str(i).encode())
+        got = []
+        for _ in range(30):
+            for ch in (ch_a, ch_b):
+                m, _, body = ch.basic_get("shared-work", auto_ack=True)
+                if m is not None:
+                    got.append((body, m.redelivered))
+        conn_a.close()
+        conn_b.close()
+        return got
+
+    got = run_gateways(tmp_path, client, 2)
+    assert sorted(int(b) for b, _ in got) == list(range(20))  # each exactly once
+    assert not any(r for _, r in got)
