@@ -115,6 +115,7 @@ class Queue:
     arguments: dict[str, Any] = field(default_factory=dict)
     owner: int | None = None  # connection id of an exclusive queue
     routes: set[Route] = field(default_factory=set)
+    consumers: int = 0  # consumers on this gateway
 
 
 def _flag(value: bool) -> str:
@@ -341,6 +342,11 @@ class AmqpBroker:
         routes, queue.routes = queue.routes, set()
         for route in routes:
             await self.routes.remove_route(route)
+
+    async def consumer_gone(self, queue: Queue) -> None:
+        """An auto-delete queue goes with its last consumer (counted on this gateway)."""
+        if queue.auto_delete and queue.consumers <= 0 and self.queues.get(queue.name) is queue:
+            await self._drop_queue(queue)
 
     async def connection_ended(self, owner: int) -> None:
         """Exclusive queues die with their connection."""

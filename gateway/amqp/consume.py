@@ -24,7 +24,13 @@ from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopStatus
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
-from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY, AmqpBroker
+from gateway.amqp.broker import (
+    PROP_EXCHANGE,
+    PROP_PROPERTIES,
+    PROP_ROUTING_KEY,
+    AmqpBroker,
+    Queue,
+)
 from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicGetEmpty, BasicGetOk
@@ -48,11 +54,12 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
 
 
 class Consumer:
-    __slots__ = ("tag", "queue_lmq", "pop", "no_ack", "cancelled")
+    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled")
 
-    def __init__(self, tag: str, queue_lmq: str, pop: PopClient, no_ack: bool) -> None:
+    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool) -> None:
         self.tag = tag
-        self.queue_lmq = queue_lmq
+        self.queue = queue
+        self.queue_lmq = queue.lmq
         self.pop = pop
         self.no_ack = no_ack
         self.cancelled = False
@@ -79,7 +86,7 @@ class Deliveries:
         self._room = trio.Event()
 
     # ------------------------------------------------------------------ consumers
-    def consume(self, tag: str, queue_lmq: str, pop: PopClient, no_ack: bool,
+    def consume(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
                 taken: Callable[[str], bool]) -> str:
         if not tag:
             tag = "amq.ctag-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
@@ -87,20 +94,22 @@ class Deliveries:
             # RabbitMQ: 530 NOT_ALLOWED, a connection error.
             raise AmqpError(errors.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer "
                             f"tag '{tag}'")
-        consumer = self.consumers[tag] = Consumer(tag, queue_lmq, pop, no_ack)
+        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack)
+        queue.consumers += 1
         nursery = self.broker.nursery
         if nursery is None:
             raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
         nursery.start_soon(self._consume_loop, consumer)
         return tag
 
-    def cancel(self, tag: str) -> bool:
+    def cancel(self, tag: str) -> Consumer | None:
         consumer = self.consumers.pop(tag, None)
         if consumer is None:
-            return False
+            return None
         consumer.cancelled = True
+        consumer.queue.consumers -= 1
         self._wake()
-        return True
+        return consumer
 
     def _wake(self) -> None:
         self._room.set()
@@ -217,14 +226,18 @@ class Deliveries:
     async def _requeue(self, pop: PopClient, m: PopMessage) -> None:
         await self._settle(pop.nack, m)
 
-    async def close(self) -> None:
-        """The channel is gone: stop its consumers, requeue what it left unacknowledged."""
-        self.closed = True
-        for consumer in self.consumers.values():
-            consumer.cancelled = True
-        self.consumers.clear()
-        self._wake()
+    async def recover(self) -> None:
+        """Basic.Recover with requeue: every unacknowledged delivery back to its queue."""
         pending, self.unacked = list(self.unacked.values()), {}
         for pop, m in pending:
             await self._requeue(pop, m)
+        self._wake()
+
+    async def close(self) -> list[Consumer]:
+        """The channel is gone: stop its consumers (returned), requeue what it left
+        unacknowledged."""
+        self.closed = True
+        cancelled = [c for c in map(self.cancel, list(self.consumers)) if c is not None]
+        await self.recover()
+        return cancelled
 

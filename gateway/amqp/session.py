@@ -39,6 +39,9 @@ from gateway.amqp.methods import (
     BasicPublish,
     BasicQos,
     BasicQosOk,
+    BasicRecover,
+    BasicRecoverAsync,
+    BasicRecoverOk,
     BasicReject,
     BasicReturn,
     ConfirmSelect,
@@ -152,7 +155,8 @@ class AmqpSession:
     async def _drop_channel(self, channel: int) -> None:
         state = self.channels.pop(channel, None)
         if state is not None:
-            await state.deliveries.close()
+            for consumer in await state.deliveries.close():
+                await self.broker.consumer_gone(consumer.queue)
 
     async def ended(self) -> None:
         """The connection is gone: its unacknowledged deliveries are requeued, its
@@ -226,15 +230,24 @@ class AmqpSession:
             send(channel, BasicQosOk())
         elif kind is BasicConsume:
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
-            tag = state.deliveries.consume(method.consumer_tag, queue.lmq,
+            tag = state.deliveries.consume(method.consumer_tag, queue,
                                            broker.queue_pop(queue), method.no_ack,
                                            self._tag_taken)
             if not method.nowait:
                 send(channel, BasicConsumeOk(tag))
         elif kind is BasicCancel:
-            state.deliveries.cancel(method.consumer_tag)
+            consumer = state.deliveries.cancel(method.consumer_tag)
             if not method.nowait:
                 send(channel, BasicCancelOk(method.consumer_tag))
+            if consumer is not None:
+                await broker.consumer_gone(consumer.queue)
+        elif kind is BasicRecover or kind is BasicRecoverAsync:
+            if not method.requeue:
+                # RabbitMQ does not implement redelivery to the same consumer either.
+                raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+            await state.deliveries.recover()
+            if kind is BasicRecover:
+                send(channel, BasicRecoverOk())
         elif kind is BasicGet:
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)

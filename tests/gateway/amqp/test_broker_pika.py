@@ -421,3 +421,25 @@ def test_two_gateways_share_bindings_and_compete_for_one_queue(tmp_path):
     got = run_gateways(tmp_path, client, 2)
     assert sorted(int(b) for b, _ in got) == list(range(20))  # each exactly once
     assert not any(r for _, r in got)
+
+
+def test_recover_requeues_and_auto_delete_queue_goes_with_its_last_consumer(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("rec")
+        ch.basic_publish("", "rec", b"again")
+        m, _, _ = ch.basic_get("rec", auto_ack=False)
+        ch.basic_recover(requeue=True)
+        again, _, body = ch.basic_get("rec", auto_ack=True)
+        ch.queue_declare("temp", auto_delete=True)
+        tag = ch.basic_consume("temp", lambda *a: None)
+        before = "temp" in gw.broker.queues
+        ch.basic_cancel(tag)
+        after = "temp" in gw.broker.queues
+        conn.close()
+        return (m.redelivered, again.redelivered, body), before, after
+
+    got, before, after = run_gateway(tmp_path, client)
+    assert got == (False, True, b"again")
+    assert before and not after
