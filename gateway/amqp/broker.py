@@ -116,6 +116,7 @@ class Queue:
     owner: int | None = None  # connection id of an exclusive queue
     routes: set[Route] = field(default_factory=set)
     consumers: int = 0  # consumers on this gateway
+    exclusive_consumer: bool = False  # an exclusive consume holds it (on this gateway)
 
 
 def _flag(value: bool) -> str:

@@ -87,15 +87,19 @@ class Deliveries:
 
     # ------------------------------------------------------------------ consumers
     def consume(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
-                taken: Callable[[str], bool]) -> str:
+                taken: Callable[[str], bool], exclusive: bool = False) -> str:
         if not tag:
             tag = "amq.ctag-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
         elif tag in self.consumers or taken(tag):
             # RabbitMQ: 530 NOT_ALLOWED, a connection error.
             raise AmqpError(errors.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer "
                             f"tag '{tag}'")
+        if queue.exclusive_consumer or (exclusive and queue.consumers):
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{queue.name}' in "
+                            "vhost '/' in exclusive use")
         consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack)
         queue.consumers += 1
+        queue.exclusive_consumer = exclusive
         nursery = self.broker.nursery
         if nursery is None:
             raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
@@ -108,6 +112,7 @@ class Deliveries:
             return None
         consumer.cancelled = True
         consumer.queue.consumers -= 1
+        consumer.queue.exclusive_consumer = False
         self._wake()
         return consumer
 

@@ -232,7 +232,7 @@ class AmqpSession:
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             tag = state.deliveries.consume(method.consumer_tag, queue,
                                            broker.queue_pop(queue), method.no_ack,
-                                           self._tag_taken)
+                                           self._tag_taken, method.exclusive)
             if not method.nowait:
                 send(channel, BasicConsumeOk(tag))
         elif kind is BasicCancel:

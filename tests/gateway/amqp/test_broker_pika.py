@@ -443,3 +443,22 @@ def test_recover_requeues_and_auto_delete_queue_goes_with_its_last_consumer(tmp_
     got, before, after = run_gateway(tmp_path, client)
     assert got == (False, True, b"again")
     assert before and not after
+
+
+def test_exclusive_consumer_refuses_others(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("solo")
+        tag = ch.basic_consume("solo", lambda *a: None, exclusive=True)
+        other = conn.channel()
+        refused = _closed_with(lambda: other.basic_consume("solo", lambda *a: None))
+        ch.basic_cancel(tag)
+        ch.basic_consume("solo", lambda *a: None)  # free again
+        late = conn.channel()
+        refused_excl = _closed_with(
+            lambda: late.basic_consume("solo", lambda *a: None, exclusive=True))
+        conn.close()
+        return refused[0], refused_excl[0]
+
+    assert run_gateway(tmp_path, client) == (403, 403)
