@@ -344,6 +344,22 @@ class AmqpBroker:
         for route in routes:
             await self.routes.remove_route(route)
 
+    async def message_count(self, queue: Queue) -> int:
+        """Messages of the queue not yet acknowledged (Declare-Ok's message_count; unlike
+        RabbitMQ this counts deliveries in flight too): the LMQ's end minus its consumer
+        group's consumed offset (docs/pop.md). 0 when the broker cannot say."""
+        api, lmq = self.client.api, queue.lmq
+        try:
+            end = await api.get_max_offset(self.addr, lmq, 0)
+            done = await api.query_consumer_offset(
+                self.addr, self.config.group_prefix + lmq, lmq, 0)
+            if done < 0:  # the group never popped: it will start at the first message
+                done = await api.get_min_offset(self.addr, lmq, 0)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            log.warning("AMQP message count of %r failed: %r", queue.name, exc)
+            return 0
+        return max(0, end - done)
+
     async def consumer_gone(self, queue: Queue) -> None:
         """An auto-delete queue goes with its last consumer (counted on this gateway)."""
         if queue.auto_delete and queue.consumers <= 0 and self.queues.get(queue.name) is queue:

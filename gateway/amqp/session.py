@@ -192,7 +192,8 @@ class AmqpSession:
                 arguments=method.arguments or {}, owner=self.id)
             state.last_queue = queue.name
             if not method.nowait:
-                send(channel, QueueDeclareOk(queue.name, 0, 0))
+                count = await broker.message_count(queue)
+                send(channel, QueueDeclareOk(queue.name, count, queue.consumers))
         elif kind is QueueBind:
             await broker.queue_bind(self._queue_name(state, method.queue), method.exchange,
                                     method.routing_key, method.arguments or {}, self.id)

@@ -462,3 +462,21 @@ def test_exclusive_consumer_refuses_others(tmp_path):
         return refused[0], refused_excl[0]
 
     assert run_gateway(tmp_path, client) == (403, 403)
+
+
+def test_declare_ok_counts_messages_not_yet_acknowledged_and_consumers(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        counts = [ch.queue_declare("cnt").method.message_count]
+        for _ in range(5):
+            ch.basic_publish("", "cnt", b"m")
+        counts.append(ch.queue_declare("cnt", passive=True).method.message_count)
+        ch.basic_consume("cnt", lambda *a: None)
+        consumers = ch.queue_declare("cnt", passive=True).method.consumer_count
+        conn.close()
+        return counts, consumers
+
+    counts, consumers = run_gateway(tmp_path, client)
+    assert counts == [0, 5]
+    assert consumers == 1
