@@ -83,6 +83,8 @@ class Deliveries:
         self.unacked: dict[int, tuple[PopClient, PopMessage]] = {}
         self.consumers: dict[str, Consumer] = {}
         self.closed = False
+        #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
+        self.tx: list | None = None
         self._room = trio.Event()
 
     # ------------------------------------------------------------------ consumers
@@ -200,27 +202,53 @@ class Deliveries:
                                  raw, m.body, self.frame_max))
 
     # ------------------------------------------------------------------ settling
-    def _take(self, tag: int, multiple: bool) -> list[tuple[PopClient, PopMessage]]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, PopClient, PopMessage]]:
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
-            return [self.unacked.pop(t) for t in tags]
+            return [(t, *self.unacked.pop(t)) for t in tags]
         entry = self.unacked.pop(tag, None)
         if entry is None:
             # RabbitMQ: 406 on the channel.
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown "
                             f"delivery tag {tag}")
-        return [entry]
+        return [(tag, *entry)]
 
     async def ack(self, tag: int, multiple: bool) -> None:
+        taken = self._take(tag, multiple)
+        if self.tx is not None:
+            self.tx.extend((t, pop, m, "ack") for t, pop, m in taken)
+            return
         ack_later = self.broker.ack_later
-        for pop, m in self._take(tag, multiple):
+        for _, pop, m in taken:
             ack_later(pop, m)
         self._wake()
 
     async def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
-        for pop, m in self._take(tag, multiple):
+        taken = self._take(tag, multiple)
+        if self.tx is not None:
+            how = "requeue" if requeue else "reject"
+            self.tx.extend((t, pop, m, how) for t, pop, m in taken)
+            return
+        for _, pop, m in taken:
             await self._settle(pop.nack if requeue else pop.reject, m)
         self._wake()
+
+    async def commit(self) -> None:
+        """Tx.Commit: apply the acks, nacks and rejects of the transaction."""
+        pending, self.tx = self.tx or [], []
+        for _, pop, m, how in pending:
+            if how == "ack":
+                self.broker.ack_later(pop, m)
+            else:
+                await self._settle(pop.nack if how == "requeue" else pop.reject, m)
+        self._wake()
+
+    def rollback(self) -> None:
+        """Tx.Rollback: the settled deliveries are unacknowledged again."""
+        pending, self.tx = self.tx or [], []
+        for tag, pop, m, _ in pending:
+            self.unacked[tag] = (pop, m)
+        self.unacked = dict(sorted(self.unacked.items()))
 
     async def _settle(self, how: Callable[[PopMessage], Awaitable[bool]], m: PopMessage) -> None:
         try:
@@ -242,6 +270,7 @@ class Deliveries:
         """The channel is gone: stop its consumers (returned), requeue what it left
         unacknowledged."""
         self.closed = True
+        self.rollback()  # an open transaction's settlements are void
         cancelled = [c for c in map(self.cancel, list(self.consumers)) if c is not None]
         await self.recover()
         return cancelled

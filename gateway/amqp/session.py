@@ -58,6 +58,12 @@ from gateway.amqp.methods import (
     QueueDeleteOk,
     QueueUnbind,
     QueueUnbindOk,
+    TxCommit,
+    TxCommitOk,
+    TxRollback,
+    TxRollbackOk,
+    TxSelect,
+    TxSelectOk,
 )
 
 __all__ = ["AmqpSession"]
@@ -71,7 +77,8 @@ _connection_ids = itertools.count(1)
 
 
 class _Channel:
-    __slots__ = ("confirm", "next_publish_tag", "confirms", "last_queue", "deliveries")
+    __slots__ = ("confirm", "next_publish_tag", "confirms", "last_queue", "deliveries",
+                 "tx_pubs")
 
     def __init__(self, deliveries: Deliveries) -> None:
         self.confirm = False
@@ -79,6 +86,7 @@ class _Channel:
         self.confirms: deque[list] = deque()  # [tag, None | stored?] in publish order
         self.last_queue = ""  # "the current queue" of spec 1.7.2.1 (a "" queue name)
         self.deliveries = deliveries
+        self.tx_pubs: list[tuple[bytes, bytes]] | None = None  # tx mode: held publishes
 
 
 async def _no_flush() -> None:
@@ -252,7 +260,34 @@ class AmqpSession:
         elif kind is BasicGet:
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)
+        elif kind is TxSelect:
+            if state.confirm:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
+                                "switch from confirm to tx mode")
+            if state.tx_pubs is None:
+                state.tx_pubs = []
+                state.deliveries.tx = []
+            send(channel, TxSelectOk())
+        elif kind is TxCommit or kind is TxRollback:
+            if state.tx_pubs is None:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - channel "
+                                "is not transactional")
+            pubs, state.tx_pubs = state.tx_pubs, []
+            if kind is TxCommit:
+                if pubs:
+                    await self._enqueue([(pb, body, None, channel, state)
+                                         for pb, body in pubs])
+                    while self._pub_bytes:  # stored before Commit-Ok
+                        await self._pub_space.wait()
+                await state.deliveries.commit()
+                send(channel, TxCommitOk())
+            else:
+                state.deliveries.rollback()
+                send(channel, TxRollbackOk())
         elif kind is ConfirmSelect:
+            if state.tx_pubs is not None:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
+                                "switch from tx to confirm mode")
             state.confirm = True
             if not method.nowait:
                 send(channel, ConfirmSelectOk())
@@ -292,8 +327,21 @@ class AmqpSession:
             return
         pb = broker.stored_properties(method.exchange, method.routing_key, props,
                                       content.raw_properties, lmqs)
-        self._pubs.append((pb, content.body, entry, channel, state))
-        self._pub_bytes += len(pb) + len(content.body)
+        if state.tx_pubs is not None:
+            size = sum(len(p) + len(b) for p, b in state.tx_pubs)
+            if size + len(pb) + len(content.body) > broker.config.max_publish_backlog_bytes:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - "
+                                "transaction larger than max_publish_backlog_bytes")
+            state.tx_pubs.append((pb, content.body))
+            return
+        await self._enqueue([(pb, content.body, entry, channel, state)])
+
+    async def _enqueue(self, pubs: list[tuple]) -> None:
+        """Hand publishes to the store loop (started on demand); back-pressure."""
+        broker = self.broker
+        for pub in pubs:
+            self._pubs.append(pub)
+            self._pub_bytes += len(pub[0]) + len(pub[1])
         if not self._storing:
             if broker.nursery is None:
                 raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "

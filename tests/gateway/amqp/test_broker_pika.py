@@ -480,3 +480,28 @@ def test_declare_ok_counts_messages_not_yet_acknowledged_and_consumers(tmp_path)
     counts, consumers = run_gateway(tmp_path, client)
     assert counts == [0, 5]
     assert consumers == 1
+
+
+def test_transactions_hold_publishes_and_acks_until_commit(tmp_path):
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("txq")
+        ch.tx_select()
+        ch.basic_publish("", "txq", b"rolled-back")
+        ch.tx_rollback()
+        ch.basic_publish("", "txq", b"committed")
+        other = pika.BlockingConnection(params(gw.port))
+        before = other.channel().basic_get("txq", auto_ack=True)[2]
+        other.close()
+        ch.tx_commit()
+        m, _, body = ch.basic_get("txq", auto_ack=False)
+        ch.basic_ack(m.delivery_tag)
+        ch.tx_rollback()  # the ack is void: the delivery is unacknowledged again
+        ch.basic_ack(m.delivery_tag)  # a known tag again
+        ch.tx_commit()
+        confirm = _closed_with(ch.confirm_delivery)  # tx channel cannot confirm
+        conn.close()
+        return before, body, confirm[0]
+
+    assert run_gateway(tmp_path, client) == (None, b"committed", 406)
