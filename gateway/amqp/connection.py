@@ -150,6 +150,8 @@ class ServerConnection:
         self.username = ""
         self.vhost = ""
         self.terminated = False
+        #: Set by the driver: the peer connected from a loopback address.
+        self.peer_loopback = False
         self._vhost_exists = vhost_exists
         self._server_properties = server_properties or {
             "product": "lmq-gateway", "platform": "Python", "capabilities": CAPABILITIES,
@@ -244,6 +246,11 @@ class ServerConnection:
 
     def send(self, channel: int, method: Method) -> None:
         self._out.append(encode_method_frame(channel, method))
+        self._last_send = self._now
+
+    def send_raw(self, data: bytes) -> None:
+        """Queue already-encoded frames (e.g. a method with its content)."""
+        self._out.append(data)
         self._last_send = self._now
 
     def close(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:

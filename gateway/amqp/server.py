@@ -10,14 +10,16 @@ slice does not implement (queue, exchange, basic, confirm, tx) close the connect
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from gateway.amqp import errors
+from gateway.amqp.broker import AmqpBroker
 from gateway.amqp.codec import DEFAULT_FRAME_MAX, DEFAULT_MAX_MESSAGE_SIZE
 from gateway.amqp.connection import (
     DEFAULT_CHANNEL_MAX,
@@ -28,6 +30,7 @@ from gateway.amqp.connection import (
     MethodReceived,
     ServerConnection,
 )
+from gateway.amqp.session import AmqpSession
 
 __all__ = ["AmqpServer", "AmqpServerConfig"]
 
@@ -49,7 +52,19 @@ class AmqpServerConfig:
     #: After our Connection.Close, wait this long for Close-Ok before closing the socket.
     close_linger_s: float = 2.0
     max_connections: int = 10_000
+    #: As RabbitMQ's loopback_users: user `guest` is accepted from loopback peers only.
+    guest_loopback_only: bool = True
+    #: After a connection ends, at most this long to drop its exclusive queues' bindings.
+    cleanup_timeout_s: float = 5.0
     read_size: int = 65536
+
+
+def _is_loopback(stream: trio.SocketStream) -> bool:
+    try:
+        host = stream.socket.getpeername()[0]
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except (OSError, ValueError, AttributeError, IndexError):
+        return False
 
 
 def _guest_only(username: str, password: str) -> bool:
@@ -61,8 +76,10 @@ class AmqpServer:
 
     def __init__(self, config: AmqpServerConfig | None = None,
                  authenticate: Callable[[str, str], bool] = _guest_only,
-                 vhost_exists: Callable[[str], bool] = lambda vhost: vhost == "/") -> None:
+                 vhost_exists: Callable[[str], bool] = lambda vhost: vhost == "/",
+                 broker: AmqpBroker | None = None) -> None:
         self.config = config or AmqpServerConfig()
+        self.broker = broker
         self.authenticate = authenticate
         self.vhost_exists = vhost_exists
         self.connections = 0
@@ -98,6 +115,32 @@ class AmqpServer:
         conn = ServerConnection(vhost_exists=self.vhost_exists, channel_max=cfg.channel_max,
                                 frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
         conn.decoder.max_message_size = cfg.max_message_size
+        conn.peer_loopback = _is_loopback(stream)
+        session = AmqpSession(conn, self.broker) if self.broker is not None else None
+        send_lock = trio.Lock()  # consumer loops write deliveries from their own tasks
+
+        async def flush() -> None:
+            async with send_lock:
+                out = conn.data_to_send()
+                if out:
+                    await stream.send_all(out)
+
+        if session is not None:
+            session.flush = flush
+        try:
+            await self._loop(stream, conn, session, flush)
+        finally:
+            if session is not None:
+                # Bounded: a broker that is gone must not keep the task forever.
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + cfg.cleanup_timeout_s
+                    await session.ended()
+
+    async def _loop(self, stream: trio.SocketStream, conn: ServerConnection,
+                    session: AmqpSession | None,
+                    flush: Callable[[], Awaitable[None]]) -> None:
+        cfg = self.config
+        now = trio.current_time()
         handshake_deadline: float | None = now + cfg.handshake_timeout_s
         close_deadline: float | None = None
         while not conn.terminated:
@@ -117,16 +160,15 @@ class AmqpServer:
             else:
                 events = conn.receive_data(data, now)
             for event in events:
-                await self._event(conn, event)
+                await self._event(conn, session, event)
                 if type(event) is ConnectionOpened:
                     handshake_deadline = None
-            out = conn.data_to_send()
-            if out:
-                await stream.send_all(out)
+            await flush()
             if conn.closing and close_deadline is None:
                 close_deadline = trio.current_time() + cfg.close_linger_s
 
-    async def _event(self, conn: ServerConnection, event: Any) -> None:
+    async def _event(self, conn: ServerConnection, session: AmqpSession | None,
+                     event: Any) -> None:
         kind = type(event)
         if kind is LoginRequest:
             try:
@@ -135,7 +177,13 @@ class AmqpServer:
             except Exception:  # a broken authenticator refuses; it must not stop the server
                 log.exception("AMQP authenticator failed")
                 ok = False
+            if ok and event.username == "guest" and self.config.guest_loopback_only and \
+                    not conn.peer_loopback:
+                # RabbitMQ's loopback_users default: guest only from this machine.
+                ok = False
             conn.login(bool(ok), trio.current_time())
+        elif session is not None:
+            await session.handle(event)
         elif kind is MethodReceived or kind is ContentReceived:
             method = event.method if kind is MethodReceived else event.content.method
             conn.close(errors.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.NAME} is not "

@@ -234,3 +234,26 @@ def test_connections_over_the_cap_are_closed_at_once():
         return result
 
     assert trio.run(main)
+
+
+def test_guest_refused_from_a_non_loopback_address():
+    # Reach the server through a non-loopback address of this machine, if it has one.
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: picks the outgoing address
+        address = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("no non-loopback address")
+    finally:
+        probe.close()
+    if address.startswith("127."):
+        pytest.skip("no non-loopback address")
+
+    def client(port):
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            pika.BlockingConnection(pika.ConnectionParameters(
+                address, port, credentials=pika.PlainCredentials("guest", "guest"),
+                connection_attempts=1, socket_timeout=5))
+        return True
+
+    assert trio.run(partial(_with_server, client, AmqpServerConfig(host="0.0.0.0", port=0)))

@@ -1,0 +1,502 @@
+"""AMQP exchanges and queues over the broker (docs/amqp.md, "Exchanges, queues, publish").
+
+An AMQP queue is an LMQ (`%LMQ%a_<escaped name>`, `gateway/routing/lmq_names.py`); a
+binding is a route of the shared routing table (`gateway/routing`), appended to the route
+log so every gateway of the cluster routes the same way. A publish computes the LMQ set of
+the message from the routes and stores ONE message in the AMQP store topic with
+INNER_MULTI_DISPATCH naming those LMQs: the broker appends one entry per LMQ that points at
+the single stored copy (as the MQTT gateway does).
+
+What this module keeps in memory, per gateway process: the declared exchanges and queues
+(name, type, flags, arguments) and the routes each queue's bindings added. The bindings
+themselves are cluster-wide (route log); the declarations are not yet (see docs/amqp.md).
+
+`AmqpBroker` methods raise `AmqpError` with RabbitMQ's reply codes and texts; the caller
+(the channel layer) sets the channel and closes it or the connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import trio
+
+from core.client import ClientInstance, MessageQueue
+from core.client.errors import MQClientError
+from core.client.pop_consumer import PopClient
+from core.common.codec import BATCH_HEAD, INT16
+from core.common.properties import MessageConst, encode_properties
+from core.remoting.errors import RemotingError
+from gateway.amqp import errors
+from gateway.amqp.errors import AmqpError
+from gateway.routing import lmq_names
+from gateway.routing.route_log import RouteLog
+from gateway.routing.route_table import Route, RouteError
+
+__all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
+           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "EXCHANGE_TYPES"]
+
+log = logging.getLogger(__name__)
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+#: The exchanges every vhost has (RabbitMQ's set); "" is the default exchange.
+PREDEFINED = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout",
+              "amq.topic": "topic", "amq.headers": "headers", "amq.match": "headers"}
+#: Message properties of a stored AMQP message: exchange, routing key (both percent-quoted,
+#: so no RocketMQ property separator can appear) and the AMQP content properties as
+#: received on the wire (base64), delivered again without re-encoding.
+PROP_EXCHANGE = "AMQP_EX"
+PROP_ROUTING_KEY = "AMQP_RK"
+PROP_PROPERTIES = "AMQP_P"
+#: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
+_READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
+             ("message_id", "AMQP_MESSAGE_ID"))
+#: A batch of publishes is cut at this many octets (the broker takes 4 MiB bodies).
+MAX_BATCH_BYTES = 1024 * 1024
+_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
+#: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
+ACK_BATCH = 512
+_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII except % (quote keeps these)
+
+
+@dataclass
+class AmqpBrokerConfig:
+    """Settings of the AMQP broker side (defaults documented in docs/amqp.md)."""
+
+    store_topic: str = "LMQ_AMQP_STORE"
+    store_queues: int = 4
+    producer_group: str = "AMQP_GATEWAY"
+    send_timeout_s: float = 5.0
+    #: Octets of publishes of one connection received but not yet stored; past it the
+    #: connection's socket is not read until stores complete (back-pressure).
+    max_publish_backlog_bytes: int = 4 * 1024 * 1024
+    #: Queues and exchanges one gateway process keeps (a declare past it: 406 on the channel).
+    max_queues: int = 100_000
+    max_exchanges: int = 10_000
+    #: Bindings of one queue.
+    max_bindings_per_queue: int = 1_000
+    #: POP invisibility of a delivery not yet acknowledged (RabbitMQ's consumer_timeout
+    #: is 30 min); a gateway crash returns its deliveries at once (holder), not after this.
+    invisible_ms: int = 30 * 60 * 1000
+    #: How long one POP request waits for a message (a consumer's cancel waits for it).
+    poll_ms: int = 1000
+    #: Messages per POP request (the broker's POP_MAX_NUMS is 32).
+    pop_batch: int = 32
+    #: Prefix of the POP consumer group of a queue (group = prefix + the queue's LMQ).
+    group_prefix: str = "GID_AMQP"
+    #: POP holder id of this gateway process (default: random per process).
+    holder_id: str = ""
+
+
+@dataclass
+class Exchange:
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Queue:
+    name: str
+    lmq: str
+    durable: bool = False
+    exclusive: bool = False
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+    owner: int | None = None  # connection id of an exclusive queue
+    routes: set[Route] = field(default_factory=set)
+    consumers: int = 0  # consumers on this gateway
+    exclusive_consumer: bool = False  # an exclusive consume holds it (on this gateway)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _inequivalent(what: str, name: str, arg: str, received: Any, current: Any) -> AmqpError:
+    return AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - inequivalent arg "
+                     f"'{arg}' for {what} '{name}' in vhost '/': received {received} but "
+                     f"current is {current}")
+
+
+def _not_found(what: str, name: str) -> AmqpError:
+    return AmqpError(errors.NOT_FOUND, f"NOT_FOUND - no {what} '{name}' in vhost '/'")
+
+
+def _bind_route(exchange: Exchange, routing_key: str, arguments: Mapping[str, Any],
+                dest: str) -> Route:
+    kind = exchange.type
+    try:
+        if kind == "headers":
+            x_match = arguments.get("x-match", "all")
+            if isinstance(x_match, bytes):
+                x_match = x_match.decode("utf-8", "replace")
+            return Route.headers_route(exchange.name, arguments, dest, x_match=str(x_match))
+        return Route(kind, "" if kind == "fanout" else routing_key, dest, exchange.name)
+    except RouteError as exc:
+        raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
+                        f"binding: {exc}") from None
+
+
+class AmqpBroker:
+    """Exchanges, queues, bindings and publishes of one gateway process."""
+
+    def __init__(self, client: ClientInstance, broker_addr: str, broker_name: str,
+                 routes: RouteLog, config: AmqpBrokerConfig | None = None) -> None:
+        self.client = client
+        self.addr = broker_addr
+        self.broker_name = broker_name
+        self.routes = routes
+        self.config = config or AmqpBrokerConfig()
+        self.exchanges: dict[str, Exchange] = {
+            name: Exchange(name, kind) for name, kind in PREDEFINED.items()}
+        self.queues: dict[str, Queue] = {}
+        self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
+        self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
+        self._pop_clients: dict[str, PopClient] = {}
+        #: Consumer loops run here (not in a connection's nursery): a POP in progress is
+        #: never cancelled, so no delivery is handed out to a request nobody reads.
+        self.nursery: trio.Nursery | None = None
+        # Acks waiting for the ack task: sent as BATCH_ACK, one request per consumer group
+        # (and pop) in each round, while the previous round is on the wire.
+        self._acks: list[tuple[PopClient, Any]] = []
+        self._acks_ready = trio.Event()
+        self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
+                          "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
+                          "h": "0", "j": "0", "k": "false", "m": "false"}
+
+    async def start(self) -> None:
+        """Create the store topic and register this gateway as a POP holder (the route log
+        must be running: `routes.run`)."""
+        n = self.config.store_queues
+        await self.client.api.create_topic(self.addr, self.config.store_topic, n, n)
+        # Holder (docs/pop.md): when this gateway's broker connection drops, the broker
+        # makes its unacknowledged deliveries visible again at once.
+        first = self.pop_client(self.config.group_prefix)
+        await first.register_holder(self.holder_id)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.start()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self._ack_loop)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def ack_later(self, pop: PopClient, message: Any) -> None:
+        """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
+        self._acks.append((pop, message))
+        self._acks_ready.set()
+
+    async def _ack_loop(self) -> None:
+        while True:
+            try:
+                await self._ack_round()
+            except Exception:
+                log.exception("AMQP ack round failed")  # those acks: redelivered later
+
+    async def _ack_round(self) -> None:
+        await self._acks_ready.wait()
+        self._acks_ready = trio.Event()
+        batch, self._acks = self._acks, []
+        groups: dict[int, tuple[PopClient, list]] = {}
+        for pop, m in batch:
+            groups.setdefault(id(pop), (pop, []))[1].append(m)
+        for pop, messages in groups.values():
+            for start in range(0, len(messages), ACK_BATCH):
+                try:
+                    await pop.batch_ack(messages[start:start + ACK_BATCH])
+                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+                    # Unacknowledged: redelivered after the deadline (at least once).
+                    log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
+
+    def pop_client(self, group: str) -> PopClient:
+        pc = self._pop_clients.get(group)
+        if pc is None:
+            pc = self._pop_clients[group] = PopClient(
+                self.client.api.remoting, self.addr, self.broker_name, group,
+                holder_id=self.holder_id)
+        return pc
+
+    async def register_holder(self) -> None:
+        """Bind the holder id to the (possibly new) broker connection again: called after
+        a broker error, since a reconnected connection is not registered."""
+        try:
+            await self.pop_client(self.config.group_prefix).register_holder(self.holder_id)
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("AMQP POP holder registration failed: %r", exc)
+
+    def queue_pop(self, queue: Queue) -> PopClient:
+        """The POP client of a queue's consumer group (one group per queue)."""
+        return self.pop_client(self.config.group_prefix + queue.lmq)
+
+    # ------------------------------------------------------------------ exchanges
+    def exchange_declare(self, name: str, kind: str, *, passive: bool, durable: bool,
+                         auto_delete: bool, internal: bool, arguments: Mapping[str, Any]) -> None:
+        if passive:
+            if name not in self.exchanges:
+                raise _not_found("exchange", name)
+            return
+        if name == "" or name.startswith("amq."):
+            # RabbitMQ refuses every active declare of a reserved name, existing or not.
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - exchange name '{name}' "
+                            "contains reserved prefix 'amq.*'" if name else
+                            "ACCESS_REFUSED - operation not permitted on the default exchange")
+        if kind not in EXCHANGE_TYPES:
+            # A connection error in RabbitMQ (503 COMMAND_INVALID).
+            raise AmqpError(errors.COMMAND_INVALID, f"COMMAND_INVALID - unknown exchange "
+                            f"type '{kind}'")
+        old = self.exchanges.get(name)
+        if old is not None:
+            for arg, received, current in (("type", kind, old.type),
+                                           ("durable", durable, old.durable),
+                                           ("auto_delete", auto_delete, old.auto_delete),
+                                           ("internal", internal, old.internal)):
+                if received != current:
+                    raise _inequivalent("exchange", name, arg, _show(received), _show(current))
+            return
+        if len(self.exchanges) >= self.config.max_exchanges + len(PREDEFINED):
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
+                            f"declare exchange '{name}': exchange limit "
+                            f"({self.config.max_exchanges}) is reached")
+        self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
+                                        dict(arguments))
+
+    async def exchange_delete(self, name: str, if_unused: bool) -> None:
+        if name == "" or name.startswith("amq."):
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - operation not "
+                            f"permitted on exchange '{name}'")
+        if name not in self.exchanges:
+            return  # RabbitMQ answers delete-ok for a missing exchange
+        bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == name]
+        if if_unused and bound:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange "
+                            f"'{name}' in vhost '/' in use")
+        del self.exchanges[name]
+        for queue, route in bound:
+            queue.routes.discard(route)
+            await self.routes.remove_route(route)
+
+    # ------------------------------------------------------------------ queues
+    def queue_declare(self, name: str, *, passive: bool, durable: bool, exclusive: bool,
+                      auto_delete: bool, arguments: Mapping[str, Any], owner: int) -> Queue:
+        queue = self.queues.get(name) if name else None
+        if queue is not None and queue.exclusive and queue.owner != owner:
+            raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
+                            f"exclusive access to locked queue '{name}' in vhost '/'")
+        if passive:
+            if queue is None:
+                raise _not_found("queue", name)
+            return queue
+        if name.startswith("amq."):
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue name '{name}' "
+                            "contains reserved prefix 'amq.*'")
+        if queue is not None:
+            for arg, received, current in (("durable", durable, queue.durable),
+                                           ("exclusive", exclusive, queue.exclusive),
+                                           ("auto_delete", auto_delete, queue.auto_delete)):
+                if received != current:
+                    raise _inequivalent("queue", name, arg, _show(received), _show(current))
+            for key in set(arguments) | set(queue.arguments):
+                if arguments.get(key) != queue.arguments.get(key):
+                    raise _inequivalent("queue", name, key, _show(arguments.get(key)),
+                                        _show(queue.arguments.get(key)))
+            return queue
+        if len(self.queues) >= self.config.max_queues:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
+                            f"declare queue '{name}': queue limit in vhost '/' "
+                            f"({self.config.max_queues}) is reached")
+        if not name:
+            name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
+        try:
+            lmq = lmq_names.encode(lmq_names.AMQP, name).topic
+        except ValueError:  # not UTF-8 (the codec keeps raw octets as lone surrogates)
+            raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - queue name "
+                            "is not valid UTF-8") from None
+        queue = Queue(name, lmq, durable, exclusive, auto_delete, dict(arguments),
+                      owner if exclusive else None)
+        self.queues[name] = queue
+        return queue
+
+    async def queue_delete(self, name: str, owner: int) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0  # RabbitMQ answers delete-ok for a missing queue
+        if queue.exclusive and queue.owner != owner:
+            raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
+                            f"exclusive access to locked queue '{name}' in vhost '/'")
+        await self._drop_queue(queue)
+        return 0
+
+    async def _drop_queue(self, queue: Queue) -> None:
+        self.queues.pop(queue.name, None)
+        routes, queue.routes = queue.routes, set()
+        for route in routes:
+            await self.routes.remove_route(route)
+
+    async def message_count(self, queue: Queue) -> int:
+        """Messages of the queue not yet acknowledged (Declare-Ok's message_count; unlike
+        RabbitMQ this counts deliveries in flight too): the LMQ's end minus its consumer
+        group's consumed offset (docs/pop.md). 0 when the broker cannot say."""
+        api, lmq = self.client.api, queue.lmq
+        try:
+            end = await api.get_max_offset(self.addr, lmq, 0)
+            done = await api.query_consumer_offset(
+                self.addr, self.config.group_prefix + lmq, lmq, 0)
+            if done < 0:  # the group never popped: it will start at the first message
+                done = await api.get_min_offset(self.addr, lmq, 0)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            log.warning("AMQP message count of %r failed: %r", queue.name, exc)
+            return 0
+        return max(0, end - done)
+
+    async def consumer_gone(self, queue: Queue) -> None:
+        """An auto-delete queue goes with its last consumer (counted on this gateway)."""
+        if queue.auto_delete and queue.consumers <= 0 and self.queues.get(queue.name) is queue:
+            await self._drop_queue(queue)
+
+    async def connection_ended(self, owner: int) -> None:
+        """Exclusive queues die with their connection."""
+        for queue in [q for q in self.queues.values() if q.owner == owner]:
+            await self._drop_queue(queue)
+
+    def consumable(self, name: str, owner: int) -> Queue:
+        """The queue for consume/get: 404 if unknown, 405 if another's exclusive queue."""
+        return self._queue_for(name, owner)
+
+    def _queue_for(self, name: str, owner: int) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise _not_found("queue", name)
+        if queue.exclusive and queue.owner != owner:
+            raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
+                            f"exclusive access to locked queue '{name}' in vhost '/'")
+        return queue
+
+    def _exchange_for_bind(self, name: str) -> Exchange:
+        if name == "":
+            raise AmqpError(errors.ACCESS_REFUSED, "ACCESS_REFUSED - operation not "
+                            "permitted on the default exchange")
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            raise _not_found("exchange", name)
+        return exchange
+
+    async def queue_bind(self, queue_name: str, exchange_name: str, routing_key: str,
+                         arguments: Mapping[str, Any], owner: int) -> None:
+        queue = self._queue_for(queue_name, owner)
+        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
+                            arguments, queue.lmq)
+        if route in queue.routes:
+            return
+        if len(queue.routes) >= self.config.max_bindings_per_queue:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
+                            f"'{queue_name}' has {len(queue.routes)} bindings (the limit)")
+        queue.routes.add(route)
+        await self.routes.add_route(route)
+
+    async def queue_unbind(self, queue_name: str, exchange_name: str, routing_key: str,
+                           arguments: Mapping[str, Any], owner: int) -> None:
+        queue = self._queue_for(queue_name, owner)
+        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
+                            arguments, queue.lmq)
+        queue.routes.discard(route)
+        await self.routes.remove_route(route)
+
+    # ------------------------------------------------------------------ publish
+    def route(self, exchange_name: str, routing_key: str,
+              headers: Mapping[str, Any] | None) -> list[str]:
+        """The LMQs a publish reaches (sorted); 404 for an unknown exchange."""
+        if exchange_name == "":
+            queue = self.queues.get(routing_key)
+            return [queue.lmq] if queue is not None else []
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            raise _not_found("exchange", exchange_name)
+        if exchange.internal:
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
+                            f"internal exchange '{exchange_name}' in vhost '/'")
+        return sorted(self.routes.table.amqp_lmqs(exchange_name, routing_key, headers))
+
+    def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
+                          raw_properties: bytes, lmqs: list[str]) -> bytes:
+        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
+        props = {
+            MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
+            PROP_EXCHANGE: _quote(exchange_name),
+            PROP_ROUTING_KEY: _quote(routing_key),
+            PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
+        }
+        for attr, key in _READABLE:
+            value = getattr(properties, attr)
+            if value:
+                props[key] = _quote(value)
+        return encode_properties(props).encode()
+
+    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
+        """Store (properties, body) messages in store queue `qid`, in order, with one
+        request: True once the broker stored them all; None when the broker refused the
+        request (nothing stored: sending the messages one by one is safe); False when the
+        outcome is unknown or a lone message was refused."""
+        cfg = self.config
+        ext = dict(self._ext_base)
+        ext["e"] = str(qid)
+        ext["g"] = str(int(time.time() * 1000))
+        if len(items) == 1:
+            ext["i"] = items[0][0].decode()
+            body = items[0][1]
+            batch = False
+        else:
+            parts = []
+            add = parts.append
+            head = BATCH_HEAD.pack
+            for pb, payload in items:
+                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
+                add(payload)
+                add(INT16.pack(len(pb)))
+                add(pb)
+            body = b"".join(parts)
+            ext["i"] = ""
+            ext["m"] = "true"
+            batch = True
+        mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
+        try:
+            result = await self.client.api.send_message(
+                self.addr, mq, ext, body, batch=batch, uniq_id="", timeout=cfg.send_timeout_s)
+        except MQClientError as exc:
+            # The broker answered with an error (or the client refused locally): nothing
+            # was stored.
+            if len(items) > 1:
+                return None
+            self.stats["failed"] += 1
+            log.warning("AMQP store refused: %r", exc)
+            return False
+        except (RemotingError, OSError, trio.TooSlowError) as exc:
+            self.stats["failed"] += len(items)
+            log.warning("AMQP store of %d message(s) failed: %r", len(items), exc)
+            return False
+        self.stats["stored"] += len(items)
+        return result is not None
+
+
+def _quote(text: str) -> str:
+    # Octets that are not UTF-8 arrive as lone surrogates (surrogateescape): keep them.
+    return quote(text, safe=_SAFE, errors="surrogateescape")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"'{_flag(value)}'"
+    if value is None:
+        return "none"
+    return f"'{value}'"

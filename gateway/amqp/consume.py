@@ -1,0 +1,277 @@
+"""Basic.Consume / Get / Ack / Nack / Reject / Qos / Cancel over the broker's POP
+(docs/amqp.md "Consuming", docs/pop.md).
+
+A queue's LMQ is popped by the consumer group of the queue (`AmqpBroker.queue_pop`), so
+any gateway can serve any consumer and the acknowledgement state lives in the broker.
+Every delivery is a POP delivery with an invisibility deadline; its AMQP delivery tag maps
+to the POP receipt: ack → ACK_MESSAGE, nack/reject with requeue → change invisible time
+0 (redelivered at once, `redelivered` set from the delivery count), reject without requeue
+→ POP_DEAD_LETTER. Deliveries left unacknowledged when their channel closes are requeued
+(change invisible time 0), as RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
+
+import trio
+
+from core.client.errors import MQClientError
+from core.client.pop_consumer import PopClient, PopMessage, PopStatus
+from core.remoting.errors import RemotingError
+from gateway.amqp import errors
+from gateway.amqp.broker import (
+    PROP_EXCHANGE,
+    PROP_PROPERTIES,
+    PROP_ROUTING_KEY,
+    AmqpBroker,
+    Queue,
+)
+from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
+from gateway.amqp.errors import AmqpError
+from gateway.amqp.methods import BasicGetEmpty, BasicGetOk
+from gateway.amqp.properties import EMPTY_PROPERTIES
+
+__all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
+
+log = logging.getLogger(__name__)
+
+#: Pause after a failed POP before the consumer loop tries again.
+RETRY_DELAY_S = 0.5
+_BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
+
+
+def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
+    props = m.message.properties
+    raw = props.get(PROP_PROPERTIES)
+    return (unquote(props.get(PROP_EXCHANGE, ""), errors="surrogateescape"),
+            unquote(props.get(PROP_ROUTING_KEY, ""), errors="surrogateescape"),
+            base64.b64decode(raw) if raw else EMPTY_PROPERTIES)
+
+
+class Consumer:
+    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled")
+
+    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool) -> None:
+        self.tag = tag
+        self.queue = queue
+        self.queue_lmq = queue.lmq
+        self.pop = pop
+        self.no_ack = no_ack
+        self.cancelled = False
+
+
+class Deliveries:
+    """The deliveries of one channel: tags, unacknowledged messages, prefetch, consumers.
+
+    `send(frames)` queues octets on the connection; `flush()` writes them to the socket.
+    """
+
+    def __init__(self, broker: AmqpBroker, channel: int, frame_max: int,
+                 send: Callable[[bytes], None], flush: Callable[[], Awaitable[None]]) -> None:
+        self.broker = broker
+        self.channel = channel
+        self.frame_max = frame_max
+        self.send = send
+        self.flush = flush
+        self.prefetch = 0  # 0 = unlimited
+        self.next_tag = 1
+        self.unacked: dict[int, tuple[PopClient, PopMessage]] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.closed = False
+        #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
+        self.tx: list | None = None
+        self._room = trio.Event()
+
+    # ------------------------------------------------------------------ consumers
+    def consume(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
+                taken: Callable[[str], bool], exclusive: bool = False) -> str:
+        if not tag:
+            tag = "amq.ctag-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
+        elif tag in self.consumers or taken(tag):
+            # RabbitMQ: 530 NOT_ALLOWED, a connection error.
+            raise AmqpError(errors.NOT_ALLOWED, f"NOT_ALLOWED - attempt to reuse consumer "
+                            f"tag '{tag}'")
+        if queue.exclusive_consumer or (exclusive and queue.consumers):
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{queue.name}' in "
+                            "vhost '/' in exclusive use")
+        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack)
+        queue.consumers += 1
+        queue.exclusive_consumer = exclusive
+        nursery = self.broker.nursery
+        if nursery is None:
+            raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
+        nursery.start_soon(self._consume_loop, consumer)
+        return tag
+
+    def cancel(self, tag: str) -> Consumer | None:
+        consumer = self.consumers.pop(tag, None)
+        if consumer is None:
+            return None
+        consumer.cancelled = True
+        consumer.queue.consumers -= 1
+        consumer.queue.exclusive_consumer = False
+        self._wake()
+        return consumer
+
+    def _wake(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
+    def _room_left(self) -> int:
+        batch = self.broker.config.pop_batch
+        if not self.prefetch:
+            return batch
+        return min(batch, self.prefetch - len(self.unacked))
+
+    async def _consume_loop(self, consumer: Consumer) -> None:
+        try:
+            await self._consume(consumer)
+        except Exception:
+            # Runs in the broker's nursery: a bug stops this consumer, not the gateway.
+            log.exception("AMQP consumer %s failed", consumer.tag)
+            self.consumers.pop(consumer.tag, None)
+
+    async def _consume(self, consumer: Consumer) -> None:
+        cfg = self.broker.config
+        while not consumer.cancelled and not self.closed:
+            room = batch = self._room_left()
+            if consumer.no_ack:
+                room = batch = cfg.pop_batch
+            if room <= 0:
+                await self._room.wait()
+                continue
+            try:
+                result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
+                                                invisible_ms=cfg.invisible_ms,
+                                                poll_ms=cfg.poll_ms)
+            except _BROKER_ERRORS as exc:
+                log.warning("AMQP consumer pop failed: %r", exc)
+                await trio.sleep(RETRY_DELAY_S)
+                await self.broker.register_holder()
+                continue
+            if result.status is not PopStatus.FOUND:
+                if result.status == PopStatus.POLLING_FULL:
+                    await trio.sleep(RETRY_DELAY_S)
+                continue
+            if consumer.cancelled or self.closed:
+                # Popped after the cancel: give them back at once.
+                for m in result.messages:
+                    await self._requeue(consumer.pop, m)
+                return
+            for m in result.messages:
+                tag = self.next_tag
+                self.next_tag += 1
+                exchange, key, raw = _envelope(m)
+                if not consumer.no_ack:
+                    self.unacked[tag] = (consumer.pop, m)
+                self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
+                                         exchange, key, raw, m.body, self.frame_max))
+            try:
+                await self.flush()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
+            if consumer.no_ack:
+                for m in result.messages:
+                    self.broker.ack_later(consumer.pop, m)
+
+    # ------------------------------------------------------------------ get
+    async def get(self, pop: PopClient, queue_lmq: str, no_ack: bool) -> None:
+        try:
+            result = await pop.pop(queue_lmq, max_nums=1,
+                                   invisible_ms=self.broker.config.invisible_ms, poll_ms=0)
+        except _BROKER_ERRORS as exc:
+            raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
+        if result.status is not PopStatus.FOUND or not result.messages:
+            self.send(encode_method_frame(self.channel, BasicGetEmpty("")))
+            return
+        m = result.messages[0]
+        tag = self.next_tag
+        self.next_tag += 1
+        if no_ack:
+            await self._settle(pop.ack, m)
+        else:
+            self.unacked[tag] = (pop, m)
+        exchange, key, raw = _envelope(m)
+        self.send(encode_content(self.channel, BasicGetOk(tag, m.redelivered, exchange, key,
+                                                          result.rest_num),
+                                 raw, m.body, self.frame_max))
+
+    # ------------------------------------------------------------------ settling
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, PopClient, PopMessage]]:
+        if multiple:
+            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
+            return [(t, *self.unacked.pop(t)) for t in tags]
+        entry = self.unacked.pop(tag, None)
+        if entry is None:
+            # RabbitMQ: 406 on the channel.
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown "
+                            f"delivery tag {tag}")
+        return [(tag, *entry)]
+
+    async def ack(self, tag: int, multiple: bool) -> None:
+        taken = self._take(tag, multiple)
+        if self.tx is not None:
+            self.tx.extend((t, pop, m, "ack") for t, pop, m in taken)
+            return
+        ack_later = self.broker.ack_later
+        for _, pop, m in taken:
+            ack_later(pop, m)
+        self._wake()
+
+    async def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+        taken = self._take(tag, multiple)
+        if self.tx is not None:
+            how = "requeue" if requeue else "reject"
+            self.tx.extend((t, pop, m, how) for t, pop, m in taken)
+            return
+        for _, pop, m in taken:
+            await self._settle(pop.nack if requeue else pop.reject, m)
+        self._wake()
+
+    async def commit(self) -> None:
+        """Tx.Commit: apply the acks, nacks and rejects of the transaction."""
+        pending, self.tx = self.tx or [], []
+        for _, pop, m, how in pending:
+            if how == "ack":
+                self.broker.ack_later(pop, m)
+            else:
+                await self._settle(pop.nack if how == "requeue" else pop.reject, m)
+        self._wake()
+
+    def rollback(self) -> None:
+        """Tx.Rollback: the settled deliveries are unacknowledged again."""
+        pending, self.tx = self.tx or [], []
+        for tag, pop, m, _ in pending:
+            self.unacked[tag] = (pop, m)
+        self.unacked = dict(sorted(self.unacked.items()))
+
+    async def _settle(self, how: Callable[[PopMessage], Awaitable[bool]], m: PopMessage) -> None:
+        try:
+            await how(m)  # False: no longer current (redelivered since): nothing to do
+        except _BROKER_ERRORS as exc:
+            log.warning("AMQP settle failed: %r", exc)
+
+    async def _requeue(self, pop: PopClient, m: PopMessage) -> None:
+        await self._settle(pop.nack, m)
+
+    async def recover(self) -> None:
+        """Basic.Recover with requeue: every unacknowledged delivery back to its queue."""
+        pending, self.unacked = list(self.unacked.values()), {}
+        for pop, m in pending:
+            await self._requeue(pop, m)
+        self._wake()
+
+    async def close(self) -> list[Consumer]:
+        """The channel is gone: stop its consumers (returned), requeue what it left
+        unacknowledged."""
+        self.closed = True
+        self.rollback()  # an open transaction's settlements are void
+        cancelled = [c for c in map(self.cancel, list(self.consumers)) if c is not None]
+        await self.recover()
+        return cancelled
+

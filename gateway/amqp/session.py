@@ -1,0 +1,432 @@
+"""The channel side of one AMQP connection: exchange, queue, basic.publish and confirm
+methods turned into `AmqpBroker` calls (docs/amqp.md, "Exchanges, queues, publish").
+
+`AmqpSession.handle(event)` is awaited by the server for every `MethodReceived` /
+`ContentReceived` of its connection, in order; answers go out through the
+`ServerConnection` (`send`, `close_channel`, `close`). A publish is stored before the next
+method of the connection is read, so publisher confirms go out in publish order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from gateway.amqp import errors
+from gateway.amqp.broker import MAX_BATCH_BYTES, AmqpBroker
+from gateway.amqp.codec import encode_content
+from gateway.amqp.connection import (
+    ChannelClosed,
+    ContentReceived,
+    MethodReceived,
+    ServerConnection,
+)
+from gateway.amqp.consume import Deliveries
+from gateway.amqp.errors import AmqpError
+from gateway.amqp.methods import (
+    BasicAck,
+    BasicCancel,
+    BasicCancelOk,
+    BasicConsume,
+    BasicConsumeOk,
+    BasicGet,
+    BasicNack,
+    BasicPublish,
+    BasicQos,
+    BasicQosOk,
+    BasicRecover,
+    BasicRecoverAsync,
+    BasicRecoverOk,
+    BasicReject,
+    BasicReturn,
+    ConfirmSelect,
+    ConfirmSelectOk,
+    ExchangeDeclare,
+    ExchangeDeclareOk,
+    ExchangeDelete,
+    ExchangeDeleteOk,
+    QueueBind,
+    QueueBindOk,
+    QueueDeclare,
+    QueueDeclareOk,
+    QueueDelete,
+    QueueDeleteOk,
+    QueueUnbind,
+    QueueUnbindOk,
+    TxCommit,
+    TxCommitOk,
+    TxRollback,
+    TxRollbackOk,
+    TxSelect,
+    TxSelectOk,
+)
+
+__all__ = ["AmqpSession"]
+
+#: Methods that need not wait for the connection's earlier publishes to be stored.
+_NO_BARRIER = frozenset({BasicAck, BasicNack, BasicReject, BasicQos})
+
+log = logging.getLogger(__name__)
+
+_connection_ids = itertools.count(1)
+
+
+class _Channel:
+    __slots__ = ("confirm", "next_publish_tag", "confirms", "last_queue", "deliveries",
+                 "tx_pubs")
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self.confirm = False
+        self.next_publish_tag = 1
+        self.confirms: deque[list] = deque()  # [tag, None | stored?] in publish order
+        self.last_queue = ""  # "the current queue" of spec 1.7.2.1 (a "" queue name)
+        self.deliveries = deliveries
+        self.tx_pubs: list[tuple[bytes, bytes]] | None = None  # tx mode: held publishes
+
+
+async def _no_flush() -> None:
+    return None
+
+
+class AmqpSession:
+    """The broker side of one connection."""
+
+    def __init__(self, conn: ServerConnection, broker: AmqpBroker) -> None:
+        self.conn = conn
+        self.broker = broker
+        self.id = next(_connection_ids)
+        self.channels: dict[int, _Channel] = {}
+        #: Writes what the connection has queued to the socket (set by the server).
+        self.flush: Callable[[], Awaitable[None]] = _no_flush
+        # Publishes received, not yet stored: (properties, body, confirm entry, channel,
+        # channel state); stored by `_store_loop` in the broker's nursery.
+        self._pubs: list[tuple] = []
+        self._pub_bytes = 0
+        self._pub_wake = trio.Event()
+        self._pub_space = trio.Event()
+        self._storing = False
+        self._ended = False
+        self._stores_done = trio.Event()
+
+    async def handle(self, event: Any) -> None:
+        kind = type(event)
+        if kind is ChannelClosed:
+            await self._drop_channel(event.channel)
+            return
+        if kind is ContentReceived:
+            content = event.content
+            channel, method = content.channel, content.method
+        elif kind is MethodReceived:
+            channel, method, content = event.channel, event.method, None
+        else:
+            return
+        state = self.channels.get(channel)
+        if state is None:
+            state = self.channels[channel] = _Channel(Deliveries(
+                self.broker, channel, self.conn.frame_max, self.conn.send_raw, self._flush))
+        try:
+            if content is not None:
+                await self._publish(channel, state, content)
+            else:
+                if self._pub_bytes and type(method) not in _NO_BARRIER:
+                    # Publishes before this method take effect first (a get after a
+                    # publish on the connection sees the message, as with RabbitMQ).
+                    while self._pub_bytes:
+                        await self._pub_space.wait()
+                await self._method(channel, state, method)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except AmqpError as exc:
+            exc.channel = channel
+            if exc.class_id == 0:
+                exc.class_id, exc.method_id = method.CLASS_ID, method.METHOD_ID
+            if exc.connection_level:
+                self.conn.close(exc.reply_code, exc.text, exc.class_id, exc.method_id)
+            else:
+                self.conn.close_channel(channel, exc.reply_code, exc.text, exc.class_id,
+                                        exc.method_id)
+                await self._drop_channel(channel)
+        except Exception:
+            # A bug must cost this connection only, never the server and its other clients.
+            log.exception("AMQP %s on channel %d failed", method.NAME, channel)
+            self.conn.close(errors.INTERNAL_ERROR, "INTERNAL_ERROR", method.CLASS_ID,
+                            method.METHOD_ID)
+
+    async def _flush(self) -> None:
+        await self.flush()
+
+    async def _drop_channel(self, channel: int) -> None:
+        state = self.channels.pop(channel, None)
+        if state is not None:
+            for consumer in await state.deliveries.close():
+                await self.broker.consumer_gone(consumer.queue)
+
+    async def ended(self) -> None:
+        """The connection is gone: its unacknowledged deliveries are requeued, its
+        exclusive queues go."""
+        # Publishes already received are stored (bounded by the caller's deadline).
+        self._ended = True
+        self._pub_wake.set()
+        if self._storing:
+            await self._stores_done.wait()
+        for channel in list(self.channels):
+            await self._drop_channel(channel)
+        await self.broker.connection_ended(self.id)
+
+    def _tag_taken(self, tag: str) -> bool:
+        return any(tag in c.deliveries.consumers for c in self.channels.values())
+
+    # ------------------------------------------------------------------ methods
+    def _queue_name(self, state: _Channel, name: str) -> str:
+        if name:
+            return name
+        if not state.last_queue:
+            # RabbitMQ: 404 NOT_FOUND when no queue was declared on the channel.
+            raise AmqpError(errors.NOT_FOUND, "NOT_FOUND - no previously declared queue")
+        return state.last_queue
+
+    async def _method(self, channel: int, state: _Channel, method: Any) -> None:
+        broker, send = self.broker, self.conn.send
+        kind = type(method)
+        if kind is QueueDeclare:
+            queue = broker.queue_declare(
+                method.queue, passive=method.passive, durable=method.durable,
+                exclusive=method.exclusive, auto_delete=method.auto_delete,
+                arguments=method.arguments or {}, owner=self.id)
+            state.last_queue = queue.name
+            if not method.nowait:
+                count = await broker.message_count(queue)
+                send(channel, QueueDeclareOk(queue.name, count, queue.consumers))
+        elif kind is QueueBind:
+            await broker.queue_bind(self._queue_name(state, method.queue), method.exchange,
+                                    method.routing_key, method.arguments or {}, self.id)
+            if not method.nowait:
+                send(channel, QueueBindOk())
+        elif kind is QueueUnbind:
+            await broker.queue_unbind(self._queue_name(state, method.queue), method.exchange,
+                                      method.routing_key, method.arguments or {}, self.id)
+            send(channel, QueueUnbindOk())
+        elif kind is ExchangeDeclare:
+            broker.exchange_declare(
+                method.exchange, method.exchange_type, passive=method.passive,
+                durable=method.durable, auto_delete=method.auto_delete,
+                internal=method.internal, arguments=method.arguments or {})
+            if not method.nowait:
+                send(channel, ExchangeDeclareOk())
+        elif kind is ExchangeDelete:
+            await broker.exchange_delete(method.exchange, method.if_unused)
+            if not method.nowait:
+                send(channel, ExchangeDeleteOk())
+        elif kind is QueueDelete:
+            count = await broker.queue_delete(self._queue_name(state, method.queue), self.id)
+            if not method.nowait:
+                send(channel, QueueDeleteOk(count))
+        elif kind is BasicAck:
+            await state.deliveries.ack(method.delivery_tag, method.multiple)
+        elif kind is BasicNack:
+            await state.deliveries.nack(method.delivery_tag, method.multiple, method.requeue)
+        elif kind is BasicReject:
+            await state.deliveries.nack(method.delivery_tag, False, method.requeue)
+        elif kind is BasicQos:
+            # prefetch_size is not limited (RabbitMQ ignores it too); the count covers
+            # the channel's unacknowledged deliveries, global or not (docs/amqp.md).
+            state.deliveries.prefetch = method.prefetch_count
+            send(channel, BasicQosOk())
+        elif kind is BasicConsume:
+            queue = broker.consumable(self._queue_name(state, method.queue), self.id)
+            tag = state.deliveries.consume(method.consumer_tag, queue,
+                                           broker.queue_pop(queue), method.no_ack,
+                                           self._tag_taken, method.exclusive)
+            if not method.nowait:
+                send(channel, BasicConsumeOk(tag))
+        elif kind is BasicCancel:
+            consumer = state.deliveries.cancel(method.consumer_tag)
+            if not method.nowait:
+                send(channel, BasicCancelOk(method.consumer_tag))
+            if consumer is not None:
+                await broker.consumer_gone(consumer.queue)
+        elif kind is BasicRecover or kind is BasicRecoverAsync:
+            if not method.requeue:
+                # RabbitMQ does not implement redelivery to the same consumer either.
+                raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false")
+            await state.deliveries.recover()
+            if kind is BasicRecover:
+                send(channel, BasicRecoverOk())
+        elif kind is BasicGet:
+            queue = broker.consumable(self._queue_name(state, method.queue), self.id)
+            await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)
+        elif kind is TxSelect:
+            if state.confirm:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
+                                "switch from confirm to tx mode")
+            if state.tx_pubs is None:
+                state.tx_pubs = []
+                state.deliveries.tx = []
+            send(channel, TxSelectOk())
+        elif kind is TxCommit or kind is TxRollback:
+            if state.tx_pubs is None:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - channel "
+                                "is not transactional")
+            pubs, state.tx_pubs = state.tx_pubs, []
+            if kind is TxCommit:
+                if pubs:
+                    await self._enqueue([(pb, body, None, channel, state)
+                                         for pb, body in pubs])
+                    while self._pub_bytes:  # stored before Commit-Ok
+                        await self._pub_space.wait()
+                await state.deliveries.commit()
+                send(channel, TxCommitOk())
+            else:
+                state.deliveries.rollback()
+                send(channel, TxRollbackOk())
+        elif kind is ConfirmSelect:
+            if state.tx_pubs is not None:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
+                                "switch from tx to confirm mode")
+            state.confirm = True
+            if not method.nowait:
+                send(channel, ConfirmSelectOk())
+        else:
+            # The next slices (consume, get, ack, qos, tx, ...).
+            raise AmqpError(errors.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.NAME} is not "
+                            "supported yet", 0, method.CLASS_ID, method.METHOD_ID)
+
+    async def _publish(self, channel: int, state: _Channel, content: Any) -> None:
+        method = content.method
+        if type(method) is not BasicPublish:
+            raise AmqpError(errors.COMMAND_INVALID, f"COMMAND_INVALID - {method.NAME} "
+                            "from a client", 0, method.CLASS_ID, method.METHOD_ID)
+        if method.immediate:
+            # RabbitMQ 3+ refuses immediate with a connection error.
+            raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 0,
+                            60, 40)
+        broker = self.broker
+        props = content.properties
+        lmqs = broker.route(method.exchange, method.routing_key, props.headers)
+        entry: list | None = None
+        if state.confirm:
+            entry = [state.next_publish_tag, None]
+            state.next_publish_tag += 1
+            state.confirms.append(entry)
+        if not lmqs:
+            broker.stats["unroutable"] += 1
+            if method.mandatory:
+                # Basic.Return goes out before the confirm (RabbitMQ's order).
+                self.conn.send_raw(encode_content(
+                    channel, BasicReturn(errors.NO_ROUTE, "NO_ROUTE", method.exchange,
+                                         method.routing_key),
+                    content.raw_properties, content.body, self.conn.frame_max))
+            if entry is not None:
+                entry[1] = True
+                self._confirm(channel, state)
+            return
+        pb = broker.stored_properties(method.exchange, method.routing_key, props,
+                                      content.raw_properties, lmqs)
+        if state.tx_pubs is not None:
+            size = sum(len(p) + len(b) for p, b in state.tx_pubs)
+            if size + len(pb) + len(content.body) > broker.config.max_publish_backlog_bytes:
+                raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - "
+                                "transaction larger than max_publish_backlog_bytes")
+            state.tx_pubs.append((pb, content.body))
+            return
+        await self._enqueue([(pb, content.body, entry, channel, state)])
+
+    async def _enqueue(self, pubs: list[tuple]) -> None:
+        """Hand publishes to the store loop (started on demand); back-pressure."""
+        broker = self.broker
+        for pub in pubs:
+            self._pubs.append(pub)
+            self._pub_bytes += len(pub[0]) + len(pub[1])
+        if not self._storing:
+            if broker.nursery is None:
+                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
+                                "running")
+            self._storing = True
+            self._stores_done = trio.Event()
+            broker.nursery.start_soon(self._store_loop)
+        self._pub_wake.set()
+        while self._pub_bytes > broker.config.max_publish_backlog_bytes:
+            await self._pub_space.wait()  # back-pressure: stop reading this socket
+
+    def _confirm(self, channel: int, state: _Channel) -> None:
+        """Send the confirms of `channel` that are settled, in publish order (a run of
+        acks as one Basic.Ack with multiple)."""
+        if self.channels.get(channel) is not state:
+            return  # the channel closed since: its confirms are moot
+        confirms = state.confirms
+        last_ack = 0
+        while confirms and confirms[0][1] is not None:
+            tag, ok = confirms.popleft()
+            if ok:
+                last_ack = tag
+                continue
+            if last_ack:
+                self.conn.send(channel, BasicAck(last_ack, True))
+                last_ack = 0
+            self.conn.send(channel, BasicNack(tag, False, False))
+        if last_ack:
+            self.conn.send(channel, BasicAck(last_ack, True))
+
+    async def _store_loop(self) -> None:
+        """Store this connection's publishes in order, one batch at a time: while one is
+        on the wire the next accumulates. All of a connection's publishes go to one store
+        queue, so they reach every queue in the order they were published."""
+        broker = self.broker
+        qid = self.id % broker.config.store_queues
+        try:
+            while True:
+                if not self._pubs:
+                    if self._ended:
+                        return
+                    await self._pub_wake.wait()
+                    self._pub_wake = trio.Event()
+                    continue
+                size = 0
+                n = 0
+                for pb, body, *_ in self._pubs:
+                    if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
+                        break
+                    size += len(pb) + len(body)
+                    n += 1
+                batch, self._pubs = self._pubs[:n], self._pubs[n:]
+                ok = await broker.store_batch(qid, [(pb, body) for pb, body, *_ in batch])
+                if ok is None:
+                    # The broker refused the batch as a whole (e.g. one message too big):
+                    # store them one by one so only the culprits are nacked.
+                    results = [await broker.store_batch(qid, [(pb, body)])
+                               for pb, body, *_ in batch]
+                else:
+                    results = [ok] * len(batch)
+                self._pub_bytes -= size
+                self._pub_space.set()
+                self._pub_space = trio.Event()
+                touched = {}
+                for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
+                    if entry is not None:
+                        entry[1] = bool(stored)
+                        touched[channel] = state
+                for channel, state in touched.items():
+                    self._confirm(channel, state)
+                if touched:
+                    try:
+                        await self.flush()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+        except Exception:
+            # A bug here must not take the gateway down (this task runs in the broker's
+            # nursery): nack what is waiting and let the connection go on.
+            log.exception("AMQP store loop failed")
+            pending, self._pubs, self._pub_bytes = self._pubs, [], 0
+            for _, _, entry, channel, state in pending:
+                if entry is not None:
+                    entry[1] = False
+                    self._confirm(channel, state)
+            self._pub_space.set()
+        finally:
+            self._storing = False
+            self._stores_done.set()

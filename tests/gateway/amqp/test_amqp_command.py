@@ -1,0 +1,74 @@
+"""`lmq amqp` as a process in front of a real broker (started in this process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pika
+import pytest
+import trio
+
+from tests.core.broker.harness import run_embedded
+from tests.gateway.amqp.broker_harness import params
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(proc: subprocess.Popen, port: int, log_path: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"lmq amqp exited: {open(log_path).read()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("lmq amqp did not open its port")
+
+
+def test_lmq_amqp_serves_pika_and_stops_on_sigterm(tmp_path):
+    def client(namesrv_addr: str):
+        port = _free_port()
+        log_path = str(tmp_path / "amqp.log")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lmq", "amqp", "--namesrv-addr", namesrv_addr,
+                 "--amqp-port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_port(proc, port, log_path)
+            conn = pika.BlockingConnection(params(port))
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("cmd-q")
+            ch.queue_bind("cmd-q", "amq.topic", "a.#")
+            ch.basic_publish("amq.topic", "a.b.c", b"through lmq amqp")
+            method, _, body = ch.basic_get("cmd-q", auto_ack=True)
+            conn.close()
+            proc.send_signal(signal.SIGTERM)
+            return body, proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+    got = []
+
+    async def body(server, _remoting):
+        got.append(await trio.to_thread.run_sync(client, server.namesrv_addr))
+
+    run_embedded(body, tmp_path, timeout=100.0, allow_inner_properties_without_acl=True)
+    assert got == [(b"through lmq amqp", 0)]
