@@ -2,9 +2,9 @@
 micro-batch, and END_TRANSACTION from the driver (docs/spark.md, "Exactly once").
 
 The commit record of (query, batch) is one message on the commit topic (default
-``SPARK_LMQ_COMMITS``, queue 0 of its first broker by name), also dispatched into the
-lightweight queue ``%LMQ%<commit topic>_<query id>``, so the records of one query are read
-back by offset from that LMQ (latest first) without scanning anyone else's.
+``SPARK_LMQ_COMMITS``, queue 0 of its first broker by name) with the key
+``<query id>:<batch id>``, found again through the broker's key index (QUERY_MESSAGE), so a
+sink needs no right beyond PUB/SUB on its topics (INNER_* properties are reserved).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import trio
 
 from core.client.errors import MQClientError
-from core.client.model import MessageQueue, PullStatus
+from core.client.model import MessageQueue
 from core.client.producer import Producer
-from core.client.pull_consumer import PullConsumer, broker_addr_for
+from core.client.pull_consumer import broker_addr_for
 from core.common.message import Message
 from core.common.msgid import decode_offset_msg_id
 from core.common.properties import MessageConst
@@ -94,10 +94,6 @@ async def end_halves(instance, group: str, halves: list[Half], commit: bool) -> 
 # -- commit records -------------------------------------------------------------------------
 
 
-def lmq_of(commit_topic: str, query_id: str) -> str:
-    return f"%LMQ%{commit_topic}_{query_id}"
-
-
 async def _record_broker(instance, commit_topic: str) -> tuple[str, str]:
     """(broker name, address) that holds the commit records: the first master by name."""
     masters = (await instance.api.get_cluster_info()).master_addrs()
@@ -108,31 +104,19 @@ async def _record_broker(instance, commit_topic: str) -> tuple[str, str]:
 
 
 async def find_record(instance, commit_topic: str, query_id: str, batch_id: int) -> dict | None:
-    """The commit record of (query, batch), or None. Reads the query's LMQ backwards from its
-    end (batches commit in order, so a replayed batch is at or next to the end)."""
-    broker, addr = await _record_broker(instance, commit_topic)
-    lmq = lmq_of(commit_topic, query_id)
-    mq = MessageQueue(lmq, broker, 0)
-    pc = PullConsumer(instance, "SPARK_LMQ_SINK_READER")
-    hi = await instance.api.get_max_offset(addr, lmq, 0)
-    if hi > 0:
-        await instance.update_route(commit_topic)  # a fresh process must learn the broker
-    while hi > 0:
-        lo = max(0, hi - 32)
-        res = await pc.pull(mq, None, lo, hi - lo)
-        if res.status is not PullStatus.FOUND:
-            return None
-        oldest = None
-        for m in res.messages:
-            b = int(m.properties.get(P_BATCH, "-1"))
-            if b == batch_id and m.properties.get(P_QUERY) == query_id:
-                # up to 4 MiB of JSON: parsed off the client's event loop
-                return await trio.to_thread.run_sync(json.loads, m.body)
-            oldest = b if oldest is None else min(oldest, b)
-        if oldest is not None and oldest < batch_id:
-            return None
-        hi = lo
+    """The commit record of (query, batch), or None: looked up in the broker's key index by
+    its key ``<query id>:<batch id>`` (docs/spark.md, "Exactly once")."""
+    _broker, addr = await _record_broker(instance, commit_topic)
+    found = await instance.api.query_message(addr, commit_topic, record_key(query_id, batch_id))
+    for m in found:
+        if m.properties.get(P_QUERY) == query_id and m.properties.get(P_BATCH) == str(batch_id):
+            # up to 4 MiB of JSON: parsed off the client's event loop
+            return await trio.to_thread.run_sync(json.loads, m.body)
     return None
+
+
+def record_key(query_id: str, batch_id: int) -> str:
+    return f"{query_id}:{batch_id}"
 
 
 async def write_record(instance, producer: Producer, commit_topic: str, query_id: str,
@@ -152,9 +136,8 @@ async def write_record(instance, producer: Producer, commit_topic: str, query_id
         raise MQClientError(f"commit record of batch {batch_id} is {len(body)} bytes (limit "
                             f"{MAX_RECORD_BYTES}): make micro-batches smaller")
     msg = Message(commit_topic, body)
-    msg.keys = [f"{query_id}:{batch_id}"]
-    msg.properties.update({P_QUERY: query_id, P_BATCH: str(batch_id),
-                           MessageConst.INNER_MULTI_DISPATCH: lmq_of(commit_topic, query_id)})
+    msg.keys = [record_key(query_id, batch_id)]
+    msg.properties.update({P_QUERY: query_id, P_BATCH: str(batch_id)})
     await producer.send_to_queue(msg, MessageQueue(commit_topic, broker, 0))
 
 
