@@ -136,7 +136,7 @@ def setup_logging(level: str) -> None:
     )
 
 
-async def serve_until_signal(server) -> None:
+async def serve_until_signal(server, metrics=None) -> None:
     """Run `server.serve()` until SIGINT/SIGTERM asks for a clean stop; a second signal
     cancels (the broker still persists and closes its store, shielded)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -153,6 +153,8 @@ async def serve_until_signal(server) -> None:
                         nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            if metrics is not None:  # --metrics-port: up before recovery, /readyz says 503
+                await nursery.start(metrics.serve)
             await server.serve()
             nursery.cancel_scope.cancel()
 
@@ -190,14 +192,14 @@ def raise_fd_limit() -> None:
         pass
 
 
-def run_server(server) -> int:
+def run_server(server, metrics=None) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
     not writable) is one log line and exit code 1, not a traceback."""
     raise_fd_limit()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
     try:
-        trio.run(serve_until_signal, server)
+        trio.run(serve_until_signal, server, metrics)
     except (OSError, BaseExceptionGroup) as exc:
         error = _os_error(exc)
         if error is None:

@@ -17,6 +17,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_broker_options(parser, namesrv_port=False)
     add_ha_options(parser)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -53,4 +55,4 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", problem)
         return 2
     server = EmbeddedServer(broker_config, None)
-    return run_server(server)
+    return run_server(server, exporter_from_args(args, server=server))

@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--remoting-tls-no-verify", action="store_true",
                         help="do not verify the remoting servers' certificates")
     add_mqtt_options(parser, embedded=False)
+    from lmq.metrics import add_metrics_options
+
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="mqtt_command", metavar="passwd")
     pw = sub.add_parser("passwd", help="add, change or delete a user of a password file")
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.mqtt.embedded import run_standalone
     from lmq.commands._broker_args import setup_logging
+    from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
     try:
@@ -107,12 +111,17 @@ def run(args: argparse.Namespace) -> int:
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
+                metrics = exporter_from_args(args, mqtt=lambda: None)
+                if metrics is not None:
+                    await nursery.start(metrics.serve)
                 tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
                        "tls_verify": not args.remoting_tls_no_verify}
                 gateway = await nursery.start(functools.partial(
                     run_standalone, config, args.namesrv_addr,
                     client_options=tls if args.remoting_tls else None,
                 ))
+                if metrics is not None:
+                    metrics.mqtt = gateway
 
                 async def watch() -> None:
                     async for _ in signals:

@@ -15,6 +15,7 @@ from lmq.commands._broker_args import (
     refuse_insecure,
     remoting_security_overrides,
 )
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 log = logging.getLogger("lmq.namesrv")
 
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--log-level", default="INFO", help="logging level (default %(default)s)"
     )
     add_remoting_security_options(parser, broker=False)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -67,18 +69,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     raise_fd_limit()
     try:
-        trio.run(_serve, config)
+        trio.run(_serve, config, args)
     except (OSError, ValueError) as exc:  # e.g. the port is taken, a bad certificate
         log.error("cannot start the name server: %s", exc)
         return 1
     return 0
 
 
-async def _serve(config: NamesrvConfig) -> None:
+async def _serve(config: NamesrvConfig, args: argparse.Namespace) -> None:
     nameserver = NameServer(config)
     await nameserver.listen()  # a taken port fails here, as a plain OSError
+    metrics = exporter_from_args(args, namesrv=nameserver)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            if metrics is not None:
+                await nursery.start(metrics.serve)
             await nursery.start(nameserver.serve)
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)

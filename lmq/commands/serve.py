@@ -21,6 +21,7 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_broker_options(parser, namesrv_port=True)
     add_mqtt_options(parser, embedded=True)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -63,4 +65,4 @@ def run(args: argparse.Namespace) -> int:
         log.error("bad MQTT configuration: %s", exc)
         return 2
     server = EmbeddedServer(broker_config, namesrv_config, services=services)
-    return run_server(server)
+    return run_server(server, exporter_from_args(args, server=server))
