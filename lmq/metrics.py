@@ -10,7 +10,8 @@ only per-scrape cost that grows with the data is the consumer-group lag, capped 
 Paths: `GET /metrics` (text format 0.0.4), `GET /healthz` (200 while the process runs),
 `GET /readyz` (200 "ready", or 503 with a one-line reason). Anything else: 404.
 The port binds loopback unless `--metrics-host` says otherwise. Limits (docs/operations.md):
-request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it, `MAX_CONNECTIONS` at once.
+request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it, `MAX_CONNECTIONS` at once,
+a lingering close of `LINGER_S` / `LINGER_BYTES`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MAX_REQUEST_BYTES = 8192  # request line + headers; larger: 431 and close
 REQUEST_TIMEOUT_S = 5.0  # to send the request head
 MAX_CONNECTIONS = 16  # concurrent scrapes; more are closed at once
 DEFAULT_MAX_LAG_SERIES = 1000  # consumer-group lag series per scrape
+LINGER_S = 1.0  # after answering, how long unread request bytes are drained
+LINGER_BYTES = 65536  # and how many at most
 LOOP_LAG_INTERVAL_S = 0.5  # how often the event-loop lag probe sleeps
 
 
@@ -42,12 +45,28 @@ def add_metrics_options(parser) -> None:
                         "(default: off; 0 = a free port)")
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="bind address of the metrics port (default %(default)s)")
+    parser.add_argument("--metrics-max-lag-series", type=_count, default=DEFAULT_MAX_LAG_SERIES,
+                        metavar="N", help="at most N consumer-lag series per scrape "
+                        "(default %(default)s)")
+
+
+def _count(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
 
 
 def exporter_from_args(args, **sources) -> Exporter | None:
     if getattr(args, "metrics_port", None) is None:
         return None
-    return Exporter(args.metrics_host, args.metrics_port, **sources)
+    return Exporter(args.metrics_host, args.metrics_port,
+                    max_lag_series=args.metrics_max_lag_series, **sources)
 
 
 class Exporter:
@@ -188,7 +207,7 @@ class Exporter:
             pass
         finally:
             self._connections -= 1
-            await trio.aclose_forcefully(stream)
+            await _linger_close(stream)
 
 
 async def _read_head(stream: trio.SocketStream) -> bytes | None:
@@ -201,6 +220,24 @@ async def _read_head(stream: trio.SocketStream) -> bytes | None:
             return None
         buf += chunk
     return bytes(buf)
+
+
+async def _linger_close(stream: trio.SocketStream) -> None:
+    """Half-close, then discard what the peer still sends (bounded): closing with unread
+    data would reset the connection and could destroy the answer before it is read."""
+    try:
+        await stream.send_eof()
+        with trio.move_on_after(LINGER_S):
+            drained = 0
+            while drained < LINGER_BYTES:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
@@ -283,6 +320,12 @@ def broker_metrics(broker, max_lag_series: int) -> Iterator:
                  len(broker.consumer_manager.groups))
     yield _gauge("lmq_broker_long_poll_waiters", "Pull requests held (long polling)",
                  broker.pull_hold_service.held)
+    yield from broker_lag_metrics(broker, max_lag_series)
+
+
+def broker_lag_metrics(broker, max_series: int) -> Iterator:
+    """Lag per (group, topic, queue) of the committed offsets, at most `max_series`."""
+    store = broker.store
     lag = GaugeMetricFamily("lmq_broker_consumer_lag_messages",
                             "Messages not yet consumed by a group, per queue",
                             labels=["group", "topic", "queue"])
@@ -291,7 +334,7 @@ def broker_metrics(broker, max_lag_series: int) -> Iterator:
     for key in list(table):
         topic, _, group = key.rpartition("@")
         for qid, offset in list(table[key].items()):
-            if count >= max_lag_series:
+            if count >= max_series:
                 truncated += 1
                 continue
             count += 1
