@@ -91,6 +91,8 @@ class Exporter:
         self.loop_lag_max_s = 0.0
         self.loop_lag_total_s = 0.0
         self._connections = 0
+        self._cancel: trio.CancelScope | None = None
+        self._stopped = False
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -156,9 +158,18 @@ class Exporter:
         self.port = listeners[0].socket.getsockname()[1]
         log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", self.host, self.port)
         async with trio.open_nursery() as nursery:
+            self._cancel = nursery.cancel_scope
+            if self._stopped:
+                nursery.cancel_scope.cancel()
             nursery.start_soon(self._loop_lag_probe)
             task_status.started(self.port)
             await trio.serve_listeners(self._handle, listeners)
+
+    def stop(self) -> None:
+        """Make `serve` return (closing the port)."""
+        self._stopped = True
+        if self._cancel is not None:
+            self._cancel.cancel()
 
     async def _loop_lag_probe(self) -> None:
         """How late a sleeping task is woken: the event loop's scheduling delay."""

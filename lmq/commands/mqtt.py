@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 async def watch() -> None:
                     async for _ in signals:
                         gateway.stop()
+                        if metrics is not None:
+                            metrics.stop()
                         return
 
                 nursery.start_soon(watch)

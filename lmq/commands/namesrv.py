@@ -88,4 +88,6 @@ async def _serve(config: NamesrvConfig, args: argparse.Namespace) -> None:
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)
                 nameserver.close()
+                if metrics is not None:
+                    metrics.stop()
                 break

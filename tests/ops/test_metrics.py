@@ -200,3 +200,39 @@ def test_idle_server_stores_no_sys_messages(tmp_path):
         assert offset() == last
     finally:
         proc.stop()
+
+
+def test_separate_processes_ready_and_stop_on_sigterm(tmp_path):
+    """namesrv, broker and mqtt alone, each with its metrics port: ready, then a SIGTERM
+    ends each one (the metrics task must not keep a process alive)."""
+    ns_port = free_port()
+    procs = []
+    try:
+        procs.append(Proc(["namesrv", "--port", str(ns_port), "--metrics-port", "0"],
+                          _dir(tmp_path / "ns")))
+        broker_cfg = tmp_path / "broker.toml"
+        write_toml(broker_cfg, {"broker": BROKER_TEST_CONFIG})
+        procs.append(Proc(["broker", "--data-dir", str(tmp_path / "b"), "--config",
+                           str(broker_cfg), "--broker-port", str(free_port()),
+                           "--namesrv-addr", f"127.0.0.1:{ns_port}", "--metrics-port", "0"],
+                          _dir(tmp_path / "b")))
+        procs.append(Proc(["mqtt", "--namesrv-addr", f"127.0.0.1:{ns_port}", "--data-dir",
+                           str(tmp_path / "m"), "--port", str(free_port()),
+                           "--metrics-port", "0"], _dir(tmp_path / "m")))
+        for proc in procs:
+            proc.wait_ready()
+        ns, broker, gw = (p.scrape() for p in procs)
+        assert ns["lmq_namesrv_brokers"] == 1
+        assert broker["lmq_broker_topics"] >= 1
+        assert gw["lmq_mqtt_sessions"] == 0
+        for proc in reversed(procs):
+            proc.proc.terminate()
+            assert proc.proc.wait(TIMEOUT) == 0
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
