@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +19,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_toml
@@ -79,12 +82,13 @@ class Proc:
                 self.proc.wait()
 
 
-def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None) -> tuple[Proc, int]:
+def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None,
+          namesrv_port: int | None = None) -> tuple[Proc, int]:
     broker_cfg = tmp_path / "broker.toml"
     write_toml(broker_cfg, {"broker": BROKER_TEST_CONFIG})
     mqtt_port = free_port()
     argv = ["serve", "--data-dir", str(tmp_path / "data"), "--config", str(broker_cfg),
-            "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
+            "--namesrv-port", str(namesrv_port or free_port()), "--broker-port", str(free_port()),
             "--mqtt-port", str(mqtt_port), "--metrics-port", "0", *extra]
     if mqtt_config:
         write_toml(tmp_path / "mqtt.toml", mqtt_config)
@@ -94,21 +98,53 @@ def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None) -> tuple
 
 def mqtt_client(port: int, client_id: str) -> mqtt.Client:
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+    _watch_suback(c)
     c.connect("127.0.0.1", port)
     c.loop_start()
     return c
 
 
+def _watch_suback(client: mqtt.Client) -> None:
+    client.subacked = threading.Event()
+    client.on_subscribe = lambda *a: client.subacked.set()
+
+
+def _rocketmq_backlog(namesrv: str, topic: str, group: str, count: int) -> None:
+    """Send `count` messages to `topic` and commit offset 0 for `group` on every queue."""
+    from core.client.blocking import BlockingClient
+    from core.common.message import Message
+
+    with BlockingClient(namesrv) as client:
+        with client.producer("PG_METRICS") as producer:
+            for i in range(count):
+                producer.send(Message(topic, b"m%d" % i))
+        with client.pull_consumer(group) as consumer:
+            for mq in consumer.fetch_subscribe_message_queues(topic):
+                consumer.update_consume_offset(mq, 0)
+
+
 def test_metrics_move_with_mqtt_traffic(tmp_path):
-    proc, port = serve(tmp_path)
+    ns_port = free_port()
+    proc, port = serve(tmp_path, namesrv_port=ns_port)
     try:
         assert proc.get("/healthz") == (200, "ok\n")
         proc.wait_ready()
         before = proc.scrape()
+        _rocketmq_backlog(f"127.0.0.1:{ns_port}", "MetricsTopic", "CG_METRICS", 7)
         got = []
         sub = mqtt_client(port, "metrics-sub")
         sub.on_message = lambda c, u, m: got.append(m.payload)
-        sub.subscribe("metrics/t", qos=1)[1]
+        sub.subscribe("metrics/t", qos=1)
+        small = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="metrics-small",
+                            protocol=mqtt.MQTTv5)
+        _watch_suback(small)
+        props = Properties(PacketTypes.CONNECT)
+        props.MaximumPacketSize = 200  # every message below is larger: dropped for it
+        small.connect("127.0.0.1", port, properties=props)
+        small.loop_start()
+        small.subscribe("metrics/t", qos=1)
+        for client in (sub, small):
+            assert client.subacked.wait(TIMEOUT)
         pub = mqtt_client(port, "metrics-pub")
         payload = b"x" * 1000
         for _ in range(5):
@@ -118,8 +154,13 @@ def test_metrics_move_with_mqtt_traffic(tmp_path):
             assert time.monotonic() < deadline, got
             time.sleep(0.02)
         after = proc.scrape()
-        pub.loop_stop()
-        sub.loop_stop()
+        deadline = time.monotonic() + TIMEOUT
+        while after['lmq_mqtt_dropped_messages_total{reason=too_large}'] < 5:
+            assert time.monotonic() < deadline, after
+            time.sleep(0.05)
+            after = proc.scrape()
+        for client in (pub, sub, small):
+            client.loop_stop()
 
         assert after["lmq_mqtt_messages_received_total"] - before[
             "lmq_mqtt_messages_received_total"] >= 5
@@ -132,16 +173,24 @@ def test_metrics_move_with_mqtt_traffic(tmp_path):
             "lmq_broker_put_bytes_total"] >= 5 * len(payload)
         assert after["lmq_broker_commitlog_size_bytes"] > before[
             "lmq_broker_commitlog_size_bytes"]
-        assert after["lmq_mqtt_clients_connected"] == 2
-        assert after["lmq_mqtt_sessions"] >= 2
+        assert after["lmq_mqtt_clients_connected"] == 3
+        assert after["lmq_mqtt_sessions"] >= 3
+        assert after["lmq_mqtt_dropped_messages_total{reason=lag_cut}"] == 0
         assert after["lmq_mqtt_subscriptions"] >= 1
         assert after["lmq_broker_lmqs"] >= 1
         assert after["lmq_ready"] == 1
+        lag = {k: v for k, v in after.items() if k.startswith(
+            "lmq_broker_consumer_lag_messages{group=CG_METRICS,")}
+        assert sum(lag.values()) == 7, lag
         # Process metrics of the client library's own collectors.
         assert after["process_resident_memory_bytes"] > 0
         assert "lmq_event_loop_lag_seconds" in after
         assert any(k.startswith("python_gc_collections_total") for k in after)
         assert proc.get("/nope")[0] == 404
+        # Every series the Grafana dashboard queries exists.
+        dashboard = (REPO / "docs" / "grafana" / "lmq-gateway.json").read_text()
+        for name in set(re.findall(r"\b((?:lmq|process|python)_[a-z_]+)\{", dashboard)):
+            assert any(k == name or k.startswith(name + "{") for k in after), name
     finally:
         proc.stop()
 
