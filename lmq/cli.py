@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Order is the order shown in `lmq --help`.
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lmq",
         description="lmq-gateway: MQTT / AMQP / RocketMQ gateway over a lightweight-queue store",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -33,17 +35,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lmq-gateway")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return None
+
+
+def _broken_pipe(exc: BaseException) -> bool:
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_broken_pipe(e) for e in exc.exceptions)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # inside the try: a reader gone shows here, not at exit
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        if not _broken_pipe(exc):
+            raise
+        # The reader went away (`lmq admin tail X | head`): stop quietly, as `cat` does.
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # Report an unknown flag against the subcommand's own usage, so that
+        # `lmq serve --bad` points at `lmq serve --help`, not at `lmq --help`.
+        sub = _subcommand_parser(parser, args.command) or parser
+        sub.error(f"unrecognized arguments: {' '.join(extras)} (see {sub.prog} --help)")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
         return 2
-    try:
-        return int(func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    return int(func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

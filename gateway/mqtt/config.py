@@ -137,6 +137,16 @@ class MqttConfig:
     #: Period of the $SYS/broker/... statistics publishes; 0 disables them.
     sys_interval_s: float = 10.0
 
+    # -- overload (docs/mqtt.md, "Overload") -------------------------------------------
+    #: An online subscriber that takes what it is given may fall this many messages behind
+    #: the newest stored before the gateway stops reading from publishing sockets (TCP
+    #: then slows the devices down).
+    backpressure_lag: int = 2000
+    #: QoS 0 messages queued for one client at most (Mosquitto: max_queued_messages); a
+    #: client further behind on a QoS 0 subscription skips to the newest this many,
+    #: counted in $SYS/broker/messages/dropped and logged once per episode.
+    max_queued_messages: int = 20_000
+
     # -- server --------------------------------------------------------------------------
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
@@ -168,7 +178,7 @@ class MqttConfig:
                      "max_subscriptions_per_client", "max_client_id_length", "max_retained",
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
                      "password_check_threads", "max_stored_sessions", "close_linger_bytes",
-                     "max_partial_packet_bytes"):
+                     "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

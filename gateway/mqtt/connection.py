@@ -266,7 +266,10 @@ class Connection(ConnectionGuards, PublishHandler):
             return
         stats = self.gw.stats
         self._packet_seen()
+        gate = self.gw.link.gate
         while not self.closed:
+            if self.publishing and not gate.is_open:
+                await self.wait_gate()  # back pressure on publishers (flow.py)
             with trio.move_on_at(self._read_deadline()) as scope:
                 data = await self.stream.receive_some(READ_SIZE)
             if scope.cancelled_caught:

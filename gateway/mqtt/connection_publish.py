@@ -14,6 +14,8 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import trio
+
 from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import NO_PROPERTIES, MqttProtocolError, Puback, Publish, Pubrec
@@ -26,6 +28,9 @@ __all__ = ["PublishHandler"]
 
 log = logging.getLogger(__name__)
 
+#: PUBLISHes handled in one go before the reader lets other tasks run.
+PUBLISHES_PER_STEP = 64
+
 _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
                "subscription_identifiers": ()}
 
@@ -33,7 +38,21 @@ _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
 class PublishHandler:
     """`Connection.on_publish` and its acknowledgements."""
 
+    #: set by the first PUBLISH: from then on the connection's reads pass the delivery
+    #: gate (flow.py); connections that only subscribe always read.
+    publishing = False
+
+    async def wait_gate(self: Connection) -> None:
+        """Wait while the delivery gate is closed (flow.py). The time the gateway does not
+        read is not the client's: keep alive and packet deadlines move by as much."""
+        start = trio.current_time()
+        await self.gw.link.gate.wait_open()
+        waited = trio.current_time() - start
+        self._ka_deadline += waited
+        self._packet_deadline += waited
+
     async def on_publish(self: Connection, p: Publish) -> None:
+        self.publishing = True
         gw = self.gw
         cfg = gw.config
         stats = gw.stats
@@ -95,8 +114,12 @@ class PublishHandler:
             self.inbound += 1
             self.qos2_pending.add(pid)
             link.submit(msg, lambda code: self._stored(pid, 2, code))
-        if link.backlog >= cfg.max_pending_publishes:
+        if link.backlog >= link.dispatch_bound:
             await link.wait_for_space()
+        elif not link.backlog % PUBLISHES_PER_STEP:
+            # One socket read can hold hundreds of PUBLISHes: let other tasks (PINGREQs,
+            # deliveries) run between slices of it.
+            await trio.lowlevel.checkpoint()
 
     def _refused(self: Connection, p: Publish, code: int) -> None:
         if p.qos == 0:

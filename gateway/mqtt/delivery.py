@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from core.client import PullStatus
+from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import PacketTooLarge, Publish, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
@@ -43,8 +44,11 @@ log = logging.getLogger(__name__)
 
 #: Pause after a failed pull before the cursor is read again.
 PULL_RETRY_S = 1.0
-#: Pull-and-deliver rounds a pump runs before it writes and yields to other tasks.
+#: Pull-and-deliver rounds a pump runs before it writes and yields to other tasks, and
+#: the time they may take at most (the event loop stays responsive: PINGREQs, other
+#: sessions).
 TURN_BATCHES = 16
+TURN_BUDGET_S = 0.005
 
 
 def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
@@ -82,6 +86,16 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
     packet must not leave an alias the client never saw (the next PUBLISH would carry an
     empty topic with it, a protocol error on the client's side, v5 §3.3.2.3.4).
     """
+    if not qos and conn.version != 5:
+        # The same bytes for every 3.1/3.1.1 session: encoded once per message.
+        wire = msg.wire
+        if wire is None:
+            wire = msg.wire = [None, None]
+        data = wire[retain]
+        if data is None:
+            data = wire[retain] = conn.codec.encode(
+                Publish(msg.topic, msg.payload, 0, retain, False, None))
+        return data
     packet = build_publish(conn, msg, qos, retain, sub_ids, pid, dup, now)
     data = conn.codec.encode(packet)
     if packet.topic and packet.properties.topic_alias is not None:
@@ -97,6 +111,24 @@ class Pump:
         self.session = session
         self.conn = conn
         self._retry_at = 0.0
+        #: held up by its client (a stuck write): publishers do not wait for it (flow.py)
+        self.slow = False
+        #: trio time it began waiting on its client: a socket write or acknowledgements
+        #: (0.0: not waiting on the client)
+        self.held_since = 0.0
+
+    @property
+    def client_id(self) -> str:
+        return self.session.client_id
+
+    def held_by_client(self) -> bool:
+        """Waiting on the client, not on a busy event loop (flow.py): a socket write whose
+        kernel buffer is full, or acknowledgements (the connection always reads them)."""
+        if not self.held_since:
+            return False
+        if self.conn.out_bytes or getattr(self.conn, "_writing", False):
+            return not writable(self.conn.stream)
+        return True
 
     # -- main loop ---------------------------------------------------------------------
 
@@ -104,6 +136,7 @@ class Pump:
         sess = self.session
         conn = self.conn
         link = self.gw.link
+        gate = link.gate
         for c in sess.cursors.values():
             # An offline session's state objects may have been released: look them up.
             st = link.state(c.st.broker, c.st.lmq)
@@ -118,28 +151,76 @@ class Pump:
                 await trio.lowlevel.checkpoint()  # fairness: a busy session yields
                 # In-process pulls do not yield: read and encode several batches per turn
                 # (the publishers' tasks each handle a whole socket read per turn too).
+                progress = False
+                budget = trio.current_time() + TURN_BUDGET_S
                 for _ in range(TURN_BATCHES):
                     await self.fill()
-                    if not self.deliver() or conn.out_bytes >= limit:
+                    if not self.deliver():
+                        break
+                    progress = True
+                    if conn.out_bytes >= limit or trio.current_time() >= budget:
                         break
                 if conn.out:
-                    await conn.flush()
-                if conn.out_bytes > self.gw.config.max_out_buffer:
+                    self.held_since = trio.current_time()
+                    try:
+                        await conn.flush()
+                    finally:
+                        self.held_since = 0.0
+                if conn.out_bytes > limit:
+                    self.held_since = trio.current_time()
                     await conn.wait_drained()
+                    self.held_since = 0.0
                     continue
-                if self._needs_pull():
+                if self._needs_pull() or (progress and self._ready()):
+                    gate.set_behind(self, self._behind())
                     continue
+                # Waiting for acknowledgements is waiting for the client: publishers wait
+                # with us only while it answers promptly (flow.STUCK_S).
+                acks = len(sess.inflight) >= conn.inflight_limit
+                gate.set_behind(self, acks and self._behind())
+                if acks:
+                    self.held_since = trio.current_time()
                 with trio.move_on_at(self._next_retry()):
                     await sess.wait()
+                self.held_since = 0.0
         finally:
+            gate.set_behind(self, False)
             self.unwatch()
+
+    def _ready(self) -> bool:
+        """Something buffered could go out now (not held by the in-flight window)."""
+        sess = self.session
+        if len(sess.inflight) >= self.conn.inflight_limit:
+            return False
+        return any(c.buf for c in sess.cursors.values())
+
+    def lag(self) -> int:
+        """Messages stored for this session and not yet handed to its connection."""
+        total = 0
+        for c in self.session.cursors.values():
+            st = c.st
+            top = st.tail if st.tail is not None and st.tail > st.top else st.top
+            if top > c.sent:
+                total += top - c.sent
+        return total
+
+    def _behind(self) -> bool:
+        """Should publishers wait for this session (see flow.py)?"""
+        bound = self.gw.config.backpressure_lag
+        lag = self.lag()
+        if self.slow:
+            if lag <= bound // 2:
+                self.slow = False  # caught up: an ordinary subscriber again
+            return False
+        return lag > bound
 
     def _needs_pull(self) -> bool:
         now = trio.current_time()
         for c in self.session.cursors.values():
             st = c.st
-            if (not c.buf and not st.pending and c.end_version != st.version
-                    and st.tail != c.next and c.retry_at <= now):
+            if (not c.buf and st.tail != c.next and c.retry_at <= now
+                    and (c.next < st.top or not st.pending and c.end_version != st.version)
+                    and not st.pull_covers(c.next, self.gw.config.pull_batch)):
                 return True
         if now >= self._retry_at:
             for g in self.groups():
@@ -194,13 +275,30 @@ class Pump:
                     self._retry_at = trio.current_time() + PULL_RETRY_S
                     break
         brokers = link.brokers
+        queued = self.gw.config.max_queued_messages
         for c in list(self.session.cursors.values()):
+            if c.sub.qos == 0:
+                st = c.st
+                top = st.tail if st.tail is not None and st.tail > st.top else st.top
+                if top - c.sent > queued:
+                    self._drop_qos0(c, top - queued)
+                elif c.dropped >= 0 and top - c.sent <= queued // 2:
+                    log.info("session %r: delivery of %r caught up after dropping %d QoS 0 "
+                             "message(s)", self.session.client_id, c.sub.filter, c.dropped)
+                    c.dropped = -1
             if c.buf or c.retry_at > now:
                 continue
             st = c.st
             if st.broker not in brokers:
                 continue  # a broker that left the cluster: nothing to read there now
             if self.session not in st.watchers:
+                live = link.states.get((st.broker, st.lmq))
+                if live is not st:
+                    # Released before this session watched it (a subscription added while
+                    # another session left): a forgotten state never learns of writes,
+                    # and a tail learnt on it would stay at the end for good.
+                    st = c.st = link.state(st.broker, st.lmq)
+                    c.end_version = -1
                 st.watchers.add(self.session)
             if st.tail is not None and st.tail - c.next > lag:
                 self._cut(c, st.tail - lag, "more than max_session_lag behind")
@@ -208,16 +306,25 @@ class Pump:
             if c.next in recent:
                 n = c.next
                 buf = c.buf
+                match = c.match
                 while n in recent and len(buf) < batch:
-                    buf.append((n, recent[n]))
+                    msg = recent[n]
+                    if match(msg.topic):
+                        buf.append((n, msg))
+                    else:
+                        self._mismatch(c, n, msg)
                     n += 1
                 c.next = n
+                if not buf:
+                    c.sent = max(c.sent, n)
                 continue
-            if st.pending or c.end_version == st.version:
-                continue
+            if (st.pending or c.end_version == st.version) and c.next >= st.top:
+                continue  # at the end, or a write on the way: the dispatcher wakes us
             if st.tail == c.next:
                 c.end_version = st.version  # at the end, known without asking
                 continue
+            if st.pull_covers(c.next, batch):
+                continue  # another session's read brings it: one read per filter
             v0 = st.version
             try:
                 result = await link.pull(st, c.next)
@@ -236,13 +343,14 @@ class Pump:
                     continue
                 lmq = st.lmq
                 buf = c.buf
-                for ext in result.messages:
-                    msg = link.decode(ext, st.broker)
-                    if msg is None:
-                        continue
+                match = c.match
+                for msg in result.messages:
                     pos = msg.lmq_offsets.get(lmq)
                     if pos is not None and pos >= c.next:
-                        buf.append((pos, msg))
+                        if match(msg.topic):
+                            buf.append((pos, msg))
+                        else:
+                            self._mismatch(c, pos, msg)
                 c.next = max(c.next, result.next_begin_offset)
                 if result.next_begin_offset >= result.max_offset:
                     c.end_version = v0
@@ -255,6 +363,31 @@ class Pump:
                 c.sent = max(c.sent, c.next)
             else:  # OFFSET_ILLEGAL: retention moved the minimum, or the LMQ is gone
                 self._cut(c, result.next_begin_offset, "offset no longer in the LMQ")
+
+    def _mismatch(self, c: Cursor, offset: int, msg: MqttMessage) -> None:
+        """An LMQ entry whose topic does not match the filter it is read for (a foreign
+        writer, a name collision): not delivered; counted, logged once per cursor."""
+        c.mismatched += 1
+        self.gw.link.stats["topic_mismatch"] += 1
+        if c.mismatched == 1:
+            log.warning("session %r: %s@%s offset %d holds topic %r, which filter %r does "
+                        "not match; skipped", self.session.client_id, c.st.lmq, c.st.broker,
+                        offset, msg.topic[:200], c.sub.filter)
+
+    def _drop_qos0(self, c: Cursor, offset: int) -> None:
+        """A QoS 0 subscription more than max_queued_messages behind skips to the newest:
+        the per-client bound of a slow client (Mosquitto's max_queued_messages), counted in
+        $SYS/broker/messages/dropped, logged once per episode (not per message)."""
+        skipped = offset - c.sent
+        if c.dropped < 0:
+            c.dropped = 0
+            log.warning("session %r: delivery of %r is more than max_queued_messages (%d) "
+                        "behind; dropping its oldest QoS 0 messages", self.session.client_id,
+                        c.sub.filter, self.gw.config.max_queued_messages)
+        c.dropped += skipped
+        c.reset_to(offset)
+        self.session.dirty = True
+        self.gw.stats.dropped += skipped
 
     def _cut(self, c: Cursor, offset: int, why: str) -> None:
         """Skip a cursor forward: the documented bound of offline messages.
@@ -346,15 +479,20 @@ class Pump:
                 msg = single.buf[0][1]
             else:
                 best = None
+                empty = None
                 for c in cursors:
                     if c.buf:
                         clog = c.buf[0][1].commitlog_offset
                         if best is None or clog < best:
                             best = clog
                     elif not c.caught_up():
-                        return sent  # an older entry may still come from this LMQ
+                        if empty is None:
+                            empty = []
+                        empty.append(c)
                 if best is None:
                     return sent
+                if empty is not None and not self._none_older(empty, best):
+                    return sent  # an older entry may still come from one of these LMQs
                 heads = [c for c in cursors if c.buf and c.buf[0][1].commitlog_offset == best]
                 msg = heads[0].buf[0][1]
             qos = -1
@@ -385,6 +523,19 @@ class Pump:
                 continue  # no-local only, or expired (MQTT-3.3.2-5): consumed unsent
             sent += self._send(msg, qos, retain, tuple(sub_ids), refs, None, now)
         return sent
+
+    def _none_older(self, cursors: list[Cursor], clog: int) -> bool:
+        """Can none of these drained cursors still get an entry older than commitlog
+        offset `clog`? True when each has read up to its known tail and every write
+        below `clog` is accounted for in the tails (BrokerLink.advanced). Writes in
+        progress come after it in the CommitLog: they do not hold the merge back (under
+        steady load some always are, and a session of several filters would stall)."""
+        link = self.gw.link
+        for c in cursors:
+            st = c.st
+            if st.tail is None or c.next < st.tail or clog > link.advanced.get(st.broker, -1):
+                return False
+        return True
 
     def _send(self, msg: MqttMessage, qos: int, retain: bool, sub_ids: tuple[int, ...],
               refs: list, group: object, now: int) -> int:

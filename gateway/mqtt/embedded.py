@@ -61,7 +61,7 @@ class MqttService:
                 if started:
                     raise
                 # The brokers keep serving: a taken MQTT port must not take them down.
-                log.error("MQTT gateway not started: %s", exc)
+                log.error("MQTT gateway not started: %s (on %s: MQTT port %s, WebSocket %s, TLS %s; free it or choose another with --mqtt-port / --mqtt-ws-port / --mqtt-tls-port)", exc, self.config.host, self.config.port, self.config.ws_port, self.config.tls_port)  # noqa: E501
                 task_status.started(None)
 
     def stop(self) -> None:

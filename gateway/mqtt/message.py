@@ -23,13 +23,16 @@ from __future__ import annotations
 import base64
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from core.common.message import MessageExt
-from core.common.properties import MessageConst
+from core.common.properties import MessageConst, decode_properties_bytes
+from core.common.sysflag import MessageSysFlag
+from core.store.record_view import RecordView
 from gateway.mqtt.packets import NO_PROPERTIES, Properties
 
-__all__ = ["MqttMessage", "from_message_ext", "to_properties", "now_ms"]
+__all__ = ["MqttMessage", "from_message_ext", "from_record_view", "to_properties", "now_ms"]
 
 K_TOPIC = "MQTT_TOPIC"
 K_QOS = "MQTT_QOS"
@@ -69,6 +72,9 @@ class MqttMessage:
     broker: str = ""
     commitlog_offset: int = -1
     lmq_offsets: dict[str, int] = field(default_factory=dict)
+    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH, [retain off, retain on], once built: every
+    #: session on a filter sends the same bytes (delivery.encode_publish)
+    wire: list | None = field(default=None, compare=False, repr=False)
 
     def expired(self, now: int) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at
@@ -197,6 +203,30 @@ def from_message_ext(ext: MessageExt, broker: str) -> MqttMessage | None:
     msg = from_properties(ext.properties, ext.body, broker, ext.commitlog_offset)
     if msg is not None:
         msg.lmq_offsets = ext.lmq_offsets()
+    return msg
+
+
+def from_record_view(view: RecordView, broker: str) -> MqttMessage | None:
+    """The MQTT message in a stored record read as a `RecordView` (the gateway's pulls):
+    topic, QoS and payload straight from the record's body and properties, no MessageExt."""
+    body = view.body
+    if view.sys_flag & MessageSysFlag.COMPRESSED:
+        try:
+            body = zlib.decompress(body)
+        except zlib.error:
+            return None
+    props = decode_properties_bytes(view.properties)
+    msg = from_properties(props, body, broker, view.commitlog_offset)
+    if msg is not None:
+        names = props.get(MessageConst.INNER_MULTI_DISPATCH)
+        offsets = props.get(MessageConst.INNER_MULTI_QUEUE_OFFSET)
+        if names and offsets:
+            sep = MessageConst.MULTI_DISPATCH_SEPARATOR
+            try:
+                msg.lmq_offsets = {n: int(o) for n, o in
+                                   zip(names.split(sep), offsets.split(sep), strict=False)}
+            except ValueError:
+                pass
     return msg
 
 

@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.mqtt.message import MqttMessage
+from gateway.mqtt.topics import topic_matches
 
 if TYPE_CHECKING:
     from gateway.mqtt.broker_link import LmqState
     from gateway.mqtt.packets import Will
 
-__all__ = ["Cursor", "Inflight", "Session", "Subscription"]
+__all__ = ["Cursor", "Inflight", "Session", "Subscription", "compile_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +58,25 @@ class Subscription:
                 self.retain_handling, self.sub_id, self.lmq]
 
 
+def compile_filter(topic_filter: str) -> Callable[[str], bool]:
+    """A matcher for one (valid, non-shared) filter, built once: equality for a plain name,
+    a prefix test for `a/b/#`, the general level walk otherwise."""
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return topic_filter.__eq__
+    if topic_filter == "#":
+        return lambda topic: not topic.startswith("$")
+    if topic_filter.endswith("/#") and "+" not in topic_filter and "#" not in topic_filter[:-2]:
+        parent = topic_filter[:-2]
+        prefix = parent + "/"
+        return lambda topic: topic == parent or topic.startswith(prefix)
+    return partial(topic_matches, topic_filter)
+
+
 class Cursor:
     """A session's read position in one LMQ on one broker (see the module doc)."""
 
     __slots__ = ("st", "sub", "next", "sent", "unacked", "buf", "end_version", "gap_logged",
-                 "retry_at")
+                 "retry_at", "dropped", "match", "mismatched")
 
     def __init__(self, st: LmqState, sub: Subscription, offset: int) -> None:
         self.st = st
@@ -73,6 +90,13 @@ class Cursor:
         self.end_version = -1
         self.gap_logged = False
         self.retry_at = 0.0  # trio time before which a failed pull is not repeated
+        #: QoS 0 messages skipped in the current over-max_queued_messages episode
+        #: (-1: no episode)
+        self.dropped = -1
+        #: does a topic match the filter? (defence in depth: entries of the LMQ that do
+        #: not are skipped and counted, see delivery.py)
+        self.match = compile_filter(sub.topic_filter or sub.filter)
+        self.mismatched = 0
 
     @property
     def key(self) -> str:

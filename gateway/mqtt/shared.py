@@ -160,10 +160,7 @@ class SharedGroup:
                 v0 = st.version
                 result = await link.pull(st, part.next)
                 if result.status is PullStatus.FOUND:
-                    for ext in result.messages:
-                        msg = link.decode(ext, broker)
-                        if msg is None:
-                            continue
+                    for msg in result.messages:
                         pos = msg.lmq_offsets.get(self.lmq)
                         if pos is not None and pos >= part.next:
                             part.buf.append((pos, msg))

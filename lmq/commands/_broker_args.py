@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import resource
@@ -11,6 +12,7 @@ import signal
 import trio
 
 from core.broker.config import parse_addr_list
+from lmq.commands._checks import busy_listener, log_level
 
 log = logging.getLogger("lmq")
 
@@ -41,7 +43,8 @@ def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -
     parser.add_argument("--cluster", help="cluster name (default DefaultCluster)")
     parser.add_argument("--flush", choices=("async", "sync"),
                         help="ASYNC_FLUSH or SYNC_FLUSH (default async)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", type=log_level, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)")
 
 
 def add_ha_options(parser: argparse.ArgumentParser) -> None:
@@ -192,9 +195,11 @@ def raise_fd_limit() -> None:
         pass
 
 
-def run_server(server, metrics=None) -> int:
+def run_server(server, listeners: list[tuple[str, str, int | None]] = (),
+               metrics=None) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
-    not writable) is one log line and exit code 1, not a traceback."""
+    not writable) is one log line and exit code 1, not a traceback. `listeners` are the
+    (name, host, port) the server binds, to say which one is taken."""
     raise_fd_limit()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
@@ -204,6 +209,7 @@ def run_server(server, metrics=None) -> int:
         error = _os_error(exc)
         if error is None:
             raise
-        log.error("cannot start: %s", error)
+        busy = busy_listener(list(listeners)) if error.errno == errno.EADDRINUSE else None
+        log.error("cannot start: %s", busy or error)
         return 1
     return 0

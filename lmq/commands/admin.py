@@ -67,8 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, text in (("create", "create a topic"), ("update", "change a topic's queues/perm")):
         p = topic.add_parser(name, parents=[common], help=text)
         p.add_argument("topic")
-        p.add_argument("-r", "--read-queues", type=int, default=8)
-        p.add_argument("-w", "--write-queues", type=int, default=8)
+        p.add_argument("-r", "--read-queues", type=int, default=8,
+                       help="queues consumers read (default %(default)s)")
+        p.add_argument("-w", "--write-queues", type=int, default=8,
+                       help="queues producers write (default %(default)s)")
         p.add_argument("-p", "--perm", type=int, default=6, help="2 write, 4 read, 6 both")
         p.add_argument("--order", action="store_true", help="mark as an ordered topic")
         where = p.add_mutually_exclusive_group()
@@ -86,7 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = consumer.add_parser("progress", parents=[common],
                             help="per queue: broker offset, consumer offset, lag")
     p.add_argument("group")
-    p.add_argument("-t", "--topic")
+    p.add_argument("-t", "--topic", help="only this topic (default: every topic of the group)")
     p.set_defaults(func=_runner(_consumer_progress))
     p = consumer.add_parser("reset", parents=[common],
                             help="reset a group's offsets of a topic to a point in time")
@@ -94,6 +96,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("topic")
     p.add_argument("--time", required=True,
                    help="ms since epoch, ISO date-time (local), 'now', or relative: -30m, -2h, -1d")
+    # argparse takes "-1h" for an option (only "-1" looks like a number to it): let relative
+    # times through as values, as `--time -1h` is what people type.
+    p._negative_number_matcher = _RELATIVE_ARG
     p.set_defaults(func=_runner(_consumer_reset))
 
     message_parser = cmds.add_parser("message", help="find messages")
@@ -106,21 +111,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = message.add_parser("key", parents=[common], help="by KEYS entry")
     p.add_argument("topic")
     p.add_argument("key")
-    p.add_argument("-m", "--max", type=int, default=32)
+    p.add_argument("-m", "--max", type=int, default=32,
+                   help="at most this many messages (default %(default)s)")
     p.set_defaults(func=_runner(_message_key))
 
     p = cmds.add_parser("send", parents=[common], help="send a test message")
     p.add_argument("topic")
     p.add_argument("body")
-    p.add_argument("--tags")
+    p.add_argument("--tags", help="the message's tag (consumers filter on it)")
     p.add_argument("--keys", help="space-separated keys")
-    p.add_argument("-p", "--property", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("-g", "--group", default="TOOLS_PRODUCER")
+    p.add_argument("-p", "--property", action="append", default=[], metavar="NAME=VALUE",
+                   help="a user property (repeat for more)")
+    p.add_argument("-g", "--group", default="TOOLS_PRODUCER",
+                   help="producer group (default %(default)s)")
     p.set_defaults(func=_runner(_send))
 
     p = cmds.add_parser("tail", parents=[common], help="print new messages of a topic or LMQ")
     p.add_argument("topic", help="topic or %%LMQ%%name")
-    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--from-beginning", action="store_true",
+                   help="start at the oldest stored message (default: only new ones)")
     p.add_argument("-e", "--expression", default="*", help="tag expression")
     p.add_argument("-c", "--count", type=int, help="stop after this many messages")
     p.add_argument("-d", "--duration", type=float, help="stop after this many seconds")
@@ -263,6 +272,8 @@ def _ts(ms: int) -> str:
 
 
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+# What argparse may take for a value rather than an option: -5, -1.5, -30m, -2h, -1d.
+_RELATIVE_ARG = re.compile(r"^-\d+(?:\.\d+)?[smhd]?$|^-\.\d+$")
 
 
 def parse_time(text: str, now_ms: int | None = None) -> int:

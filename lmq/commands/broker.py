@@ -17,6 +17,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
+from lmq.commands._checks import config_type_error, lock_data_dir
 from lmq.metrics import add_metrics_options, exporter_from_args
 
 
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
+    problem = config_type_error(broker_config, args.config or "the flags")
+    if problem:
+        log.error("%s", problem)
+        return 2
     if broker_config.auto_create_topic_enable is None and broker_config.auto_create_topic is None:
         # A cluster broker creates no topic on a send unless configured to (RocketMQ's
         # autoCreateTopicEnable=false in production); `lmq serve` keeps it on.
@@ -54,5 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 2
+    lock, problem = lock_data_dir(broker_config.data_dir)
+    if problem:
+        log.error("%s", problem)
+        return 1
     server = EmbeddedServer(broker_config, None)
-    return run_server(server, exporter_from_args(args, server=server))
+    return run_server(server, [("broker", broker_config.host, broker_config.port)],
+                      exporter_from_args(args, server=server))

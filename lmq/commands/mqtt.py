@@ -16,22 +16,32 @@ import logging
 import os
 import sys
 
+from lmq.commands._checks import log_level, mapping_type_error
+
 log = logging.getLogger("lmq")
 
 
 def add_mqtt_options(parser: argparse.ArgumentParser, *, embedded: bool) -> None:
-    """MQTT listener flags (None = keep the config file's / default value)."""
-    prefix = "--mqtt-" if embedded else "--"
-    parser.add_argument(f"{prefix}port", dest="mqtt_port", type=int,
-                        help="MQTT TCP port (default 1883)")
-    parser.add_argument(f"{prefix}ws-port", dest="mqtt_ws_port", type=int,
-                        help="MQTT over WebSocket port (default: off)")
-    parser.add_argument(f"{prefix}tls-port", dest="mqtt_tls_port", type=int,
-                        help="MQTT over TLS port (default: off; needs certfile and keyfile)")
-    parser.add_argument(f"{prefix}certfile", dest="mqtt_certfile", help="TLS certificate (PEM)")
-    parser.add_argument(f"{prefix}keyfile", dest="mqtt_keyfile", help="TLS private key (PEM)")
-    parser.add_argument(f"{prefix}config", dest="mqtt_config", metavar="FILE",
-                        help="MQTT gateway TOML file (keys = MqttConfig fields)")
+    """MQTT listener flags (None = keep the config file's / default value).
+
+    One spelling for both commands: `--mqtt-port` etc. `lmq mqtt` also takes the short
+    `--port` etc. it had first, hidden from its help."""
+    options = (
+        ("port", dict(type=int, help="MQTT TCP port (default 1883)")),
+        ("ws-port", dict(type=int, help="MQTT over WebSocket port (default: off)")),
+        ("tls-port", dict(type=int, help="MQTT over TLS port (default: off; needs "
+                                         "--mqtt-certfile and --mqtt-keyfile)")),
+        ("certfile", dict(help="TLS certificate chain (PEM) of the MQTT TLS port")),
+        ("keyfile", dict(help="TLS private key (PEM) of the MQTT TLS port")),
+        ("config", dict(metavar="FILE", help="MQTT gateway TOML file (keys = MqttConfig "
+                                             "fields, docs/mqtt.md)")),
+    )
+    for name, kwargs in options:
+        dest = "mqtt_" + name.replace("-", "_")
+        parser.add_argument(f"--mqtt-{name}", dest=dest, **kwargs)
+        if not embedded:
+            hidden = {k: v for k, v in kwargs.items() if k != "help"}
+            parser.add_argument(f"--{name}", dest=dest, help=argparse.SUPPRESS, **hidden)
     if embedded:
         parser.add_argument("--no-mqtt", action="store_true", help="do not run the MQTT gateway")
 
@@ -47,6 +57,18 @@ def mqtt_config_from_args(args: argparse.Namespace, **extra):
         "keyfile": args.mqtt_keyfile,
     }
     overrides.update(extra)
+    if args.mqtt_config:  # the file's values, typed, before MqttConfig checks their ranges
+        import tomllib
+
+        from gateway.mqtt.config import MqttConfig
+
+        with open(args.mqtt_config, "rb") as fh:
+            table = tomllib.load(fh)
+        table = table.get("mqtt", table)
+        problem = isinstance(table, dict) and mapping_type_error(MqttConfig, table,
+                                                                 args.mqtt_config)
+        if problem:
+            raise ValueError(problem)
     return load_mqtt_config(args.mqtt_config, overrides)
 
 
@@ -70,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="name server address(es), ';'-separated (default %(default)s)")
     parser.add_argument("--data-dir", help="gateway state directory (default ./data/mqtt)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", type=log_level, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)")
     parser.add_argument("--remoting-tls", action="store_true",
                         help="reach the name servers and brokers over TLS")
     parser.add_argument("--remoting-tls-ca-file",
@@ -111,33 +134,87 @@ def run(args: argparse.Namespace) -> int:
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                metrics = exporter_from_args(args, mqtt=lambda: None)
+                started: list = []
+                # --metrics-port: /readyz says 503 until the gateway listens.
+                metrics = exporter_from_args(args, mqtt=lambda: started[0] if started else None)
                 if metrics is not None:
                     await nursery.start(metrics.serve)
-                tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
-                       "tls_verify": not args.remoting_tls_no_verify}
-                gateway = await nursery.start(functools.partial(
-                    run_standalone, config, args.namesrv_addr,
-                    client_options=tls if args.remoting_tls else None,
-                ))
-                if metrics is not None:
-                    metrics.mqtt = gateway
 
                 async def watch() -> None:
+                    # Watching from the start: a signal while the name servers are still
+                    # awaited ends the process at once.
                     async for _ in signals:
-                        gateway.stop()
                         if metrics is not None:
                             metrics.stop()
+                        if started:
+                            started[0].stop()
+                        else:
+                            nursery.cancel_scope.cancel()
                         return
 
                 nursery.start_soon(watch)
+                await wait_for_namesrv(args.namesrv_addr)
+                tls = {"tls": True, "tls_ca_file": args.remoting_tls_ca_file,
+                       "tls_verify": not args.remoting_tls_no_verify}
+                started.append(await nursery.start(functools.partial(
+                    run_standalone, config, args.namesrv_addr,
+                    client_options=tls if args.remoting_tls else None,
+                )))
 
     try:
         trio.run(main)
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
+    except (OSError, BaseExceptionGroup) as exc:
+        import errno
+
+        from lmq.commands._broker_args import _os_error
+        from lmq.commands._checks import busy_listener
+
+        error = _os_error(exc)
+        if error is None:
+            raise
+        busy = None
+        if error.errno == errno.EADDRINUSE:
+            busy = busy_listener([("MQTT", config.host, config.port),
+                                  ("MQTT over WebSocket", config.host, config.ws_port),
+                                  ("MQTT over TLS", config.host, config.tls_port)])
+        log.error("cannot start: %s", busy or error)
         return 1
     return 0
+
+
+# Waits between attempts to reach the name servers at start-up: doubling up to the cap.
+NAMESRV_RETRY_FIRST_S = 1.0
+NAMESRV_RETRY_MAX_S = 10.0
+
+
+async def wait_for_namesrv(addr_list: str) -> None:
+    """Return once one of the name servers accepts a TCP connection; until then log one
+    line per attempt saying what is wrong and what to do (a gateway may start first)."""
+    import trio
+
+    from core.broker.config import parse_addr_list
+
+    addrs = parse_addr_list(addr_list)
+    delay = NAMESRV_RETRY_FIRST_S
+    while True:
+        problems = []
+        for addr in addrs:
+            host, _, port = addr.rpartition(":")
+            try:
+                with trio.fail_after(5):
+                    stream = await trio.open_tcp_stream(host, int(port))
+                await stream.aclose()
+                return
+            except (OSError, trio.TooSlowError, ValueError) as exc:
+                cause = exc.__cause__ or exc  # trio: "all attempts failed" from a group
+                while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                    cause = cause.exceptions[0]
+                reason = getattr(cause, "strerror", None) or str(cause) or "no answer in 5 s"
+                problems.append(f"{addr} ({reason})")
+        log.warning("name server not reachable: %s; retrying in %.0f s (start it, or fix "
+                    "--namesrv-addr)", ", ".join(problems), delay)
+        await trio.sleep(delay)
+        delay = min(delay * 2, NAMESRV_RETRY_MAX_S)
 
 
 def passwd(args: argparse.Namespace) -> int:

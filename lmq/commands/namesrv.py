@@ -15,6 +15,7 @@ from lmq.commands._broker_args import (
     refuse_insecure,
     remoting_security_overrides,
 )
+from lmq.commands._checks import busy_listener, log_level
 from lmq.metrics import add_metrics_options, exporter_from_args
 
 log = logging.getLogger("lmq.namesrv")
@@ -42,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="turn ACL on with this TOML ACL file (docs/acl.md); default: ACL off",
     )
     parser.add_argument(
-        "--log-level", default="INFO", help="logging level (default %(default)s)"
+        "--log-level", default="INFO", type=log_level, metavar="LEVEL",
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)",
     )
     add_remoting_security_options(parser, broker=False)
     add_metrics_options(parser)
@@ -71,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         trio.run(_serve, config, args)
     except (OSError, ValueError) as exc:  # e.g. the port is taken, a bad certificate
-        log.error("cannot start the name server: %s", exc)
+        busy = busy_listener([("name server", config.host, config.port)])
+        log.error("cannot start the name server: %s", busy or exc)
         return 1
     return 0
 

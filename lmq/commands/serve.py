@@ -20,6 +20,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
+from lmq.commands._checks import config_type_error, lock_data_dir
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options, exporter_from_args
 
@@ -50,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
+    source = args.config or "the flags"
+    problem = (config_type_error(broker_config, source)
+               or config_type_error(namesrv_config, source))
+    if problem:
+        log.error("%s", problem)
+        return 2
     if broker_config.tls_certfile and namesrv_config.tls_certfile and not args.namesrv_tls:
         # The embedded broker registers with the embedded name server over TLS too,
         # trusting its certificate unless a CA file is given.
@@ -64,5 +71,15 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad MQTT configuration: %s", exc)
         return 2
+    lock, problem = lock_data_dir(broker_config.data_dir)
+    if problem:
+        log.error("%s", problem)
+        return 1
+    listeners = [("name server", namesrv_config.host, namesrv_config.port),
+                 ("broker", broker_config.host, broker_config.port)]
+    for service in services:
+        mqtt = service.config
+        listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
+                      mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
     server = EmbeddedServer(broker_config, namesrv_config, services=services)
-    return run_server(server, exporter_from_args(args, server=server))
+    return run_server(server, listeners, exporter_from_args(args, server=server))

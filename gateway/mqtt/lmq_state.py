@@ -1,0 +1,132 @@
+"""What the gateway knows of one LMQ (`LmqState`) and the light read of its entries.
+
+`LmqState` per (broker, LMQ) lets sessions read LMQs without long-polling each of them (see
+broker_link.py). `pull_views` is the pull behind a reader that left the recent entries:
+records read as views, topic, QoS and payload straight from the record bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from core.client import ClientInstance, PullResult, PullStatus
+from core.client.model import SubscriptionData
+from core.common.sysflag import PullSysFlag
+from core.remoting.codes import RequestCode, ResponseCode
+from core.store.record_view import iter_record_views
+from gateway.mqtt.message import MqttMessage, from_record_view
+
+__all__ = ["LmqState", "RECENT_BYTES", "RECENT_ENTRIES", "pull_views"]
+
+#: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
+RECENT_ENTRIES = 4096
+RECENT_BYTES = 2 * 1024 * 1024
+
+Waker = Any  # an object with a `wake()` method (a session's delivery pump)
+
+_PULL_FLAGS = str(int(PullSysFlag.SUBSCRIPTION))
+_PULL_CODES = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+class LmqState:
+    """What the gateway knows of one LMQ on one broker (see the module doc).
+
+    `tail` is the offset the next write will get, when known: learnt from a pull that
+    found the end with no write in progress, then advanced by the dispatcher for each
+    message it stores (it is the only writer of its LMQs). While it is known, stored
+    messages enter `recent` at their offsets directly and readers at the end need no pull.
+    """
+
+    __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
+                 "tail", "sub", "top", "pulling", "pull_waiters")
+
+    def __init__(self, broker: str, lmq: str) -> None:
+        self.broker = broker
+        self.lmq = lmq
+        self.pending = 0
+        self.version = 0
+        self.watchers: set[Waker] = set()
+        # Oldest first. An OrderedDict: evicting from the front of a plain dict makes
+        # next(iter(d)) walk the deleted slots (measured: 8 % of a fan-in's CPU).
+        self.recent: OrderedDict[int, MqttMessage] = OrderedDict()
+        self.recent_bytes = 0
+        self.tail: int | None = None
+        self.sub = SubscriptionData.build(lmq, "*")
+        #: highest next-write offset seen (tail or a pull's max offset): readers' lag
+        self.top = 0
+        #: offset of the pull in flight (-1: none): readers of the same entries wait for
+        #: it (they find them in `recent`) instead of pulling them again
+        self.pulling = -1
+        self.pull_waiters = False
+
+    def remember(self, offset: int, msg: MqttMessage) -> None:
+        recent = self.recent
+        if offset in recent:
+            return
+        recent[offset] = msg
+        self.recent_bytes += len(msg.payload)
+        while len(recent) > RECENT_ENTRIES or (self.recent_bytes > RECENT_BYTES and len(recent) > 1):
+            self.recent_bytes -= len(recent.popitem(last=False)[1].payload)
+
+    def pull_covers(self, offset: int, batch: int) -> bool:
+        """Will the pull in flight bring the entry at `offset`? (The caller waits.)"""
+        start = self.pulling
+        if start >= 0 and start <= offset < start + batch:
+            self.pull_waiters = True
+            return True
+        return False
+
+    def learn_tail(self, max_offset: int, v0: int) -> None:
+        """A read that began at version `v0` with nothing pending saw `max_offset`."""
+        if self.version == v0 and not self.pending:
+            self.tail = max_offset
+
+    def completed(self) -> None:
+        """A write to this LMQ finished: wake whoever reads it."""
+        self.pending -= 1
+        self.version += 1
+        for w in self.watchers:
+            w.wake()
+
+
+
+async def pull_views(client: ClientInstance, addr: str, group: str, st: LmqState, offset: int,
+                     batch: int, cache: dict, cache_size: int) -> PullResult:
+    """PULL_MESSAGE of `st`'s LMQ, its records read as views (record_view.py) into
+    MqttMessages: no MessageExt, no full decode; a message in `cache` (by broker and
+    commitlog offset: an overlapping filter read it) is not parsed again. The result's
+    `messages` are MqttMessages; records not written by a gateway are left out."""
+    sub = st.sub
+    ext = {
+        "consumerGroup": group, "topic": st.lmq, "queueId": "0",
+        "queueOffset": str(offset), "maxMsgNums": str(batch),
+        "sysFlag": _PULL_FLAGS, "commitOffset": "0", "suspendTimeoutMillis": "0",
+        "subscription": sub.sub_string, "subVersion": str(sub.sub_version),
+        "expressionType": sub.expression_type,
+    }
+    resp = await client.api.call(addr, RequestCode.PULL_MESSAGE, ext, ok=_PULL_CODES)
+    status = _PULL_CODES[resp.code]
+    msgs: list[MqttMessage] = []
+    if status is PullStatus.FOUND and resp.body:
+        broker = st.broker
+        for view in iter_record_views(resp.body_bytes()):
+            key = (broker, view.commitlog_offset)
+            msg = cache.get(key)
+            if msg is None:
+                msg = from_record_view(view, broker)
+                if msg is None:
+                    continue  # not written by a gateway
+                cache[key] = msg
+                if len(cache) > cache_size:
+                    del cache[next(iter(cache))]
+            msgs.append(msg)
+        if not msgs:
+            status = PullStatus.NO_MATCHED_MSG
+    return PullResult(status, resp.ext_int("nextBeginOffset", 0),
+                      resp.ext_int("minOffset", 0), resp.ext_int("maxOffset", 0), msgs)
