@@ -249,6 +249,7 @@ class Connection(ConnectionGuards, PublishHandler):
                 data = await self.stream.receive_some(READ_SIZE)
                 if not data:
                     return
+                self.gw.stats.bytes_in += len(data)  # the CONNECT read counts too
                 try:
                     packets = self.codec.feed(data)
                 except MqttProtocolError as exc:

@@ -411,6 +411,7 @@ class Pump:
         c.reset_to(offset)
         self.session.dirty = True
         self.gw.stats.dropped += skipped
+        self.gw.stats.dropped_lag += skipped
 
     # -- merging and sending -------------------------------------------------------------
 
@@ -563,6 +564,7 @@ class Pump:
                 g, broker, offset = group
                 g.ack(broker, offset)
             self.gw.stats.dropped += 1
+            self.gw.stats.dropped_too_large += 1
             return 0
         if entry is not None:
             sess.inflight[pid] = entry

@@ -54,6 +54,8 @@ class Stats:
     bytes_in: int = 0
     bytes_out: int = 0
     dropped: int = 0  # expired, too large, or skipped by a lag / retention cut
+    dropped_too_large: int = 0  # of `dropped`: over the client's Maximum Packet Size
+    dropped_lag: int = 0  # of `dropped`: skipped by a lag / retention cut
     started: float = field(default_factory=time.monotonic)
 
 

@@ -16,7 +16,9 @@ Names follow Mosquitto's, so existing dashboards work:
     $SYS/broker/store/messages             MQTT messages stored by this gateway
 
 Root wildcards (`#`, `+/...`) do not match them (MQTT-4.7.2-1): subscribe to `$SYS/#`.
-Only a value that changed is published again.
+Only a value that changed is published again, so an idle server stores nothing: the uptime
+goes out only along with another change, and `store/messages` leaves out the `$SYS`
+messages themselves (counting them would make each round change the next one's value).
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ except Exception:  # not installed as a distribution
     VERSION = "0"
 
 
-def sys_values(gw: MqttGateway) -> dict[str, str]:
-    """Current `$SYS` topic -> text value."""
+UPTIME = "$SYS/broker/uptime"
+
+
+def sys_values(gw: MqttGateway, own: int = 0) -> dict[str, str]:
+    """Current `$SYS` topic -> text value; `own` = `$SYS` messages published so far."""
     s = gw.stats
     return {
         "$SYS/broker/version": f"lmq-gateway {VERSION}",
@@ -56,15 +61,20 @@ def sys_values(gw: MqttGateway) -> dict[str, str]:
         "$SYS/broker/bytes/sent": str(s.bytes_out),
         "$SYS/broker/subscriptions/count": str(gw.registry.subscription_count),
         "$SYS/broker/retained messages/count": str(len(gw.retained)),
-        "$SYS/broker/store/messages": str(gw.link.stats["stored"]),
+        "$SYS/broker/store/messages": str(max(0, gw.link.stats["stored"] - own)),
     }
 
 
 async def sys_loop(gw: MqttGateway) -> None:
     last: dict[str, str] = {}
+    own = 0
     while True:
-        for topic, value in sys_values(gw).items():
-            if last.get(topic) != value:
-                last[topic] = value
-                gw.publish_internal(MqttMessage(topic, value.encode(), 0, True))
+        values = sys_values(gw, own)
+        changed = [t for t, v in values.items() if t != UPTIME and last.get(t) != v]
+        if changed:
+            changed.append(UPTIME)
+        for topic in changed:
+            last[topic] = values[topic]
+            gw.publish_internal(MqttMessage(topic, values[topic].encode(), 0, True))
+        own += len(changed)
         await trio.sleep(gw.config.sys_interval_s)

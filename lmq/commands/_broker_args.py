@@ -139,7 +139,7 @@ def setup_logging(level: str) -> None:
     )
 
 
-async def serve_until_signal(server) -> None:
+async def serve_until_signal(server, metrics=None) -> None:
     """Run `server.serve()` until SIGINT/SIGTERM asks for a clean stop; a second signal
     cancels (the broker still persists and closes its store, shielded)."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -156,6 +156,8 @@ async def serve_until_signal(server) -> None:
                         nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch)
+            if metrics is not None:  # --metrics-port: up before recovery, /readyz says 503
+                await nursery.start(metrics.serve)
             await server.serve()
             nursery.cancel_scope.cancel()
 
@@ -193,7 +195,8 @@ def raise_fd_limit() -> None:
         pass
 
 
-def run_server(server, listeners: list[tuple[str, str, int | None]] = ()) -> int:
+def run_server(server, listeners: list[tuple[str, str, int | None]] = (),
+               metrics=None) -> int:
     """trio.run the server until a signal; an OSError at start-up (port taken, data dir
     not writable) is one log line and exit code 1, not a traceback. `listeners` are the
     (name, host, port) the server binds, to say which one is taken."""
@@ -201,7 +204,7 @@ def run_server(server, listeners: list[tuple[str, str, int | None]] = ()) -> int
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
     try:
-        trio.run(serve_until_signal, server)
+        trio.run(serve_until_signal, server, metrics)
     except (OSError, BaseExceptionGroup) as exc:
         error = _os_error(exc)
         if error is None:

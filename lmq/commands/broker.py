@@ -18,6 +18,7 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands._checks import config_type_error, lock_data_dir
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_broker_options(parser, namesrv_port=False)
     add_ha_options(parser)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -62,4 +64,5 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", problem)
         return 1
     server = EmbeddedServer(broker_config, None)
-    return run_server(server, [("broker", broker_config.host, broker_config.port)])
+    return run_server(server, [("broker", broker_config.host, broker_config.port)],
+                      exporter_from_args(args, server=server))

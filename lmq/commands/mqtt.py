@@ -101,6 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--remoting-tls-no-verify", action="store_true",
                         help="do not verify the remoting servers' certificates")
     add_mqtt_options(parser, embedded=False)
+    from lmq.metrics import add_metrics_options
+
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="mqtt_command", metavar="passwd")
     pw = sub.add_parser("passwd", help="add, change or delete a user of a password file")
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.mqtt.embedded import run_standalone
     from lmq.commands._broker_args import setup_logging
+    from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
     try:
@@ -131,11 +135,17 @@ def run(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 started: list = []
+                # --metrics-port: /readyz says 503 until the gateway listens.
+                metrics = exporter_from_args(args, mqtt=lambda: started[0] if started else None)
+                if metrics is not None:
+                    await nursery.start(metrics.serve)
 
                 async def watch() -> None:
                     # Watching from the start: a signal while the name servers are still
                     # awaited ends the process at once.
                     async for _ in signals:
+                        if metrics is not None:
+                            metrics.stop()
                         if started:
                             started[0].stop()
                         else:

@@ -16,6 +16,7 @@ from lmq.commands._broker_args import (
     remoting_security_overrides,
 )
 from lmq.commands._checks import busy_listener, log_level
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 log = logging.getLogger("lmq.namesrv")
 
@@ -46,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)",
     )
     add_remoting_security_options(parser, broker=False)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     raise_fd_limit()
     try:
-        trio.run(_serve, config)
+        trio.run(_serve, config, args)
     except (OSError, ValueError) as exc:  # e.g. the port is taken, a bad certificate
         busy = busy_listener([("name server", config.host, config.port)])
         log.error("cannot start the name server: %s", busy or exc)
@@ -77,13 +79,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: NamesrvConfig) -> None:
+async def _serve(config: NamesrvConfig, args: argparse.Namespace) -> None:
     nameserver = NameServer(config)
     await nameserver.listen()  # a taken port fails here, as a plain OSError
+    metrics = exporter_from_args(args, namesrv=nameserver)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            if metrics is not None:
+                await nursery.start(metrics.serve)
             await nursery.start(nameserver.serve)
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)
                 nameserver.close()
+                if metrics is not None:
+                    metrics.stop()
                 break

@@ -22,6 +22,7 @@ from lmq.commands._broker_args import (
 )
 from lmq.commands._checks import config_type_error, lock_data_dir
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
+from lmq.metrics import add_metrics_options, exporter_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_broker_options(parser, namesrv_port=True)
     add_mqtt_options(parser, embedded=True)
+    add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
@@ -80,4 +82,4 @@ def run(args: argparse.Namespace) -> int:
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
     server = EmbeddedServer(broker_config, namesrv_config, services=services)
-    return run_server(server, listeners)
+    return run_server(server, listeners, exporter_from_args(args, server=server))

@@ -1,0 +1,398 @@
+"""Prometheus metrics, `/healthz` and `/readyz` on one HTTP port (`--metrics-port`).
+
+The endpoint is a small trio HTTP/1.0 server in the server's own event loop, so the
+collectors read the broker's and the gateway's state without locks. Every collector only
+reads counters the servers already keep (no per-message work is added for metrics); the
+only per-scrape cost that grows with the data is the consumer-group lag, capped at
+`max_lag_series` series. Formatting uses the official `prometheus-client` library
+(`generate_latest`), which also supplies the process (RSS, CPU, fds) and GC collectors.
+
+Paths: `GET /metrics` (text format 0.0.4), `GET /healthz` (200 while the process runs),
+`GET /readyz` (200 "ready", or 503 with a one-line reason). Anything else: 404.
+The port binds loopback unless `--metrics-host` says otherwise. Limits (docs/operations.md):
+request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it, `MAX_CONNECTIONS` at once,
+a lingering close of `LINGER_S` / `LINGER_BYTES`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import trio
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("lmq.metrics")
+
+__all__ = ["Exporter", "DEFAULT_MAX_LAG_SERIES", "add_metrics_options", "exporter_from_args"]
+
+MAX_REQUEST_BYTES = 8192  # request line + headers; larger: 431 and close
+REQUEST_TIMEOUT_S = 5.0  # to send the request head
+MAX_CONNECTIONS = 16  # concurrent scrapes; more are closed at once
+DEFAULT_MAX_LAG_SERIES = 1000  # consumer-group lag series per scrape
+LINGER_S = 1.0  # after answering, how long unread request bytes are drained
+LINGER_BYTES = 65536  # and how many at most
+LOOP_LAG_INTERVAL_S = 0.5  # how often the event-loop lag probe sleeps
+
+
+def add_metrics_options(parser) -> None:
+    """`--metrics-port` / `--metrics-host` (shared by serve, broker, namesrv and mqtt)."""
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve /metrics, /healthz and /readyz on this HTTP port "
+                        "(default: off; 0 = a free port)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="bind address of the metrics port (default %(default)s)")
+    parser.add_argument("--metrics-max-lag-series", type=_count, default=DEFAULT_MAX_LAG_SERIES,
+                        metavar="N", help="at most N consumer-lag series per scrape "
+                        "(default %(default)s)")
+
+
+def _count(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def exporter_from_args(args, **sources) -> Exporter | None:
+    if getattr(args, "metrics_port", None) is None:
+        return None
+    return Exporter(args.metrics_host, args.metrics_port,
+                    max_lag_series=args.metrics_max_lag_series, **sources)
+
+
+class Exporter:
+    """The HTTP endpoint and the collectors of one process.
+
+    Sources are read at scrape time and may be set after construction (a gateway that
+    only exists once started): `server` (core.cluster.EmbeddedServer), `broker`
+    (BrokerController), `namesrv` (NameServer), `mqtt` (MqttGateway, or a callable
+    returning it).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, server=None, broker=None,
+                 namesrv=None, mqtt=None, max_lag_series: int = DEFAULT_MAX_LAG_SERIES) -> None:
+        self.host = host
+        self.port = port
+        self.server = server
+        self.broker = broker
+        self.namesrv = namesrv
+        self.mqtt = mqtt
+        self.max_lag_series = max_lag_series
+        self.loop_lag_s = 0.0  # last measured scheduling delay
+        self.loop_lag_max_s = 0.0
+        self.loop_lag_total_s = 0.0
+        self._connections = 0
+        self._cancel: trio.CancelScope | None = None
+        self._stopped = False
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(_Collector(self))
+
+    # -- sources ------------------------------------------------------------------------
+    def current_broker(self):
+        if self.broker is not None:
+            return self.broker
+        return getattr(self.server, "broker", None)
+
+    def current_namesrv(self):
+        if self.namesrv is not None:
+            return self.namesrv
+        return getattr(self.server, "namesrv", None)
+
+    def current_mqtt(self):
+        mqtt = self.mqtt
+        if callable(mqtt) and not hasattr(mqtt, "stats"):
+            return mqtt()
+        if mqtt is not None:
+            return mqtt
+        for service in getattr(self.server, "services", ()):
+            gw = getattr(service, "gateway", None)
+            if gw is not None:
+                return gw
+        return None
+
+    def expects_mqtt(self) -> bool:
+        if self.mqtt is not None:
+            return True
+        return any(hasattr(s, "gateway") for s in getattr(self.server, "services", ()))
+
+    # -- readiness ----------------------------------------------------------------------
+    def not_ready_reason(self) -> str | None:
+        """None when ready, else one line saying what is missing."""
+        broker = self.current_broker()
+        if self.server is not None or self.broker is not None:
+            if broker is None or not broker.started:
+                return "broker not started (store recovering or listener not up)"
+            if broker.closing:
+                return "broker shutting down"
+            addrs = broker.config.namesrv_addrs
+            failing = getattr(broker, "_register_failing", set())
+            if addrs and all(a in failing for a in addrs):
+                return "broker not registered with any name server"
+        if (self.server is not None and self.server.namesrv_config is not None) or self.namesrv:
+            ns = self.current_namesrv()
+            if ns is None or getattr(ns, "_closing", False) or not ns.port:
+                return "name server not listening"
+        if self.expects_mqtt():
+            gw = self.current_mqtt()
+            if gw is None or not gw.ports:
+                return "MQTT gateway not started (listeners not up)"
+            if gw.stopping:
+                return "MQTT gateway shutting down"
+        return None
+
+    # -- serving ------------------------------------------------------------------------
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bind (a taken port raises OSError here), report the port, serve until cancelled."""
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("metrics on http://%s:%d/metrics (/healthz, /readyz)", self.host, self.port)
+        async with trio.open_nursery() as nursery:
+            self._cancel = nursery.cancel_scope
+            if self._stopped:
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(self._loop_lag_probe)
+            task_status.started(self.port)
+            await trio.serve_listeners(self._handle, listeners)
+
+    def stop(self) -> None:
+        """Make `serve` return (closing the port)."""
+        self._stopped = True
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    async def _loop_lag_probe(self) -> None:
+        """How late a sleeping task is woken: the event loop's scheduling delay."""
+        while True:
+            start = trio.current_time()
+            await trio.sleep(LOOP_LAG_INTERVAL_S)
+            lag = max(0.0, trio.current_time() - start - LOOP_LAG_INTERVAL_S)
+            self.loop_lag_s = lag
+            self.loop_lag_total_s += lag
+            if lag > self.loop_lag_max_s:
+                self.loop_lag_max_s = lag
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        if self._connections >= MAX_CONNECTIONS:
+            await stream.aclose()
+            return
+        self._connections += 1
+        try:
+            with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
+                head = await _read_head(stream)
+            if scope.cancelled_caught or head is None:
+                return
+            if len(head) > MAX_REQUEST_BYTES:
+                await _send(stream, 431, b"request header too large\n")
+                return
+            parts = head.split(b"\r\n", 1)[0].split()
+            method = parts[0] if parts else b""
+            path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+            if method not in (b"GET", b"HEAD"):
+                await _send(stream, 405, b"method not allowed\n")
+            elif path == b"/metrics":
+                body = generate_latest(self.registry)
+                await _send(stream, 200, body, CONTENT_TYPE_LATEST, head_only=method == b"HEAD")
+            elif path == b"/healthz":
+                await _send(stream, 200, b"ok\n", head_only=method == b"HEAD")
+            elif path == b"/readyz":
+                reason = self.not_ready_reason()
+                if reason is None:
+                    await _send(stream, 200, b"ready\n", head_only=method == b"HEAD")
+                else:
+                    await _send(stream, 503, reason.encode() + b"\n",
+                                head_only=method == b"HEAD")
+            else:
+                await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self._connections -= 1
+            await _linger_close(stream)
+
+
+async def _read_head(stream: trio.SocketStream) -> bytes | None:
+    buf = bytearray()
+    while b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+        if len(buf) > MAX_REQUEST_BYTES:
+            break
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+async def _linger_close(stream: trio.SocketStream) -> None:
+    """Half-close, then discard what the peer still sends (bounded): closing with unread
+    data would reset the connection and could destroy the answer before it is read."""
+    try:
+        await stream.send_eof()
+        with trio.move_on_after(LINGER_S):
+            drained = 0
+            while drained < LINGER_BYTES:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+
+async def _send(stream, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
+                *, head_only: bool = False) -> None:
+    head = (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    await stream.send_all(head if head_only else head + body)
+
+
+class _Collector:
+    """Reads the servers' counters at scrape time (runs in the event loop)."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Iterator:
+        ex = self.exporter
+        lag = GaugeMetricFamily("lmq_event_loop_lag_seconds",
+                                "Last measured scheduling delay of the trio event loop")
+        lag.add_metric([], ex.loop_lag_s)
+        yield lag
+        lag_max = GaugeMetricFamily("lmq_event_loop_lag_max_seconds",
+                                    "Largest scheduling delay measured since start")
+        lag_max.add_metric([], ex.loop_lag_max_s)
+        yield lag_max
+        yield _counter("lmq_event_loop_delay_seconds", "Sum of measured scheduling delays",
+                       ex.loop_lag_total_s)
+        up = GaugeMetricFamily("lmq_ready", "1 when /readyz answers 200")
+        up.add_metric([], 0.0 if ex.not_ready_reason() else 1.0)
+        yield up
+        broker = ex.current_broker()
+        if broker is not None and broker.started:
+            yield from broker_metrics(broker, ex.max_lag_series)
+        ns = ex.current_namesrv()
+        if ns is not None:
+            yield from namesrv_metrics(ns)
+        gw = ex.current_mqtt()
+        if gw is not None:
+            yield from mqtt_metrics(gw)
+
+
+def _gauge(name: str, doc: str, value: float, labels: dict | None = None):
+    m = GaugeMetricFamily(name, doc, labels=list(labels or ()))
+    m.add_metric(list((labels or {}).values()), value)
+    return m
+
+
+def _counter(name: str, doc: str, value: float):
+    m = CounterMetricFamily(name, doc)
+    m.add_metric([], value)
+    return m
+
+
+def broker_metrics(broker, max_lag_series: int) -> Iterator:
+    store = broker.store
+    s = store.stats()
+    yield _counter("lmq_broker_put_messages", "Messages stored", s["puts"])
+    yield _counter("lmq_broker_put_bytes", "Bytes of messages stored", s["put_bytes"])
+    yield _counter("lmq_broker_put_errors", "Failed store calls", s["put_errors"])
+    yield _counter("lmq_broker_get_messages", "Messages read by pulls", s["get_msgs"])
+    yield _counter("lmq_broker_get_bytes", "Bytes read by pulls", s["get_bytes"])
+    yield _counter("lmq_broker_lmq_dispatches", "LMQ index entries written",
+                   s["lmq_dispatches"])
+    size = s["commitlog_max_offset"] - s["commitlog_min_offset"]
+    yield _gauge("lmq_broker_commitlog_size_bytes", "CommitLog bytes retained", size)
+    yield _gauge("lmq_broker_commitlog_max_offset_bytes", "CommitLog write offset",
+                 s["commitlog_max_offset"])
+    yield _gauge("lmq_broker_commitlog_flush_lag_bytes", "CommitLog bytes not yet fsynced",
+                 max(0, s["commitlog_max_offset"] - s["commitlog_flushed_offset"]))
+    yield _gauge("lmq_broker_commitlog_files", "CommitLog files", s["commitlog_files"])
+    yield _gauge("lmq_broker_consume_queues", "ConsumeQueues loaded",
+                 s["consume_queues_loaded"])
+    yield _gauge("lmq_broker_lmqs", "Light message queues", s["lmq_count"])
+    yield _gauge("lmq_broker_topics", "Topic configs", len(broker.topic_config_manager.table))
+    yield _gauge("lmq_broker_consumer_groups_online", "Consumer groups with a live client",
+                 len(broker.consumer_manager.groups))
+    yield _gauge("lmq_broker_long_poll_waiters", "Pull requests held (long polling)",
+                 broker.pull_hold_service.held)
+    yield from broker_lag_metrics(broker, max_lag_series)
+
+
+def broker_lag_metrics(broker, max_series: int) -> Iterator:
+    """Lag per (group, topic, queue) of the committed offsets, at most `max_series`."""
+    store = broker.store
+    lag = GaugeMetricFamily("lmq_broker_consumer_lag_messages",
+                            "Messages not yet consumed by a group, per queue",
+                            labels=["group", "topic", "queue"])
+    count = truncated = 0
+    table = broker.offset_manager.table
+    for key in list(table):
+        topic, _, group = key.rpartition("@")
+        for qid, offset in list(table[key].items()):
+            if count >= max_series:
+                truncated += 1
+                continue
+            count += 1
+            lag.add_metric([group, topic, str(qid)],
+                           max(0, store.max_offset(topic, qid) - offset))
+    yield lag
+    yield _gauge("lmq_broker_consumer_lag_series_dropped",
+                 "Lag series left out by the max_lag_series cap", truncated)
+
+
+def namesrv_metrics(ns) -> Iterator:
+    routes = ns.routes
+    yield _gauge("lmq_namesrv_brokers", "Broker addresses registered",
+                 len(getattr(routes, "broker_live_table", {})))
+    yield _gauge("lmq_namesrv_topics", "Topics with routes",
+                 len(getattr(routes, "topic_queue_table", {})))
+
+
+def mqtt_metrics(gw) -> Iterator:
+    s = gw.stats
+    yield _gauge("lmq_mqtt_connections", "Open MQTT sockets", s.connections)
+    yield _gauge("lmq_mqtt_clients_connected", "Connected MQTT clients", s.clients)
+    yield _gauge("lmq_mqtt_sessions", "Sessions (connected and persistent offline)",
+                 len(gw.registry.sessions))
+    yield _gauge("lmq_mqtt_subscriptions", "Subscriptions of all sessions",
+                 gw.registry.subscription_count)
+    yield _gauge("lmq_mqtt_retained_messages", "Retained messages",
+                 len(gw.retained) if gw.retained is not None else 0)
+    yield _counter("lmq_mqtt_messages_received", "PUBLISH packets received", s.msgs_in)
+    yield _counter("lmq_mqtt_messages_sent", "PUBLISH packets sent", s.msgs_out)
+    yield _counter("lmq_mqtt_received_bytes", "Bytes read from clients", s.bytes_in)
+    yield _counter("lmq_mqtt_sent_bytes", "Bytes of PUBLISH packets written", s.bytes_out)
+    drops = CounterMetricFamily("lmq_mqtt_dropped_messages", "Messages not delivered",
+                                labels=["reason"])
+    too_large = getattr(s, "dropped_too_large", 0)
+    lag_cut = getattr(s, "dropped_lag", 0)
+    drops.add_metric(["too_large"], too_large)
+    drops.add_metric(["lag_cut"], lag_cut)
+    drops.add_metric(["other"], max(0, s.dropped - too_large - lag_cut))
+    yield drops
+    yield _counter("lmq_mqtt_stored_messages", "MQTT messages stored in the broker",
+                   gw.link.stats["stored"])
+    yield _counter("lmq_mqtt_store_failures", "MQTT messages the broker refused",
+                   gw.link.stats.get("failed", 0))
+    inflight = sum(len(sess.inflight) for sess in gw.registry.sessions.values())
+    yield _gauge("lmq_mqtt_inflight_messages", "QoS 1/2 messages sent and not acknowledged",
+                 inflight)
+    yield _gauge("lmq_mqtt_uptime_seconds", "Seconds since the gateway started",
+                 time.monotonic() - s.started)
+
