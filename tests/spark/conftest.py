@@ -68,8 +68,10 @@ def make_spark(app: str, master: str = "local[2]"):
     return spark
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark():
+    """One Spark session (one JVM) for the whole Spark tier: starting it is the tier's
+    largest fixed cost."""
     s = make_spark("lmq-tests")
     yield s
     s.stop()
