@@ -13,7 +13,7 @@ import importlib
 import sys
 
 # Order is the order shown in `lmq --help`.
-SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "admin", "bench")
+SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "admin", "bench", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

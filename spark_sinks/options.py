@@ -26,7 +26,7 @@ SINK_OPTIONS = (
     "lmq.queryId",
 )
 #: Spark sets these itself on streaming queries.
-_SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid"})
+_SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid", "queryname"})
 
 #: Longest `subscribePattern` accepted (characters).
 MAX_PATTERN_CHARS = 256
