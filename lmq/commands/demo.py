@@ -30,6 +30,8 @@ import contextlib
 import json
 import os
 import random
+import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -248,6 +250,15 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
     then drain and stop. Returns the final counters."""
     out.mkdir(parents=True, exist_ok=True)
     stop = stop or threading.Event()
+    old_handler = None
+    if threading.current_thread() is threading.main_thread():
+        # PySpark's own SIGINT handler cancels every job, failing the queries mid-batch:
+        # the first Ctrl-C asks for a clean stop instead, a second one interrupts.
+        def on_sigint(_sig, _frame):
+            if stop.is_set():
+                raise KeyboardInterrupt
+            stop.set()
+        old_handler = signal.signal(signal.SIGINT, on_sigint)
     agg_q, alert_q = start_queries(spark, namesrv, out, args)
     sim = Simulator(mqtt_port, args.devices, args.rate, out / "readings.jsonl", args.seed).start()
     t0 = time.monotonic()
@@ -277,6 +288,8 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
         finally:
             agg_q.stop()
             alert_q.stop()
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
     result = {"readings_sent": sim.sent, "rows_in": _rows_in(agg_q),
               "alerts": alerts_stored(namesrv, args.alerts_topic), "out": str(out)}
     if not quiet:
@@ -311,7 +324,7 @@ def _servers(args):
         [sys.executable, "-m", "lmq", "serve", "--data-dir", data, "--config", str(conf),
          "--host", "127.0.0.1", "--namesrv-port", str(ns),
          "--broker-port", str(broker), "--mqtt-port", str(mqtt), "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C stops the demo, not it
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -330,6 +343,8 @@ def _servers(args):
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def make_spark(master: str):
