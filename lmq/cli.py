@@ -14,7 +14,7 @@ import os
 import sys
 
 # Order is the order shown in `lmq --help`.
-SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "amqp", "admin", "bench")
+SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "amqp", "admin", "bench", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,13 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from spark_sinks.options import LmqDataLossError, LmqOptionError, parse_source_options
-from spark_sinks.rows import SOURCE_SCHEMA_DDL
+from spark_sinks.options import (
+    LmqDataLossError,
+    LmqOptionError,
+    include_headers,
+    parse_source_options,
+)
+from spark_sinks.rows import schema_ddl
 
 __all__ = ["LmqDataLossError", "LmqDataSource", "LmqOptionError", "register"]
 
@@ -28,7 +33,7 @@ class LmqDataSource(DataSource):
         return "lmq"
 
     def schema(self) -> str:
-        return SOURCE_SCHEMA_DDL
+        return schema_ddl(include_headers(self.options))
 
     def reader(self, schema: StructType):
         from spark_sinks.source import LmqBatchReader

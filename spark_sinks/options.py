@@ -7,6 +7,7 @@ typo (``startingOffset``) fails the query instead of being ignored.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,8 +16,9 @@ LATEST = -1
 
 #: Options the source understands (lower case: Spark hands them over case-insensitively).
 SOURCE_OPTIONS = (
-    "lmq.namesrv", "subscribe", "mqttTopic", "startingOffsets", "endingOffsets",
-    "maxOffsetsPerTrigger", "failOnDataLoss", "lmq.pullBatchSize", "lmq.requestTimeout",
+    "lmq.namesrv", "subscribe", "subscribePattern", "mqttTopic", "startingOffsets",
+    "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
+    "includeHeaders", "commitGroup", "lmq.pullBatchSize", "lmq.requestTimeout",
 )
 #: Options the sink understands.
 SINK_OPTIONS = (
@@ -24,7 +26,10 @@ SINK_OPTIONS = (
     "lmq.queryId",
 )
 #: Spark sets these itself on streaming queries.
-_SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid"})
+_SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid", "queryname"})
+
+#: Longest `subscribePattern` accepted (characters).
+MAX_PATTERN_CHARS = 256
 
 #: Messages asked for in one pull (the broker caps it at its max_pull_msg_nums, 32).
 DEFAULT_PULL_BATCH = 32
@@ -67,6 +72,38 @@ def _positive_int(name: str, value: str) -> int:
     if n <= 0:
         raise LmqOptionError(f"option {name!r} must be a positive integer, not {value!r}")
     return n
+
+
+def _non_negative_int(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise LmqOptionError(f"option {name!r} must be milliseconds since the epoch (>= 0), "
+                             f"not {value!r}")
+    return n
+
+
+def parse_pattern(value: str) -> re.Pattern:
+    """`subscribePattern`: a Python regex matched against whole topic names."""
+    if not value:
+        raise LmqOptionError("option 'subscribePattern' must not be empty")
+    if len(value) > MAX_PATTERN_CHARS:
+        raise LmqOptionError(f"option 'subscribePattern' is longer than {MAX_PATTERN_CHARS} "
+                             "characters")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise LmqOptionError(f"option 'subscribePattern': invalid regex: {exc}") from None
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """`includeHeaders` of raw (any-case) or parsed options."""
+    for name, value in options.items():
+        if name.lower() == "includeheaders":
+            return _bool("includeHeaders", value)
+    return False
 
 
 def parse_offsets(name: str, value: str | None, default: int,
@@ -113,6 +150,10 @@ class SourceOptions:
     namesrv: str
     topics: list[str]
     mqtt_filter: str | None
+    pattern: re.Pattern | None = None  # subscribePattern: topics re-listed on every trigger
+    starting_ts: int | None = None     # startingTimestamp (ms), instead of startingOffsets
+    include_headers: bool = False
+    commit_group: str | None = None
     starting: int | dict = EARLIEST
     ending: int | dict = LATEST
     max_per_trigger: int | None = None
@@ -129,16 +170,37 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         raise LmqOptionError("option 'lmq.namesrv' is required (name servers, ';'-separated)")
     mqtt_filter = opts.get("mqtttopic")
     topics = [t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()]
+    pattern = None
+    if "subscribepattern" in opts:
+        if "subscribe" in opts:
+            raise LmqOptionError("options 'subscribe' and 'subscribePattern' exclude each other")
+        pattern = parse_pattern(opts["subscribepattern"])
     if mqtt_filter is not None:
         from spark_sinks.mqtt import validate_filter
         validate_filter(mqtt_filter)
-        if not topics:
+        if not topics and pattern is None:
             topics = ["MQTT_MESSAGES"]  # the gateway's store topic (MqttConfig.store_topic)
-    elif not topics:
-        raise LmqOptionError("option 'subscribe' (comma-separated topics) or option "
-                             "'mqttTopic' is required")
+    elif not topics and pattern is None:
+        raise LmqOptionError("option 'subscribe' (comma-separated topics), option "
+                             "'subscribePattern' or option 'mqttTopic' is required")
     starting = parse_offsets("startingOffsets", opts.get("startingoffsets"),
                              LATEST if streaming else EARLIEST)
+    starting_ts = None
+    if "startingtimestamp" in opts:
+        if "startingoffsets" in opts:
+            raise LmqOptionError("options 'startingOffsets' and 'startingTimestamp' exclude "
+                                 "each other")
+        starting_ts = _non_negative_int("startingTimestamp", opts["startingtimestamp"])
+    commit_group = opts.get("commitgroup")
+    if commit_group is not None:
+        if not streaming:
+            raise LmqOptionError("option 'commitGroup' is for streaming queries only")
+        from core.common.names import is_system_group, validate_group
+        err = validate_group(commit_group)
+        if err is None and is_system_group(commit_group):
+            err = "it is a system group"
+        if err is not None:
+            raise LmqOptionError(f"option 'commitGroup': {err}")
     if "endingoffsets" in opts and streaming:
         raise LmqOptionError("option 'endingOffsets' is for batch queries only")
     ending = parse_offsets("endingOffsets", opts.get("endingoffsets"), LATEST, allow_earliest=False)
@@ -147,6 +209,10 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         namesrv=namesrv,
         topics=topics,
         mqtt_filter=mqtt_filter,
+        pattern=pattern,
+        starting_ts=starting_ts,
+        include_headers=include_headers(opts),
+        commit_group=commit_group,
         starting=starting,
         ending=ending,
         max_per_trigger=_positive_int("maxOffsetsPerTrigger", max_per) if max_per else None,

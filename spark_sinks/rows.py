@@ -24,6 +24,14 @@ SOURCE_SCHEMA_DDL = (
     "msgId string, properties map<string,string>, mqttTopic string, qos int, retain boolean"
 )
 
+#: Extra column with `includeHeaders=true`: the user properties, shaped as Kafka's headers.
+HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
+
+
+def schema_ddl(include_headers: bool) -> str:
+    return f"{SOURCE_SCHEMA_DDL}, {HEADERS_DDL}" if include_headers else SOURCE_SCHEMA_DDL
+
+
 # Property names of the MQTT gateway's stored form (gateway/mqtt/message.py, docs/mqtt.md).
 MQTT_TOPIC = "MQTT_TOPIC"
 MQTT_QOS = "MQTT_QOS"
@@ -45,6 +53,21 @@ ARROW_SCHEMA = pa.schema([
     ("qos", pa.int32()),
     ("retain", pa.bool_()),
 ])
+
+_HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+ARROW_SCHEMA_HEADERS = ARROW_SCHEMA.append(pa.field("headers", _HEADER_TYPE))
+
+#: Properties that are not user headers: the broker's and clients' own (MessageConst), the
+#: MQTT gateway's stored form and the sink's transaction tags.
+_SYSTEM_PROPS = frozenset(v for k, v in vars(MessageConst).items()
+                          if k.isupper() and isinstance(v, str))
+_INTERNAL_PREFIXES = ("MQTT_", "SPARK_")
+
+
+def user_headers(props: dict[str, str]) -> list[tuple[str, bytes]]:
+    """A message's user properties as (key, UTF-8 value) pairs, sorted by key."""
+    return [(k, v.encode()) for k, v in sorted(props.items())
+            if k not in _SYSTEM_PROPS and not k.startswith(_INTERNAL_PREFIXES)]
 
 
 def mqtt_topic_of(props: dict[str, str]) -> str | None:
@@ -80,8 +103,9 @@ def _ms_to_ts(ms: list[int]) -> pa.Array:
     return pc.multiply(pa.array(ms, pa.int64()), 1000).cast(_TS)
 
 
-def to_record_batch(msgs: list[MessageExt], broker_name: str) -> pa.RecordBatch:
-    """One Arrow record batch holding `msgs` as source rows."""
+def to_record_batch(msgs: list[MessageExt], broker_name: str,
+                    include_headers: bool = False) -> pa.RecordBatch:
+    """One Arrow record batch holding `msgs` as source rows (plus `headers` if asked)."""
     keys, values, topics, qids, offsets, stores, borns = [], [], [], [], [], [], []
     tags, ids, props, mtopics, qoss, retains = [], [], [], [], [], []
     for m in msgs:
@@ -121,4 +145,8 @@ def to_record_batch(msgs: list[MessageExt], broker_name: str) -> pa.RecordBatch:
         pa.array(qoss, pa.int32()),
         pa.array(retains, pa.bool_()),
     ]
+    if include_headers:
+        columns.append(pa.array([[{"key": k, "value": v} for k, v in user_headers(m.properties)]
+                                 for m in msgs], _HEADER_TYPE))
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_HEADERS)
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

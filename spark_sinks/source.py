@@ -22,7 +22,14 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from core.client.model import MessageQueue, PullStatus
-from core.client.pull_consumer import PullConsumer
+from core.client.pull_consumer import PullConsumer, broker_addr_for
+from core.common.names import (
+    TOPIC_MAX_LENGTH,
+    is_dlq_topic,
+    is_lmq,
+    is_retry_topic,
+    is_system_topic,
+)
 from spark_sinks.conn import client_for
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
@@ -68,9 +75,60 @@ async def _bounds(instance, topics: list[str]) -> dict[Key, tuple[int, int]]:
     return out
 
 
+def _plain_topic(topic: str) -> bool:
+    return not (is_system_topic(topic) or is_retry_topic(topic) or is_dlq_topic(topic)
+                or is_lmq(topic) or topic.startswith("RMQ_SYS_"))
+
+
+def topics_of(opts: SourceOptions) -> list[str]:
+    """The topics to read: `subscribe`, or the name server's topic list filtered by
+    `subscribePattern` (whole-name match; system, retry, DLQ and LMQ names left out). The
+    regex runs here in the caller's thread, never on the client's event loop; topic names
+    are at most 127 characters and the pattern at most MAX_PATTERN_CHARS."""
+    if opts.pattern is None:
+        return list(opts.topics)
+    client = client_for(opts.namesrv, opts.request_timeout)
+    names = client.call(client.instance.api.get_all_topic_list)
+    return [t for t in names if len(t) <= TOPIC_MAX_LENGTH and _plain_topic(t)
+            and opts.pattern.fullmatch(t)]
+
+
 def queue_bounds(opts: SourceOptions) -> dict[Key, tuple[int, int]]:
     client = client_for(opts.namesrv, opts.request_timeout)
-    return client.call(_bounds, client.instance, list(opts.topics))
+    return client.call(_bounds, client.instance, topics_of(opts))
+
+
+async def _by_time(instance, keys: list[Key], timestamp_ms: int) -> dict[Key, int]:
+    pc = PullConsumer(instance, READER_GROUP)
+    return {k: await pc.search_offset(MessageQueue(*k), timestamp_ms) for k in keys}
+
+
+def starting_offsets(opts: SourceOptions, bounds: dict[Key, tuple[int, int]]) -> dict[Key, int]:
+    """Where reading starts per queue: `startingTimestamp` (the broker's search by store
+    time: the first message stored at or after it, the queue's end if none) or
+    `startingOffsets`."""
+    if opts.starting_ts is None:
+        return resolve(opts.starting, bounds, EARLIEST)
+    client = client_for(opts.namesrv, opts.request_timeout)
+    found = client.call(_by_time, client.instance, sorted(bounds), opts.starting_ts)
+    return {k: min(max(found[k], lo), hi) for k, (lo, hi) in bounds.items()}
+
+
+async def _commit_group(instance, group: str, offsets: dict[Key, int]) -> None:
+    for (topic, broker, qid), off in sorted(offsets.items()):
+        addr = await broker_addr_for(instance, MessageQueue(topic, broker, qid))
+        await instance.api.update_consumer_offset(addr, group, topic, qid, off)
+
+
+def commit_group(opts: SourceOptions, offsets: dict[Key, int]) -> None:
+    """Store `offsets` as `commitGroup`'s consumer offsets (a failure is logged: Spark's
+    own offset log stays the truth, the group's offsets are for monitoring)."""
+    client = client_for(opts.namesrv, opts.request_timeout)
+    try:
+        client.call(_commit_group, client.instance, opts.commit_group, offsets)
+    except Exception as exc:
+        log.warning("lmq source: committing offsets of group %s failed: %s",
+                    opts.commit_group, exc)
 
 
 def _spec_for(spec: dict, key: Key) -> int | None:
@@ -171,7 +229,7 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
                 msgs = [m for m in msgs
                         if (t := mqtt_topic_of(m.properties)) is not None and topic_matches(flt, t)]
             if msgs:
-                yield to_record_batch(msgs, part.broker)
+                yield to_record_batch(msgs, part.broker, opts.include_headers)
             continue
         nxt = res.next_begin_offset
         if res.status is PullStatus.OFFSET_ILLEGAL or nxt > offset or res.min_offset > offset:
@@ -197,7 +255,7 @@ class LmqBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         bounds = queue_bounds(opts)
-        start = resolve(opts.starting, bounds, EARLIEST)
+        start = starting_offsets(opts, bounds)
         end = resolve(opts.ending, bounds, LATEST)
         self.ranges = make_partitions(start, end)
 
@@ -205,6 +263,8 @@ class LmqBatchReader(DataSourceReader):
         return self.ranges
 
     def read(self, partition: QueueRange) -> Iterator:
+        if not isinstance(partition, QueueRange):  # no ranges: Spark reads one empty partition
+            return iter(())
         return read_range(self.opts, partition)
 
 
@@ -214,10 +274,10 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._until: dict[Key, int] | None = None  # set by Trigger.AvailableNow
+        self._group_at: dict[Key, int] | None = None  # last offsets stored for commitGroup
 
     def initialOffset(self) -> dict:
-        bounds = queue_bounds(self.opts)
-        return to_json(resolve(self.opts.starting, bounds, EARLIEST))
+        return to_json(starting_offsets(self.opts, queue_bounds(self.opts)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_per_trigger:
@@ -234,8 +294,17 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                       if k in self._until}
         return latest
 
+    def _commit_group(self, offsets: dict[Key, int]) -> None:
+        if self.opts.commit_group and offsets != self._group_at:
+            commit_group(self.opts, offsets)
+            self._group_at = offsets
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start)
+        # `start` is the end of a batch Spark has finished (one batch runs at a time, and a
+        # restarted query re-runs its unfinished batch before planning the next): store it
+        # for commitGroup here too, since Spark calls commit() only when it plans a batch.
+        self._commit_group(begin)
         latest = self._latest()
         for k, v in begin.items():  # never move a queue backwards; keep vanished queues
             latest[k] = max(latest.get(k, v), v)
@@ -250,7 +319,9 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return make_partitions(from_json(start), from_json(end))
 
     def read(self, partition: QueueRange) -> Iterator:
+        if not isinstance(partition, QueueRange):  # no ranges: Spark reads one empty partition
+            return iter(())
         return read_range(self.opts, partition)
 
     def commit(self, end: dict) -> None:
-        return None
+        self._commit_group(from_json(end))

@@ -22,6 +22,9 @@ def start_cluster(**broker_kw):
     """(box, stop) — box has `addr` (name server), `broker` (address), `cluster`."""
     ready = threading.Event()
     box: dict = {}
+    # The sink's commit records carry INNER_MULTI_DISPATCH, refused from TCP clients unless
+    # the broker allows it (docs/acl.md §4, docs/spark.md "lmq demo iot").
+    broker_kw.setdefault("allow_inner_properties_without_acl", True)
 
     async def main():
         async with cluster(**broker_kw) as c:
@@ -68,8 +71,10 @@ def make_spark(app: str, master: str = "local[2]"):
     return spark
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark():
+    """One Spark session (one JVM) for the whole Spark tier: starting it is the tier's
+    largest fixed cost."""
     s = make_spark("lmq-tests")
     yield s
     s.stop()

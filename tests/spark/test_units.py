@@ -52,3 +52,41 @@ def test_unknown_and_streaming_only_options():
                              streaming=True)
     opts = parse_source_options({"LMQ.NAMESRV": "h:1", "Subscribe": "A, B"}, streaming=True)
     assert opts.topics == ["A", "B"] and opts.starting == LATEST
+
+
+def test_second_slice_options_are_checked():
+    base = {"lmq.namesrv": "h:1"}
+    for opts, named in [
+        ({"subscribe": "T", "subscribePattern": "T.*"}, "subscribePattern"),
+        ({"subscribePattern": "T(" }, "subscribePattern"),
+        ({"subscribePattern": "a" * 10_000}, "subscribePattern"),
+        ({"subscribe": "T", "startingOffsets": "earliest", "startingTimestamp": "5"},
+         "startingTimestamp"),
+        ({"subscribe": "T", "startingTimestamp": "yesterday"}, "startingTimestamp"),
+        ({"subscribe": "T", "includeHeaders": "maybe"}, "includeHeaders"),
+        ({"subscribe": "T", "commitGroup": "bad group!"}, "commitGroup"),
+    ]:
+        with pytest.raises(LmqOptionError, match=f"'{named}'"):
+            parse_source_options({**base, **opts}, streaming=True)
+    with pytest.raises(LmqOptionError, match="'commitGroup'"):
+        parse_source_options({**base, "subscribe": "T", "commitGroup": "CG"}, streaming=False)
+    opts = parse_source_options({**base, "subscribePattern": "Orders-.*", "startingTimestamp": "7",
+                                 "includeHeaders": "TRUE", "commitGroup": "CG"}, streaming=True)
+    assert opts.pattern.fullmatch("Orders-eu") and not opts.pattern.fullmatch("xOrders-eu")
+    assert (opts.starting_ts, opts.include_headers, opts.commit_group) == (7, True, "CG")
+
+
+def test_user_headers_leave_out_system_and_gateway_properties():
+    from spark_sinks.rows import user_headers
+
+    props = {"KEYS": "k", "TAGS": "t", "UNIQ_KEY": "u", "MQTT_TOPIC": "a/b", "SPARK_BATCH": "3",
+             "zone": "eu", "seq": "1"}
+    assert user_headers(props) == [("seq", b"1"), ("zone", b"eu")]
+
+
+def test_pattern_never_offers_system_retry_dlq_or_lmq_topics():
+    from spark_sinks.source import _plain_topic
+
+    names = ["Orders", "TBW102", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_x", "%RETRY%G", "%DLQ%G",
+             "%LMQ%x", "SCHEDULE_TOPIC_XXXX", "MQTT_MESSAGES"]
+    assert [n for n in names if _plain_topic(n)] == ["Orders", "MQTT_MESSAGES"]
