@@ -314,14 +314,9 @@ def _servers(args):
     from bench._client_common import free_port
 
     data = tempfile.mkdtemp(prefix="lmq-demo-iot-")
-    # The sink's commit records index themselves into an LMQ (INNER_MULTI_DISPATCH), which a
-    # broker refuses from TCP clients by default (docs/acl.md §4); this private loopback
-    # server allows it.
-    conf = Path(data) / "demo-broker.toml"
-    conf.write_text("allow_inner_properties_without_acl = true\n")
     ns, broker, mqtt = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmq", "serve", "--data-dir", data, "--config", str(conf),
+        [sys.executable, "-m", "lmq", "serve", "--data-dir", data,
          "--host", "127.0.0.1", "--namesrv-port", str(ns),
          "--broker-port", str(broker), "--mqtt-port", str(mqtt), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C stops the demo, not it

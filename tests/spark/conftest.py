@@ -22,9 +22,6 @@ def start_cluster(**broker_kw):
     """(box, stop) — box has `addr` (name server), `broker` (address), `cluster`."""
     ready = threading.Event()
     box: dict = {}
-    # The sink's commit records carry INNER_MULTI_DISPATCH, refused from TCP clients unless
-    # the broker allows it (docs/acl.md §4, docs/spark.md "lmq demo iot").
-    broker_kw.setdefault("allow_inner_properties_without_acl", True)
 
     async def main():
         async with cluster(**broker_kw) as c:
