@@ -68,6 +68,10 @@ SEND_TIMEOUT_S = 5.0
 SEND_ATTEMPTS = 2
 CLUSTER_WAIT_S = 30.0
 CLUSTER_REFRESH_S = 30.0
+#: "cluster info lists no master broker" is logged when it starts, then at most once per
+#: this many seconds with the number of times it was seen meanwhile (`start()` asks every
+#: 0.2 s while it waits for a broker).
+NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
 
@@ -128,6 +132,10 @@ class BrokerLink:
         #: cannot push readers out of the LMQs' recent entries (flow.py)
         self.dispatch_bound = min(config.max_pending_publishes, config.backpressure_lag)
         self._props_memo: dict[tuple, bytes] = {}
+        #: when "no master broker" was last logged (None: not in such an episode), and
+        #: how often it was seen since without being logged
+        self._no_master_logged_at: float | None = None
+        self._no_master_unlogged = 0
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -153,9 +161,12 @@ class BrokerLink:
         if not masters:
             # A name server that restarted knows no broker until they register again
             # (within their 30 s heartbeat): keep what we knew rather than lose every queue.
-            log.warning("cluster info lists no master broker; keeping the %d known",
-                        len(self.brokers))
+            self._log_no_master()
             return
+        if self._no_master_logged_at is not None:
+            self._no_master_logged_at = None
+            self._no_master_unlogged = 0
+            log.info("cluster info lists master brokers again: %s", ", ".join(sorted(masters)))
         self.client.pin_brokers({n: info.brokers[n].broker_addrs for n in masters})
         for name, addr in sorted(masters.items()):
             if self.brokers.get(name) != addr:
@@ -168,6 +179,23 @@ class BrokerLink:
         self.queues = [(name, q) for name in sorted(masters) for q in range(self.config.store_queues)]
         if added and had_brokers and self.on_brokers_added is not None:
             self.on_brokers_added(added)
+
+    def _log_no_master(self) -> None:
+        """Rate-limited (NO_MASTER_LOG_INTERVAL_S): first occurrence, then a count."""
+        now = trio.current_time()
+        last = self._no_master_logged_at
+        if last is not None and now - last < NO_MASTER_LOG_INTERVAL_S:
+            self._no_master_unlogged += 1
+            return
+        more, self._no_master_unlogged = self._no_master_unlogged, 0
+        self._no_master_logged_at = now
+        if last is None or not more:
+            log.warning("cluster info lists no master broker; keeping the %d known",
+                        len(self.brokers))
+        else:
+            log.warning("cluster info lists no master broker; keeping the %d known "
+                        "(seen %d more times in the last %.0f s)", len(self.brokers), more,
+                        now - last)
 
     async def refresh_loop(self) -> None:
         while True:

@@ -147,6 +147,12 @@ class MqttConfig:
     #: counted in $SYS/broker/messages/dropped and logged once per episode.
     max_queued_messages: int = 20_000
 
+    # -- retained messages on SUBSCRIBE (docs/mqtt.md, "Retained messages") -------------
+    #: Retained messages sent at most to one new subscription (one filter of a
+    #: SUBSCRIBE); the rest are not sent and the cut is logged. Bounds the memory and
+    #: loop time a `#` subscription over a big retained table can take.
+    max_retained_per_subscription: int = 10_000
+
     # -- server --------------------------------------------------------------------------
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
@@ -178,7 +184,8 @@ class MqttConfig:
                      "max_subscriptions_per_client", "max_client_id_length", "max_retained",
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
                      "password_check_threads", "max_stored_sessions", "close_linger_bytes",
-                     "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages"):
+                     "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages",
+                     "max_retained_per_subscription"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

@@ -496,7 +496,13 @@ class Connection(ConnectionGuards, PublishHandler):
             if sub.retain_handling == 1 and existed:
                 continue
             ids = (sub.sub_id,) if sub.sub_id is not None else ()
-            for msg in gw.retained.match(sub.filter):
+            found, cut = await gw.retained.match_bounded(sub.filter,
+                                                         cfg.max_retained_per_subscription)
+            if cut:
+                log.info("client %s: retained messages for %s cut at "
+                         "max_retained_per_subscription (%d)", shown(self.client_id),
+                         shown(sub.filter), cfg.max_retained_per_subscription)
+            for msg in found:
                 sess.direct.append((msg, min(msg.qos, sub.qos), True, ids, None))
         if added:
             self.wake()

@@ -6,17 +6,41 @@ topic (MQTT-3.3.1-5). An empty payload deletes it (MQTT-3.3.1-6/-7). A new subsc
 receives the retained messages its filter matches, RETAIN=1, unless its Retain Handling
 says otherwise (v5 §3.8.3.1). Expired messages are dropped when found (MQTT-3.3.2-5).
 
-The table lives in memory too (topic -> message) so matching a filter costs a scan of the
-names, bounded by `max_retained` (default 100k); a filter without wildcards is one lookup.
+The table lives in memory too (topic -> message), and the topic names are indexed by
+level in a tree (`_Level`), so matching a filter walks only the branches it can match: a
+literal level is one dict lookup, `+` visits the children of one node, `#` the subtree
+below it. A SUBSCRIBE with many wildcard filters thus costs what they match, not
+filters x retained messages. `match_bounded` (used on SUBSCRIBE) also yields to the event
+loop every `CHECKPOINT_EVERY` nodes visited and stops after `limit` messages
+(`max_retained_per_subscription`), so one subscriber cannot hold the loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import trio
+
 from gateway.mqtt.message import MqttMessage, from_properties, now_ms, to_properties
 from gateway.mqtt.session_store import SessionStore
-from gateway.mqtt.topics import is_wildcard_filter, topic_matches
+from gateway.mqtt.topics import is_wildcard_filter
 
-__all__ = ["RetainedStore"]
+__all__ = ["CHECKPOINT_EVERY", "RetainedStore"]
+
+#: Nodes of the topic tree visited (and messages matched) between two checkpoints of
+#: `match_bounded`: a few hundred microseconds of work.
+CHECKPOINT_EVERY = 256
+
+
+class _Level:
+    """One level of the retained topic names: children by level name, and the full topic
+    name when a retained message ends here."""
+
+    __slots__ = ("children", "topic")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Level] = {}
+        self.topic: str | None = None
 
 
 class RetainedStore:
@@ -26,6 +50,7 @@ class RetainedStore:
         self.store = store
         self.max_retained = max_retained
         self.messages: dict[str, MqttMessage] = {}
+        self._root = _Level()
 
     def load(self) -> int:
         for topic, record in self.store.load_retained():
@@ -33,11 +58,79 @@ class RetainedStore:
             msg = from_properties(props, payload)
             if msg is not None:
                 msg.retain = True
-                self.messages[topic] = msg
+                self._keep(topic, msg)
         return len(self.messages)
 
     def __len__(self) -> int:
         return len(self.messages)
+
+    # -- the level index -----------------------------------------------------------------
+
+    def _keep(self, topic: str, msg: MqttMessage) -> None:
+        if topic not in self.messages:
+            node = self._root
+            for level in topic.split("/"):
+                child = node.children.get(level)
+                if child is None:
+                    child = node.children[level] = _Level()
+                node = child
+            node.topic = topic
+        self.messages[topic] = msg
+
+    def _drop(self, topic: str) -> bool:
+        if self.messages.pop(topic, None) is None:
+            return False
+        path = [self._root]
+        for level in topic.split("/"):
+            child = path[-1].children.get(level)
+            if child is None:  # cannot happen: every kept topic is indexed
+                return True
+            path.append(child)
+        path[-1].topic = None
+        levels = topic.split("/")
+        for i in range(len(levels), 0, -1):  # prune the empty branch
+            node = path[i]
+            if node.topic is not None or node.children:
+                break
+            del path[i - 1].children[levels[i - 1]]
+        return True
+
+    def _walk(self, topic_filter: str) -> Iterator[str | None]:
+        """Topic names `topic_filter` matches, interleaved with None for every node
+        visited (the caller's unit of work). Safe across awaits: children are listed
+        before a branch is entered, and a topic dropped meanwhile is skipped by the caller."""
+        f_levels = topic_filter.split("/")
+        n = len(f_levels)
+        stack: list[tuple[_Level, int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            yield None
+            if i == n:
+                if node.topic is not None:
+                    yield node.topic
+                continue
+            level = f_levels[i]
+            if level == "#":  # this level ("a/#" matches "a") and everything below
+                sub = [node] if i > 0 else []
+                if i == 0:  # MQTT-4.7.2-1: a leading wildcard skips `$` names
+                    sub.extend(c for k, c in node.children.items() if not k.startswith("$"))
+                while sub:
+                    cur = sub.pop()
+                    yield None
+                    if cur.topic is not None:
+                        yield cur.topic
+                    sub.extend(cur.children.values())
+            elif level == "+":
+                for key, child in list(node.children.items()):
+                    if i == 0 and key.startswith("$"):
+                        continue
+                    stack.append((child, i + 1))
+            else:
+                child = node.children.get(level)
+                if child is not None:
+                    stack.append((child, i + 1))
+
+    # -- the table -----------------------------------------------------------------------
 
     def would_refuse(self, topic: str, payload_len: int) -> bool:
         """True if storing a new retained topic would exceed `max_retained`."""
@@ -48,33 +141,57 @@ class RetainedStore:
         """Apply a stored RETAIN=1 publish: keep it, or delete on an empty payload."""
         topic = msg.topic
         if not msg.payload:
-            if self.messages.pop(topic, None) is not None:
+            if self._drop(topic):
                 self.store.put_retained(topic, None)
             return
         if topic not in self.messages and len(self.messages) >= self.max_retained:
             return
         kept = MqttMessage(topic, bytes(msg.payload), msg.qos, True, msg.props, msg.expiry_at,
                            msg.sender, msg.broker, msg.commitlog_offset)
-        self.messages[topic] = kept
+        self._keep(topic, kept)
         if not topic.startswith("$SYS/"):  # statistics are republished at start anyway
             self.store.put_retained(topic, [kept.payload, to_properties(kept)])
 
     def get(self, topic: str) -> MqttMessage | None:
         return self.messages.get(topic)
 
+    def _live(self, topic: str, now: int) -> MqttMessage | None:
+        msg = self.messages.get(topic)
+        if msg is not None and msg.expired(now):
+            self._drop(topic)
+            self.store.put_retained(topic, None)
+            return None
+        return msg
+
     def match(self, topic_filter: str) -> list[MqttMessage]:
         """Retained messages whose topic `topic_filter` matches, expired ones removed."""
         now = now_ms()
         if not is_wildcard_filter(topic_filter):
-            msg = self.messages.get(topic_filter)
-            found = [msg] if msg is not None else []
-        else:
-            found = [m for t, m in self.messages.items() if topic_matches(topic_filter, t)]
-        out = []
-        for msg in found:
-            if msg.expired(now):
-                self.messages.pop(msg.topic, None)
-                self.store.put_retained(msg.topic, None)
-            else:
-                out.append(msg)
-        return out
+            msg = self._live(topic_filter, now)
+            return [msg] if msg is not None else []
+        found = [t for t in self._walk(topic_filter) if t is not None]
+        return [m for m in (self._live(t, now) for t in found) if m is not None]
+
+    async def match_bounded(self, topic_filter: str, limit: int) -> tuple[list[MqttMessage], bool]:
+        """`match` for a new subscription: at most `limit` messages, with a checkpoint
+        every `CHECKPOINT_EVERY` units of work. Returns (messages, True if cut at limit)."""
+        now = now_ms()
+        if not is_wildcard_filter(topic_filter):
+            msg = self._live(topic_filter, now)
+            return ([msg] if msg is not None else []), False
+        out: list[MqttMessage] = []
+        work = 0
+        for topic in self._walk(topic_filter):
+            work += 1
+            if work >= CHECKPOINT_EVERY:
+                work = 0
+                await trio.lowlevel.checkpoint()
+            if topic is None:
+                continue
+            msg = self._live(topic, now)
+            if msg is None:
+                continue
+            if len(out) >= limit:
+                return out, True
+            out.append(msg)
+        return out, False
