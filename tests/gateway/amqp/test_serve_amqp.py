@@ -136,3 +136,42 @@ def test_amqp_config_checked_before_start(tmp_path, toml, expected):
     assert len(errors) == 1 and expected in errors[0], r.stderr
     assert "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "data" / ".lmq.lock")
+
+
+def test_sigterm_requeues_unacknowledged_deliveries_before_the_broker_stops(tmp_path):
+    # The gateway stops before the broker: a delivery never acknowledged is visible again
+    # after a restart, not hidden for the POP invisibility time (30 min).
+    def start() -> tuple[subprocess.Popen, pika.BlockingConnection]:
+        proc = _serve(tmp_path, "--amqp-port", "0")
+        line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
+        port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
+        return proc, pika.BlockingConnection(params(port))
+
+    proc, conn = start()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("kept", durable=True)
+        ch.basic_publish("", "kept", b"unacked")
+        got = []
+        ch.basic_consume("kept", lambda _ch, _m, _p, body: got.append(body))
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(0.2)
+        assert got == [b"unacked"]
+    finally:
+        assert _stop(proc) == 0
+    proc, conn = start()
+    try:
+        ch = conn.channel()
+        ch.queue_declare("kept", durable=True)
+        deadline = time.monotonic() + 30
+        body = None
+        while body is None and time.monotonic() < deadline:
+            _, _, body = ch.basic_get("kept", auto_ack=True)
+            if body is None:
+                conn.sleep(0.2)
+        assert body == b"unacked"
+        conn.close()
+    finally:
+        assert _stop(proc) == 0
