@@ -14,6 +14,7 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.core.remoting.test_exposure import can_connect, non_loopback_ip
 from tests.gateway.amqp.broker_harness import params
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,6 +65,9 @@ def test_serve_runs_amqp_in_process_for_pika(tmp_path):
         line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
         host, port = re.search(r"listening on ([\d.]+):(\d+)", line).groups()
         assert host == "127.0.0.1"
+        ip = non_loopback_ip()
+        if ip is not None:  # loopback only by default, as every listener
+            assert not can_connect(ip, int(port))
         conn = pika.BlockingConnection(params(int(port)))
         ch = conn.channel()
         ch.confirm_delivery()
