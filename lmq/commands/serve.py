@@ -1,10 +1,12 @@
-"""`lmq serve`: name server + broker + MQTT gateway in one process.
+"""`lmq serve`: name server + broker + MQTT and AMQP gateways in one process.
 
-    lmq serve --data-dir ./data                     # 9876 + 10911 + MQTT 1883 on 127.0.0.1
+    lmq serve --data-dir ./data                     # 9876 + 10911 + MQTT 1883 + AMQP 5672
     lmq serve --host 0.0.0.0 --allow-unauthenticated   # reachable from other hosts, no ACL
     lmq serve --config lmq.toml --flush sync
     lmq serve --mqtt-port 1884 --mqtt-ws-port 8083 --mqtt-config mqtt.toml
     lmq serve --no-mqtt
+    lmq serve --amqp-port 5673 --amqp-config amqp.toml
+    lmq serve --no-amqp
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import config_type_error, lock_data_dir
+from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options, exporter_from_args
 
@@ -28,17 +30,19 @@ from lmq.metrics import add_metrics_options, exporter_from_args
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run name server, broker and MQTT gateway in one process",
+        help="run name server, broker, MQTT and AMQP gateways in one process",
         description="Run an embedded RocketMQ 4.x compatible name server and broker.",
     )
     add_broker_options(parser, namesrv_port=True)
     add_mqtt_options(parser, embedded=True)
+    add_amqp_options(parser)
     add_metrics_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from core.cluster import EmbeddedServer, build_configs
+    from gateway.amqp.embedded import AmqpService
 
     setup_logging(args.log_level)
     namesrv_overrides = {
@@ -71,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad MQTT configuration: %s", exc)
         return 2
+    try:
+        # AMQP first: once the MQTT gateway says it listens, AMQP has started too.
+        services = amqp_services(args) + services
+    except (OSError, ValueError, TypeError) as exc:
+        log.error("bad AMQP configuration: %s", exc)
+        return 2
     lock, problem = lock_data_dir(broker_config.data_dir)
     if problem:
         log.error("%s", problem)
@@ -78,8 +88,40 @@ def run(args: argparse.Namespace) -> int:
     listeners = [("name server", namesrv_config.host, namesrv_config.port),
                  ("broker", broker_config.host, broker_config.port)]
     for service in services:
+        if isinstance(service, AmqpService):
+            listeners.append(("AMQP", service.config.host, service.config.port))
+            continue
         mqtt = service.config
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
     server = EmbeddedServer(broker_config, namesrv_config, services=services)
     return run_server(server, listeners, exporter_from_args(args, server=server))
+
+
+def add_amqp_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--amqp-port", type=int,
+                        help="AMQP 0-9-1 port (default 5672; 0 picks a free one)")
+    parser.add_argument("--amqp-config", metavar="FILE",
+                        help="AMQP gateway TOML file (keys = AmqpServerConfig / "
+                             "AmqpBrokerConfig fields, docs/amqp.md)")
+    parser.add_argument("--no-amqp", action="store_true", help="do not run the AMQP gateway")
+
+
+def amqp_services(args: argparse.Namespace) -> list:
+    """The AMQP `EmbeddedServer` service (none with --no-amqp): defaults < the TOML file
+    (typed) < --host / --amqp-port. ValueError names a bad key or value."""
+    if args.no_amqp:
+        return []
+    from gateway.amqp.broker import AmqpBrokerConfig
+    from gateway.amqp.embedded import AmqpService, amqp_config_tables
+    from gateway.amqp.server import AmqpServerConfig
+
+    server_kw, broker_kw = amqp_config_tables(args.amqp_config)
+    source = args.amqp_config or "the flags"
+    server_kw.update({k: v for k, v in (("host", args.host), ("port", args.amqp_port))
+                      if v is not None})
+    problem = (mapping_type_error(AmqpServerConfig, server_kw, source)
+               or mapping_type_error(AmqpBrokerConfig, broker_kw, source))
+    if problem:
+        raise ValueError(problem)
+    return [AmqpService(AmqpServerConfig(**server_kw), AmqpBrokerConfig(**broker_kw))]
