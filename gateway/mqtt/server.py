@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 3.0
 #: How often read deadlines are checked: a keep alive or partial-packet timeout fires up
 #: to this much late.
-READ_SWEEP_S = 0.1
+READ_SWEEP_S = 0.25
 
 
 @dataclass

@@ -19,7 +19,16 @@ import time
 import pytest
 
 from gateway.mqtt.codec import MqttCodec
-from gateway.mqtt.packets import Connack, Puback, Publish, Suback, Subscribe, Subscription
+from gateway.mqtt.packets import (
+    PINGREQ,
+    Connack,
+    Pingresp,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+)
 from tests.gateway.mqtt.server_harness import GatewayServer, RawClient, wait_for
 
 SEQ = struct.Struct(">II")  # publisher index, sequence number
@@ -152,6 +161,31 @@ def test_subscriber_keeps_receiving_while_publishers_flood():
         q0 = sum(len(got.get((f"ov/q0/{i}", i), [])) for i in (0, 2))
         assert q0 >= 2 * per * 0.9  # QoS 0 may be dropped, but not by a collapse
         assert srv.gateway.stats.dropped == 2 * per - q0
+
+
+def test_ping_answered_while_publishers_flood():
+    """A client that only pings gets its PINGRESPs while unpaced publishers flood and the
+    delivery gate holds them back: its reads never wait at the gate, and no step of the
+    busy gateway (reads, dispatch rounds, deliveries, read-deadline sweeps) holds the loop
+    for long. The bound is generous (a loaded test machine), the ping count is not."""
+    per = 20_000
+    with GatewayServer(backpressure_lag=500) as srv:
+        reader = Reader(srv.port, "ping-sub", [("pf/#", 0)], 4 * per)
+        pinger = _connect(srv.port, "pinger")
+        floods = [Flood(srv.port, i, f"pf/{i}", per, 0) for i in range(4)]
+        for f in floods:
+            f.start()
+        waits = []
+        while any(f.is_alive() for f in floods) or not waits:
+            start = time.monotonic()
+            pinger.send(PINGREQ)
+            assert isinstance(pinger.recv_type(Pingresp, timeout=10), Pingresp)
+            waits.append(time.monotonic() - start)
+        got, _ = reader.result()
+        assert sum(len(v) for v in got.values()) >= 4 * per * 0.9
+        assert srv.gateway.link.gate.closings > 0  # the flood did close the gate
+        assert max(waits) < 2.0
+        pinger.close()
 
 
 class Trickle(threading.Thread):
