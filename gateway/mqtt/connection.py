@@ -18,7 +18,6 @@ incomplete packets, the lingering close and ACL read checks are in `connection_g
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -306,23 +305,6 @@ class Connection(ConnectionGuards, PublishHandler):
             if data is not None and not await self._received(data):
                 return
             data = None
-
-    async def _receive_tcp(self, max_bytes: int) -> bytes:
-        """`SocketStream.receive_some` for a plain TCP socket, with less overhead per read:
-        wait until readable, then one read (trio's version tries a read first, which
-        for a device sending one packet now and then fails almost every time, and wraps
-        it in more bookkeeping; together about a quarter of the cost of a small read).
-        Closing the stream wakes the wait with ClosedResourceError, as in trio's."""
-        sock = self.stream.socket
-        while True:
-            fd = sock.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError("the socket was closed")
-            await trio.lowlevel.wait_readable(fd)
-            try:
-                return os.read(fd, max_bytes)
-            except BlockingIOError:
-                continue  # woken without data (spurious): wait again
 
     async def _received(self, data: bytes) -> bool:
         """Handle one read's bytes; False when the connection is to end."""
