@@ -146,6 +146,11 @@ class MqttConfig:
     #: client further behind on a QoS 0 subscription skips to the newest this many,
     #: counted in $SYS/broker/messages/dropped and logged once per episode.
     max_queued_messages: int = 20_000
+    #: Collect once and move every object alive after start-up (modules, code, tables)
+    #: out of the garbage collector's reach (`gc.freeze()`): later collections no longer
+    #: scan them. Process-wide: leave it off when the gateway is embedded in a process
+    #: whose own objects must stay collectable (tests).
+    gc_freeze_at_start: bool = True
 
     # -- retained messages on SUBSCRIBE (docs/mqtt.md, "Retained messages") -------------
     #: Retained messages sent at most to one new subscription (one filter of a

@@ -109,6 +109,10 @@ class Connection(ConnectionGuards, PublishHandler):
         self._ka_deadline = float("inf")  # trio time: keep alive runs out
         self._packet_deadline = float("inf")  # trio time: the partial packet must be complete
         self._partial = 0  # bytes of an incomplete packet counted in gw.partial_bytes
+        #: read deadline state for the gateway's sweeper (see `_read_loop`)
+        self._reading = False
+        self._deadline = float("inf")
+        self._read_scope: trio.CancelScope | None = None
 
     # -- output ---------------------------------------------------------------------------
 
@@ -264,40 +268,71 @@ class Connection(ConnectionGuards, PublishHandler):
         await self.flush()
         if not await self._handle(packets[1:]):
             return
-        stats = self.gw.stats
         self._packet_seen()
+        await self._read_loop()
+
+    async def _read_loop(self) -> None:
+        """Read and handle packets until the connection ends. The read deadline (keep
+        alive, partial packet) is enforced by the gateway's sweeper (server.py), which
+        cancels `_read_scope` while this task waits in a read past `_deadline`: one scope
+        per connection rather than one per read (a scope costs about as much as the read
+        itself, and devices send one packet per read)."""
         gate = self.gw.link.gate
+        receive = self.stream.receive_some
+        if type(self.stream) is trio.SocketStream:
+            receive = self._receive_tcp
+        data = None
         while not self.closed:
-            if self.publishing and not gate.is_open:
-                await self.wait_gate()  # back pressure on publishers (flow.py)
-            with trio.move_on_at(self._read_deadline()) as scope:
-                data = await self.stream.receive_some(READ_SIZE)
+            with trio.CancelScope() as scope:
+                self._read_scope = scope
+                while not self.closed:
+                    if self.publishing and not gate.is_open:
+                        await self.wait_gate()  # back pressure on publishers (flow.py)
+                    self._deadline = self._read_deadline()
+                    self._reading = True
+                    try:
+                        data = await receive(READ_SIZE)
+                    finally:
+                        self._reading = False
+                    if scope.cancel_called:
+                        break  # the sweep came as the read returned: keep the data
+                    if not await self._received(data):
+                        return
+                    data = None
+            self._read_scope = None
             if scope.cancelled_caught:
                 self._read_timed_out()
                 return
-            if not data:
+            if data is not None and not await self._received(data):
                 return
-            stats.bytes_in += len(data)
-            try:
-                packets = self.codec.feed(data)
-            except MqttProtocolError as exc:
-                if await self._handle(exc.packets):
-                    self._refused_packet(exc)
-                return
-            if not await self._handle(packets):
-                return
-            if packets:
-                self._packet_seen()
-            self._count_partial()
-            if self._partial and not await self._within_partial_budget():
-                self._read_timed_out()
-                return
-            if self.out:
-                await self.flush()
-                if self.out_bytes > cfg.max_out_buffer:
-                    # The pump's write is stuck on a client that does not read: stop
-                    # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
-                    await self.wait_drained()
+            data = None
+
+    async def _received(self, data: bytes) -> bool:
+        """Handle one read's bytes; False when the connection is to end."""
+        if not data:
+            return False
+        self.gw.stats.bytes_in += len(data)
+        try:
+            packets = self.codec.feed(data)
+        except MqttProtocolError as exc:
+            if await self._handle(exc.packets):
+                self._refused_packet(exc)
+            return False
+        if not await self._handle(packets):
+            return False
+        if packets:
+            self._packet_seen()
+        self._count_partial()
+        if self._partial and not await self._within_partial_budget():
+            self._read_timed_out()
+            return False
+        if self.out:
+            await self.flush()
+            if self.out_bytes > self.gw.config.max_out_buffer:
+                # The pump's write is stuck on a client that does not read: stop
+                # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
+                await self.wait_drained()
+        return True
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         # The codec's message may quote what the peer sent (e.g. a protocol name).

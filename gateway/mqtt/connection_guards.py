@@ -23,6 +23,7 @@ ACL read checks: a subscription the ACL grants although some topics under it are
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import trio
@@ -63,6 +64,23 @@ class ConnectionGuards:
         else:
             self._packet_deadline = float("inf")
         return min(self._ka_deadline, self._packet_deadline)
+
+    async def _receive_tcp(self: Connection, max_bytes: int) -> bytes:
+        """`SocketStream.receive_some` for a plain TCP socket, with less overhead per read:
+        wait until readable, then one read (trio's version tries a read first, which
+        for a device sending one packet now and then fails almost every time, and wraps
+        it in more bookkeeping; together about a quarter of the cost of a small read).
+        Closing the stream wakes the wait with ClosedResourceError, as in trio's."""
+        sock = self.stream.socket
+        while True:
+            fd = sock.fileno()
+            if fd < 0:
+                raise trio.ClosedResourceError("the socket was closed")
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, max_bytes)
+            except BlockingIOError:
+                continue  # woken without data (spurious): wait again
 
     def _read_timed_out(self: Connection) -> None:
         if trio.current_time() >= self._packet_deadline:

@@ -14,6 +14,7 @@ the brokers only through `core.client` (`BrokerLink`), in-process when embedded 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Time a clean shutdown gives connections to receive their DISCONNECT.
 SHUTDOWN_GRACE_S = 3.0
+#: How often read deadlines are checked: a keep alive or partial-packet timeout fires up
+#: to this much late.
+READ_SWEEP_S = 0.25
 
 
 @dataclass
@@ -99,12 +103,18 @@ class MqttGateway:
             await self.link.start()
             loaded = self.registry.load()
             bound = await self._open_listeners()  # a taken port: plain OSError, nothing runs
+            if cfg.gc_freeze_at_start:
+                # Start-up objects otherwise make the first young-generation collections
+                # under load take ~25 ms (measured; 1 ms with the freeze).
+                gc.collect()
+                gc.freeze()
             self._warn_insecure()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.link.run)
                 nursery.start_soon(self.link.refresh_loop)
                 nursery.start_soon(self._flush_loop)
                 nursery.start_soon(self._tick_loop)
+                nursery.start_soon(self._read_deadline_loop)
                 if cfg.sys_interval_s > 0:
                     nursery.start_soon(sys_loop, self)
                 async with trio.open_nursery() as listeners:
@@ -218,6 +228,16 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    async def _read_deadline_loop(self) -> None:
+        """End the reads that ran past their deadline (keep alive, partial packet): one
+        sweep every READ_SWEEP_S instead of a cancel scope per read (connection.py)."""
+        while True:
+            await trio.sleep(READ_SWEEP_S)
+            now = trio.current_time()
+            for conn in self.connections:
+                if conn._reading and now >= conn._deadline:
+                    conn._read_scope.cancel()
 
     # -- incomplete packets ------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ class GatewayServer:
         self.own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="lmq-mqtt-test-")
         kw = dict(host="127.0.0.1", port=0, sys_interval_s=0, state_flush_interval_s=0.1,
-                  expiry_check_interval_s=0.2)
+                  expiry_check_interval_s=0.2, gc_freeze_at_start=False)
         kw.update(mqtt_kw)
         self.mqtt_config = MqttConfig(**kw)
         self.service: MqttService | None = None

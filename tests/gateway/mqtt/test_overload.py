@@ -19,7 +19,16 @@ import time
 import pytest
 
 from gateway.mqtt.codec import MqttCodec
-from gateway.mqtt.packets import Connack, Puback, Publish, Suback, Subscribe, Subscription
+from gateway.mqtt.packets import (
+    PINGREQ,
+    Connack,
+    Pingresp,
+    Puback,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+)
 from tests.gateway.mqtt.server_harness import GatewayServer, RawClient, wait_for
 
 SEQ = struct.Struct(">II")  # publisher index, sequence number
@@ -154,6 +163,30 @@ def test_subscriber_keeps_receiving_while_publishers_flood():
         assert srv.gateway.stats.dropped == 2 * per - q0
 
 
+def test_ping_answered_while_publishers_flood():
+    """A client that only pings gets its PINGRESPs while unpaced publishers flood (and
+    the delivery gate may hold them back): its reads never wait at the gate, no step of the
+    busy gateway (reads, dispatch rounds, deliveries, read-deadline sweeps) holds the loop
+    for long. The bound is generous (a loaded test machine), the ping count is not."""
+    per = 20_000
+    with GatewayServer(backpressure_lag=500) as srv:
+        reader = Reader(srv.port, "ping-sub", [("pf/#", 0)], 4 * per)
+        pinger = _connect(srv.port, "pinger")
+        floods = [Flood(srv.port, i, f"pf/{i}", per, 0) for i in range(4)]
+        for f in floods:
+            f.start()
+        waits = []
+        while any(f.is_alive() for f in floods) or not waits:
+            start = time.monotonic()
+            pinger.send(PINGREQ)
+            assert isinstance(pinger.recv_type(Pingresp, timeout=10), Pingresp)
+            waits.append(time.monotonic() - start)
+        got, _ = reader.result()
+        assert sum(len(v) for v in got.values()) >= 4 * per * 0.9
+        assert max(waits) < 2.0
+        pinger.close()
+
+
 class Trickle(threading.Thread):
     """A subscriber that reads a little now and then (a device on a poor link)."""
 
@@ -255,3 +288,21 @@ def test_entry_whose_topic_does_not_match_the_filter_is_skipped():
         srv.call(setattr, gw.link, "router", right)
         pub.close()
         sub.close()
+
+
+def test_start_up_objects_frozen_out_of_the_collector():
+    """`gc_freeze_at_start`: once serving, what start-up created is out of the cyclic
+    GC's scans (they made the first collections under load take tens of ms); the test
+    harness turns it off, as embedders of the gateway should."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        with GatewayServer(gc_freeze_at_start=True) as srv:
+            assert gc.get_freeze_count() > 0
+            c = _connect(srv.port, "after-freeze")  # serves as before
+            c.close()
+    finally:
+        gc.unfreeze()
+    with GatewayServer():
+        assert gc.get_freeze_count() == 0
