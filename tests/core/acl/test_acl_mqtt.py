@@ -56,7 +56,7 @@ class ThreadedAclGateway:
         acl = os.path.join(self.root, "mqtt.acl")
         with open(acl, "w") as fh:
             fh.write(MQTT_ACL)
-        self.mqtt = MqttService(MqttConfig(host="127.0.0.1", port=0, sys_interval_s=0,
+        self.mqtt = MqttService(MqttConfig(host="127.0.0.1", port=0, sys_interval_s=0, gc_freeze_at_start=False,
                                            acl_file=acl))
         self.standalone = standalone
         self.standalone_gateway = None
@@ -85,7 +85,7 @@ class ThreadedAclGateway:
             self.srv = srv
             async with trio.open_nursery() as nursery:
                 if self.standalone:
-                    cfg = MqttConfig(host="127.0.0.1", port=0, sys_interval_s=0,
+                    cfg = MqttConfig(host="127.0.0.1", port=0, sys_interval_s=0, gc_freeze_at_start=False,
                                      data_dir=os.path.join(self.root, "standalone"),
                                      broker_access_key=GATEWAY[0],
                                      broker_secret_key=GATEWAY[1])
