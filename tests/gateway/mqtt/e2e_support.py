@@ -299,6 +299,23 @@ def props(packet_type: int, **values: Any) -> PahoProperties:
     return p
 
 
+def _one_writer(loop_write: Callable[[], Any]) -> Callable[[], Any]:
+    """`loop_write` of a paho client, one thread at a time.
+
+    paho 2.x writes from the thread that calls publish() (our I/O thread is not its
+    `loop_start` thread, so publish() calls loop_write() itself) and from the I/O thread's
+    loop(); `_packet_write` takes a packet off the queue and sends it with no lock, so
+    the two threads could put two PUBLISHes on the wire in the wrong order (seen as a
+    QoS 0 order "failure" of the server, test_e2e_harness.py drives it)."""
+    lock = threading.RLock()
+
+    def write() -> Any:
+        with lock:
+            return loop_write()
+
+    return write
+
+
 class Client:
     """A paho-mqtt client; each call blocks until the server answered it.
 
@@ -348,6 +365,7 @@ class Client:
             c.ws_set_options(path=self.ws_path)
         if self.ca_file is not None:
             c.tls_set(ca_certs=self.ca_file)
+        c.loop_write = _one_writer(c.loop_write)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
         c.on_message = lambda _c, _u, msg: self.messages.put(msg)
