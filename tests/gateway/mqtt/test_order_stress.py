@@ -2,11 +2,12 @@
 
 Raw-socket clients (one writer each, so the order on the wire is the order sent) publish
 seeded random mixes of QoS 0 and 1 on a few topics each, in random write sizes, while
-subscribers read them through an exact filter, a wildcard, and overlapping filters of one
-session (the k-way merge). The gateway runs with tiny `backpressure_lag`, `pull_batch`,
-`max_out_buffer` and memory of recent LMQ entries, so the delivery gate closes, readers fall out of the recent entries
-and pull, and pumps stop on a full output buffer all the time. Every subscriber must get
-every message, and each topic's messages in the order they were sent.
+subscribers read them through a wildcard and through overlapping filters of one session
+(the k-way merge). The gateway runs with a tiny `backpressure_lag`, `pull_batch`,
+`max_out_buffer` and memory of recent LMQ entries, so the delivery gate closes, readers
+fall out of the recent entries and pull, and pumps stop on a full output buffer. Every
+subscriber must get every message, and each topic's messages in the order they were sent
+(a swap of predicted LMQ offsets or of a pulled batch fails it).
 """
 
 from __future__ import annotations
