@@ -13,11 +13,13 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.remoting.listener_config import RemotingListenerConfig
+
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 
 @dataclass
-class BrokerConfig:
+class BrokerConfig(RemotingListenerConfig):
     """Settings of one broker (a master has `broker_id` 0, a slave > 0: docs/ha.md)."""
 
     # identity and network
@@ -150,27 +152,6 @@ class BrokerConfig:
     # a stand-alone `lmq mqtt` gateway without ACL needs this on).
     allow_inner_properties_without_acl: bool = False
 
-    # -- remoting listener: exposure, TLS, limits (docs/remoting.md) ----------------
-    #: Serve on a non-loopback host with ACL off (refused otherwise); logs a warning.
-    allow_unauthenticated_remote: bool = False
-    #: TLS on this port when both are set (PEM certificate chain and private key).
-    tls_certfile: str | None = None
-    tls_keyfile: str | None = None
-    #: Open connections on this port / from one source address; more are closed at once.
-    max_connections: int = 10_000
-    max_connections_per_address: int = 1_000
-    #: Descriptors kept free for the store: accept stops at RLIMIT_NOFILE minus this.
-    fd_reserve: int = 1_024
-    #: Bytes of partly received frames buffered for all peers of this port together;
-    #: the peer whose partial frame grows past it is closed.
-    max_pending_frame_bytes: int = 512 * 1024 * 1024
-    #: Close a connection silent (nothing read or written, no request running) this long
-    #: (Java's serverChannelMaxIdleTimeSeconds is 120).
-    idle_timeout_s: float = 120.0
-    #: Seconds a frame may take from its first byte to the end of its header, and from
-    #: there to its last body byte (slow or stalled senders are cut off).
-    frame_header_timeout_s: float = 10.0
-    frame_body_timeout_s: float = 60.0
     #: TLS towards the name servers (registration): on/off, CA file (None = system
     #: store), and whether to verify the certificate and host name.
     namesrv_tls: bool = False

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+from core.remoting.listener_config import RemotingListenerConfig
 
 
 @dataclass
-class NamesrvConfig:
+class NamesrvConfig(RemotingListenerConfig):
     """Settings of one name server; defaults are RocketMQ 4.9.7's (protocol doc §9.6)."""
 
     host: str = "127.0.0.1"  # loopback unless told otherwise (docs/remoting.md)
@@ -31,26 +32,3 @@ class NamesrvConfig:
     acl_enable: bool = False
     #: The TOML ACL file (plain_acl.yml keys).
     acl_file: str | None = None
-
-
-    # -- remoting listener: exposure, TLS, limits (docs/remoting.md) ----------------
-    #: Serve on a non-loopback host with ACL off (refused otherwise); logs a warning.
-    allow_unauthenticated_remote: bool = False
-    #: TLS on this port when both are set (PEM certificate chain and private key).
-    tls_certfile: str | None = None
-    tls_keyfile: str | None = None
-    #: Open connections on this port / from one source address; more are closed at once.
-    max_connections: int = 10_000
-    max_connections_per_address: int = 1_000
-    #: Descriptors kept free for the store: accept stops at RLIMIT_NOFILE minus this.
-    fd_reserve: int = 1_024
-    #: Bytes of partly received frames buffered for all peers of this port together;
-    #: the peer whose partial frame grows past it is closed.
-    max_pending_frame_bytes: int = 512 * 1024 * 1024
-    #: Close a connection silent (nothing read or written, no request running) this long
-    #: (Java's serverChannelMaxIdleTimeSeconds is 120).
-    idle_timeout_s: float = 120.0
-    #: Seconds a frame may take from its first byte to the end of its header, and from
-    #: there to its last body byte (slow or stalled senders are cut off).
-    frame_header_timeout_s: float = 10.0
-    frame_body_timeout_s: float = 60.0
