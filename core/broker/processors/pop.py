@@ -184,7 +184,9 @@ class PopProcessor:
         except ValueError as exc:
             return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad extraInfo: {exc}")
 
-    async def ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+    def _target(self, cmd: RemotingCommand):
+        """(group, topic, queueId, offset, receipt handle) of an ACK-shaped header, or the
+        error response for a bad handle."""
         group = required_group(cmd, "consumerGroup")
         topic = required_topic(cmd)
         queue_id = ext_int32(cmd, "queueId", required=True)
@@ -192,6 +194,13 @@ class PopProcessor:
         handle = self._handle(cmd)
         if isinstance(handle, RemotingCommand):
             return handle
+        return group, topic, queue_id, offset, handle
+
+    async def ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        target = self._target(cmd)
+        if isinstance(target, RemotingCommand):
+            return target
+        group, topic, queue_id, offset, handle = target
         if self.broker.topic_config_manager.get(topic) is None:
             return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
                          f"topic[{topic}] not exist, apply first please!")
@@ -202,13 +211,10 @@ class PopProcessor:
 
     async def dead_letter(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """POP_DEAD_LETTER (900003, ACK_MESSAGE's header): reject without requeue."""
-        group = required_group(cmd, "consumerGroup")
-        topic = required_topic(cmd)
-        queue_id = ext_int32(cmd, "queueId", required=True)
-        offset = ext_int64(cmd, "offset", required=True)
-        handle = self._handle(cmd)
-        if isinstance(handle, RemotingCommand):
-            return handle
+        target = self._target(cmd)
+        if isinstance(target, RemotingCommand):
+            return target
+        group, topic, queue_id, offset, handle = target
         if not self.service.dead_letter(group, topic, queue_id, offset, handle.pop_time):
             return error(cmd, ResponseCode.NO_MESSAGE,
                          f"no in-flight message at offset {offset} with this receipt handle")
