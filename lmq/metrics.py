@@ -51,6 +51,21 @@ def add_metrics_options(parser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--no-dashboard", action="store_true",
                         help="do not serve the web dashboard (/dashboard/) on the metrics port")
+    parser.add_argument("--dashboard-interval", type=_seconds, default=5.0, metavar="SECONDS",
+                        help="how often the dashboard samples its rate charts; it keeps 120 "
+                        "samples (default %(default)s: the last 10 minutes)")
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds in 0.1..3600, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -70,7 +85,8 @@ def exporter_from_args(args, **sources) -> Exporter | None:
         return None
     return Exporter(args.metrics_host, args.metrics_port,
                     max_lag_series=args.metrics_max_lag_series,
-                    dashboard=not getattr(args, "no_dashboard", False), **sources)
+                    dashboard=not getattr(args, "no_dashboard", False),
+                    dashboard_interval_s=getattr(args, "dashboard_interval", 5.0), **sources)
 
 
 class Exporter:
@@ -84,7 +100,7 @@ class Exporter:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, server=None, broker=None,
                  namesrv=None, mqtt=None, max_lag_series: int = DEFAULT_MAX_LAG_SERIES,
-                 dashboard: bool = False) -> None:
+                 dashboard: bool = False, dashboard_interval_s: float = 5.0) -> None:
         self.host = host
         self.port = port
         self.server = server
@@ -106,7 +122,7 @@ class Exporter:
         if dashboard:
             from lmq.dashboard import Dashboard
 
-            self.dashboard = Dashboard(self, host)
+            self.dashboard = Dashboard(self, host, dashboard_interval_s)
 
     # -- sources ------------------------------------------------------------------------
     def current_broker(self):

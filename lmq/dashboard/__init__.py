@@ -39,8 +39,8 @@ from lmq.dashboard import actions, views
 
 log = logging.getLogger("lmq.dashboard")
 
-SAMPLE_INTERVAL_S = 5.0  # how often the overview's rates are sampled
-RING_SAMPLES = 120  # samples kept: 10 minutes at the interval above
+DEFAULT_SAMPLE_INTERVAL_S = 5.0  # how often the overview's rates are sampled
+RING_SAMPLES = 120  # samples kept: 10 minutes at the default interval
 MAX_FAILED_LOGINS = 10  # failed logins per window before every login is refused
 LOGIN_WINDOW_S = 60.0
 _STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -83,8 +83,10 @@ class Dashboard:
     """Pages, JSON API and the overview's sample ring for one server process; `sources`
     is the metrics `Exporter` (it knows the broker, name server, MQTT gateway)."""
 
-    def __init__(self, sources, bind_host: str = "127.0.0.1") -> None:
+    def __init__(self, sources, bind_host: str = "127.0.0.1",
+                 sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S) -> None:
         self.sources = sources
+        self.sample_interval_s = sample_interval_s
         self.open_reads = is_loopback(bind_host)
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=RING_SAMPLES)
         self._secret = secrets.token_bytes(32)
@@ -126,7 +128,7 @@ class Dashboard:
     async def run_sampler(self) -> None:
         while True:
             self.samples.append(self.sample())
-            await trio.sleep(SAMPLE_INTERVAL_S)
+            await trio.sleep(self.sample_interval_s)
 
     def rates(self) -> list[dict[str, Any]]:
         """Per-second rates between consecutive samples, and the current one."""
@@ -230,7 +232,7 @@ class Dashboard:
                     "amqp": {"exchanges": len(amqp.exchanges), "queues": len(amqp.queues)}
                     if amqp else None,
                     "ready": src.not_ready_reason() or "ready",
-                    "rates": self.rates(), "sample_interval_s": SAMPLE_INTERVAL_S}
+                    "rates": self.rates(), "sample_interval_s": self.sample_interval_s}
         if path == "/api/brokers":
             ns = src.current_namesrv()
             return {"broker": views.broker_summary(broker) if broker else None,

@@ -88,7 +88,16 @@ function pager(data, onPage) {
     h("button", { class: "plain", disabled: last >= data.total, onclick: () => onPage(data.offset + limit) }, "next ›"));
 }
 
-function adminOnly(node) { return state.session && state.session.user ? node : null; }
+function adminOnly(node) { return state.session && state.session.user ? node : ""; }
+
+function perm(p) {  // RocketMQ permission bits: 4 read, 2 write, 1 inherit
+  return [p & 4 && "read", p & 2 && "write", p & 1 && "inherit"].filter(Boolean).join(", ") || "none";
+}
+
+function niceMax(v) {  // 1, 2, 5 x 10^n at or above v
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map(m => m * p).find(m => m >= v);
+}
 
 // -- charts ---------------------------------------------------------------------------------
 function chart(title, rates, series) {
@@ -106,7 +115,7 @@ function drawChart(canvas, rates, series) {
   ctx.clearRect(0, 0, W, H);
   ctx.font = "22px system-ui, sans-serif";
   const values = rates.flatMap(r => series.map(s => r[s.key] || 0));
-  const max = Math.max(1, ...values);
+  const max = niceMax(Math.max(4, ...values));
   const t0 = rates.length ? rates[0].t : Date.now(), t1 = rates.length ? rates[rates.length - 1].t : t0 + 1;
   const x = t => L + (W - L - R) * (t1 === t0 ? 1 : (t - t0) / (t1 - t0));
   const y = v => H - B - (H - B - T) * (v / max);
@@ -114,7 +123,7 @@ function drawChart(canvas, rates, series) {
   for (let i = 0; i <= 4; i++) {
     const v = max * i / 4, yy = y(v);
     ctx.beginPath(); ctx.moveTo(L, yy); ctx.lineTo(W - R, yy); ctx.stroke();
-    ctx.fillText(fmt(Math.round(v)), 4, yy + 7);
+    ctx.fillText(fmt(v), 4, yy + 7);
   }
   const mins = Math.round((t1 - t0) / 60000);
   ctx.fillText(rates.length > 1 ? `last ${mins || "<1"} min` : "collecting samples…", L, H - 8);
@@ -193,7 +202,7 @@ const pages = {
     main.append(table([
       { title: "topic", value: r => h("a", { href: "#messages?topic=" + encodeURIComponent(r.topic) }, r.topic), mono: true },
       { title: "read / write queues", value: r => `${r.read_queues} / ${r.write_queues}` },
-      { title: "perm", value: r => r.perm, num: true },
+      { title: "permission", value: r => perm(r.perm) },
       { title: "messages", value: r => r.messages, num: true },
       { title: "", value: r => adminOnly(h("button", { class: "danger", onclick: async () => {
         if (confirm(`Delete topic ${r.topic}?`) && await act("topic/delete", { topic: r.topic })) render();
