@@ -1,4 +1,4 @@
-"""Message property names and the properties string codec (protocol doc §7.4).
+"""Message property names and the properties string codec (docs/protocol.md §7.4).
 
 On the wire and in stored records properties are UTF-8 text of `name\\x01value\\x02`
 pairs. Java drops the final separator and the C++ client keeps it, so the parser accepts
@@ -10,12 +10,12 @@ from __future__ import annotations
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
-# Limit of the PROPERTIESLENGTH field: a signed int16 (§7.1).
+# Limit of the PROPERTIESLENGTH field: a signed int16 (docs/protocol.md §7.1).
 MAX_PROPERTIES_BYTES = 32767
 
 
 class MessageConst:
-    """Well-known property keys (§7.4)."""
+    """Well-known property keys (docs/protocol.md §7.4)."""
 
     KEYS = "KEYS"
     TAGS = "TAGS"
