@@ -99,7 +99,7 @@ def validate_property_name_value(name: str, value: str) -> str | None:
 
 # ----------------------------------------------------------------- encoded strings
 # The store keeps the property strings of batch sub-messages as the producer encoded them
-# (as Java's broker does, §7.7), so it reads single values out of the bytes instead of
+# (as Java's broker does, docs/protocol.md §7.7), so it reads single values out of the bytes instead of
 # decoding the whole string into a dict. Both helpers agree with `decode_properties`.
 
 
