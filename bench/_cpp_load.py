@@ -1,4 +1,4 @@
-"""The C++ client of the `rocketmq` wheel (0.4.4, rocketmq-client-cpp 1.2.3, protocol doc
+"""The C++ client of the `rocketmq` wheel (0.4.4, rocketmq-client-cpp 1.2.3,
 docs/protocol.md §0) as the comparison load of `lmq bench produce|consume --compare-cpp`.
 
 What it measures is the Apache C++ client driven from Python: the wheel's Python classes

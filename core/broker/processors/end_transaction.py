@@ -1,5 +1,5 @@
-"""END_TRANSACTION (37): a producer commits or rolls back a half message (protocol doc
-docs/protocol.md §5.12, §9.4); the work is done by `broker.transaction_service`.
+"""END_TRANSACTION (37): a producer commits or rolls back a half message
+(docs/protocol.md §5.12, §9.4); the work is done by `broker.transaction_service`.
 
 Producers send it one-way. Java answers nothing for an "unknown" (0) state and nothing at
 all to a one-way request; the C++ client's one-way frames arrive without the one-way bit
