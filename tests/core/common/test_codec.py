@@ -1,4 +1,4 @@
-"""Stored-record codec: the protocol doc's test vector byte for byte, and round trips."""
+"""Stored-record codec: the test vector of docs/protocol.md §7.1 byte for byte, and round trips."""
 
 import zlib
 
