@@ -52,9 +52,11 @@ def configure_logging(level: str, fmt: str = "text", path: str | None = None) ->
     else:
         handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler._lmq_handler = True  # replaced by the next call, others are left alone
     root = logging.getLogger()
-    for old in list(root.handlers):
+    for old in [h for h in root.handlers if getattr(h, "_lmq_handler", False)]:
         root.removeHandler(old)
+        old.close()
     root.addHandler(handler)
     root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
 
