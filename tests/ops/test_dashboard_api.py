@@ -41,7 +41,11 @@ def _http(port: int, path: str, *, body: dict | bytes | None = None, auth=None,
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+        text = exc.read()
+        try:
+            return exc.code, json.loads(text)
+        except ValueError:  # the HTTP layer's own plain-text answers (413, 431)
+            return exc.code, {"text": text.decode(errors="replace")}
 
 
 def _run(test, *, services=None, host: str = "127.0.0.1") -> None:
@@ -185,3 +189,33 @@ def test_purge_amqp_queue():
         assert next(q for q in amqp["queues"] if q["name"] == "api-q")["messages"] == 0
 
     _run(test, services=[service])
+
+
+def test_large_action_body_is_413_and_no_dashboard_flag():
+    from lmq import metrics
+
+    async def test(server, call) -> None:
+        _, session = await call("/api/session", auth=ADMIN)
+        big = b'{"topic": "' + b"x" * (2 * metrics.MAX_BODY_BYTES) + b'"}'
+        status, answer = await call("/api/actions/topic/create", body=big, auth=ADMIN,
+                                    headers={"X-CSRF-Token": session["csrf"],
+                                             "Content-Type": "application/json"})
+        assert status == 413
+
+        off = Exporter("127.0.0.1", 0, server=server, dashboard=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(off.serve)
+            status, _ = await trio.to_thread.run_sync(
+                lambda: _http_raw(off.port, "/dashboard/"))
+            assert status == 404
+            nursery.cancel_scope.cancel()
+
+    _run(test)
+
+
+def _http_raw(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

@@ -287,7 +287,7 @@ const pages = {
       { title: "queue / offset", value: r => `${r.topic} #${r.queue} @${r.offset}`, mono: true },
       { title: "message id", value: r => r.msg_id, mono: true },
       { title: "keys", value: r => r.keys.join(" "), mono: true }, { title: "tags", value: r => r.tags },
-      { title: "stored", value: r => new Date(r.store_time_ms).toISOString().replace("T", " ").slice(0, 19) },
+      { title: "stored (UTC)", value: r => new Date(r.store_time_ms).toISOString().replace("T", " ").slice(0, 19) },
       { title: "body", value: r => h("pre", { class: "body mono" }, r.body.kind === "hex" ? "hex: " + r.body.text : r.body.text, r.body.truncated ? ` … (${bytes(r.body.size)})` : "") }],
       d.items, "No message found."));
   },
