@@ -8,10 +8,11 @@ only per-scrape cost that grows with the data is the consumer-group lag, capped 
 (`generate_latest`), which also supplies the process (RSS, CPU, fds) and GC collectors.
 
 Paths: `GET /metrics` (text format 0.0.4), `GET /healthz` (200 while the process runs),
-`GET /readyz` (200 "ready", or 503 with a one-line reason). Anything else: 404.
+`GET /readyz` (200 "ready", or 503 with a one-line reason); `/dashboard/` and `/api/...`
+go to the web dashboard (`lmq.dashboard`, off with --no-dashboard). Anything else: 404.
 The port binds loopback unless `--metrics-host` says otherwise. Limits (docs/operations.md):
-request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it, `MAX_CONNECTIONS` at once,
-a lingering close of `LINGER_S` / `LINGER_BYTES`.
+request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it (and a POST body of at most
+`MAX_BODY_BYTES`), `MAX_CONNECTIONS` at once, a lingering close of `LINGER_S` / `LINGER_BYTES`.
 """
 
 from __future__ import annotations
