@@ -187,3 +187,33 @@ def test_recovery_summary_wording():
     assert "re-scanned 3 records (300 bytes)" in text
     assert "cut a torn tail at offset 300" in text and "dropped 2 LMQ" in text
     assert os.linesep not in text
+
+
+def test_acl_refusals_are_logged_one_line_per_interval(caplog):
+    """A refused request is one log line with its reason; a client refused in a loop gets
+    one line per interval, which counts the ones left out (MockClock: no real waiting)."""
+    import trio
+    import trio.testing
+
+    from core.acl import validator
+    from core.acl.config import AclConfig
+    from core.remoting.codec import RemotingCommand
+    from core.remoting.processor import RequestContext
+
+    guard = validator.PlainAclGuard(AclConfig())
+    ctx = RequestContext(object(), "10.9.8.7:5555", "127.0.0.1:10911")
+
+    async def main() -> None:
+        for _ in range(5):
+            answer = await guard(ctx, RemotingCommand.request(10, {"topic": "T"}))
+            assert answer.code == 1
+        await trio.sleep(validator.REFUSAL_LOG_INTERVAL_S)
+        await guard(ctx, RemotingCommand.request(10, {"topic": "T", "AccessKey": "nobody"}))
+
+    with caplog.at_level("INFO", logger="core.acl.validator"):
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    lines = [r.getMessage() for r in caplog.records if "ACL refused" in r.getMessage()]
+    assert lines == [
+        "ACL refused request code 10 from 10.9.8.7:5555: No accessKey is configured",
+        "ACL refused request code 10 from 10.9.8.7:5555: No acl config for nobody "
+        "(4 more refused since the last line)"]
