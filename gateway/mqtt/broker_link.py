@@ -432,7 +432,7 @@ class BrokerLink:
             body: bytes = bytes(req.msg.payload)
             batch = False
         else:
-            # The batch body (protocol doc §7.7) built here: one header, the payload and the
+            # The batch body (docs/protocol.md §7.7) built here: one header, the payload and the
             # (memoized) properties per message.
             parts = []
             add = parts.append

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from lmq.commands._broker_args import (
     add_broker_options,
@@ -23,6 +24,7 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
+from lmq.commands._startup import banner_service, choose_advertise_host
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options, exporter_from_args
 
@@ -94,8 +96,15 @@ def run(args: argparse.Namespace) -> int:
         mqtt = service.config
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
-    server = EmbeddedServer(broker_config, namesrv_config, services=services)
-    return run_server(server, listeners, exporter_from_args(args, server=server))
+    advertise = choose_advertise_host(broker_config)
+    if advertise:
+        log.log(logging.WARNING if "127.0.0.1" in advertise else logging.INFO, "%s", advertise)
+    exporter = exporter_from_args(args)
+    server = EmbeddedServer(broker_config, namesrv_config,
+                            services=[*services, banner_service(exporter)])
+    if exporter is not None:
+        exporter.server = server  # read at scrape time
+    return run_server(server, listeners, exporter)
 
 
 def add_amqp_options(parser: argparse.ArgumentParser) -> None:
