@@ -1,0 +1,80 @@
+"""`GrpcServer`: the gRPC front end's lifetime on the trio side (docs/grpc.md).
+
+``await nursery.start(GrpcServer(config, client).serve)`` binds the port, starts the
+grpc.aio thread and returns the bound port; cancelling `serve` stops the server (calls in
+flight get `shutdown_grace_s`) and joins the thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import trio
+
+from core.client import ClientInstance
+from gateway.grpc5.backend import Backend
+from gateway.grpc5.bridge import GrpcThread, TrioHop
+from gateway.grpc5.config import GrpcConfig
+from gateway.grpc5.proto import messaging_pb2_grpc as pbg
+from gateway.grpc5.servicer import MessagingServicer
+
+__all__ = ["GrpcServer"]
+
+log = logging.getLogger(__name__)
+
+
+class GrpcServer:
+    def __init__(self, config: GrpcConfig, client: ClientInstance) -> None:
+        self.config = config
+        self.client = client
+        self.servicer: MessagingServicer | None = None
+        self.port: int | None = None
+
+    def _grpc_options(self) -> list[tuple[str, int]]:
+        cfg = self.config
+        return [
+            ("grpc.max_receive_message_length", cfg.max_request_bytes),
+            ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+            ("grpc.so_reuseport", 0),
+        ]
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        async with trio.open_nursery() as nursery:
+            hop = TrioHop(trio.lowlevel.current_trio_token(), nursery)
+            backend = Backend(self.client, cfg, on_transaction_check=self._on_check)
+            servicer = self.servicer = MessagingServicer(hop, backend, cfg)
+
+            def build() -> grpc.aio.Server:
+                servicer.loop = asyncio.get_running_loop()
+                server = grpc.aio.server(options=self._grpc_options())
+                pbg.add_MessagingServiceServicer_to_server(servicer, server)
+                return server
+
+            host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+            thread = GrpcThread(build, f"{host}:{cfg.port}", cfg.shutdown_grace_s)
+            self.port = servicer.port = await thread.start()
+            try:
+                task_status.started(self.port)
+                await trio.sleep_forever()
+            finally:
+                nursery.cancel_scope.cancel()
+                await thread.stop()
+
+    def _on_check(self, addr: str, msg, cmd) -> None:
+        """A broker's CHECK_TRANSACTION_STATE (trio side): hand it to the gRPC loop."""
+        servicer = self.servicer
+        if servicer is None or servicer.loop is None:
+            return
+        broker = next((n for n, a in servicer.backend._addrs.items() if a == addr), None)
+        if broker is None:
+            return
+        qo = cmd.ext_int("tranStateTableOffset", msg.queue_offset)
+        clo = cmd.ext_int("commitLogOffset", msg.commitlog_offset)
+        try:
+            servicer.loop.call_soon_threadsafe(servicer.push_transaction_check, broker, msg,
+                                               qo, clo)
+        except RuntimeError:
+            pass

@@ -1,0 +1,182 @@
+"""Drives the official RocketMQ 5 Python client (rocketmq-python-client) against our
+gRPC front end. Runs in its own virtual environment (see conftest.py): it and the 4.x
+`rocketmq` wheel both install a package named `rocketmq`.
+
+    python rmq5_driver.py '<json: {"endpoint": ..., "op": ..., ...}>'
+
+Prints one JSON object (the op's result) as its last line; exits 1 with {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+
+def _config(args):
+    from rocketmq import ClientConfiguration, Credentials
+
+    creds = Credentials(args.get("ak", ""), args.get("sk", ""))
+    return ClientConfiguration(args["endpoint"], creds, args.get("namespace", ""),
+                               request_timeout=args.get("timeout", 5))
+
+
+def _message(args, topic, body, i):
+    from rocketmq import Message
+
+    m = Message()
+    m.topic = topic
+    m.body = body.encode() if isinstance(body, str) else body
+    if args.get("tag"):
+        m.tag = args["tag"]
+    for key in args.get("keys") or ():
+        m.keys = key  # the setter adds one key
+    if args.get("group_of"):
+        m.message_group = args["group_of"][i % len(args["group_of"])]
+    if args.get("delay_ms"):
+        m.delivery_timestamp = int(time.time() * 1000) + args["delay_ms"]
+    for k, v in (args.get("props") or {}).items():
+        m.add_property(k, v)
+    return m
+
+
+def produce(args):
+    from rocketmq import Producer
+
+    topic = args["topic"]
+    producer = Producer(_config(args), (topic,))
+    producer.startup()
+    out = []
+    try:
+        for i, body in enumerate(args["bodies"]):
+            receipt = producer.send(_message(args, topic, body, i))
+            out.append(receipt.message_id)
+    finally:
+        producer.shutdown()
+    return {"ids": out}
+
+
+def transaction(args):
+    from rocketmq import Producer, TransactionChecker, TransactionResolution
+
+    resolution = args.get("check_answer", "COMMIT")
+
+    class Checker(TransactionChecker):
+        checked = []
+
+        def check(self, message):
+            Checker.checked.append(message.message_id)
+            return getattr(TransactionResolution, resolution)
+
+    topic = args["topic"]
+    producer = Producer(_config(args), (topic,), Checker())
+    producer.startup()
+    out = []
+    try:
+        for i, (body, decision) in enumerate(zip(args["bodies"], args["decisions"],
+                                                  strict=True)):
+            tx = producer.begin_transaction()
+            receipt = producer.send(_message(args, topic, body, i), tx)
+            out.append(receipt.message_id)
+            if decision == "commit":
+                tx.commit()
+            elif decision == "rollback":
+                tx.rollback()
+        deadline = time.time() + args.get("wait_check_s", 0)
+        while time.time() < deadline and len(Checker.checked) < args.get("want_checks", 0):
+            time.sleep(0.1)
+    finally:
+        producer.shutdown()
+    return {"ids": out, "checked": Checker.checked}
+
+
+def _msg_json(m):
+    return {"id": m.message_id, "body": m.body.decode("utf-8", "replace"), "tag": m.tag,
+            "keys": list(m.keys or []), "group": m.message_group,
+            "attempt": m.delivery_attempt, "props": dict(m.properties or {}),
+            "topic": m.topic, "corrupted": m.corrupted}
+
+
+def simple(args):
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    sub = {args["topic"]: FilterExpression(args.get("filter", "*"))}
+    consumer = SimpleConsumer(_config(args), args["group"], sub,
+                              await_duration=args.get("await_s", 2))
+    consumer.startup()
+    got, events = [], []
+    try:
+        deadline = time.time() + args.get("deadline_s", 20)
+        while len(got) < args["want"] and time.time() < deadline:
+            msgs = consumer.receive(args.get("batch", 16), args.get("invisible_s", 15))
+            for m in msgs:
+                got.append(_msg_json(m))
+                if args.get("change_invisible_s") is not None and m.delivery_attempt == 1:
+                    consumer.change_invisible_duration(m, args["change_invisible_s"])
+                    events.append("changed")
+                    continue
+                if not args.get("no_ack"):
+                    consumer.ack(m)
+                    if args.get("double_ack"):
+                        try:
+                            consumer.ack(m)
+                            events.append("double-ack-accepted")
+                        except Exception as exc:  # noqa: BLE001
+                            events.append("double-ack-refused:" + type(exc).__name__)
+        # After the wanted count: one more receive must come back empty.
+        if args.get("then_empty"):
+            extra = consumer.receive(16, 15)
+            events.append(f"extra:{len(extra)}")
+    finally:
+        consumer.shutdown()
+    return {"messages": got, "events": events}
+
+
+def push(args):
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+    got = []
+    done = threading.Event()
+    fail_first = args.get("fail_first", False)
+
+    class Listener(MessageListener):
+        def consume(self, message):
+            got.append(_msg_json(message))
+            if len(got) >= args["want"]:
+                done.set()
+            if fail_first and message.delivery_attempt == 1:
+                return ConsumeResult.FAILURE
+            return ConsumeResult.SUCCESS
+
+    sub = {args["topic"]: FilterExpression(args.get("filter", "*"))}
+    consumer = PushConsumer(_config(args), args["group"], Listener(), sub)
+    consumer.startup()
+    try:
+        print(json.dumps({"ready": True}), flush=True)
+        done.wait(args.get("deadline_s", 30))
+        time.sleep(args.get("linger_s", 1.0))  # let the acks go out
+    finally:
+        consumer.shutdown()
+    return {"messages": got}
+
+
+OPS = {"produce": produce, "transaction": transaction, "simple": simple, "push": push}
+
+
+def main() -> int:
+    args = json.loads(sys.argv[1])
+    try:
+        result = OPS[args["op"]](args)
+    except Exception as exc:  # noqa: BLE001
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    print(json.dumps(result), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the client leaves non-daemon threads behind
+
+
+if __name__ == "__main__":
+    sys.exit(main())
