@@ -208,7 +208,7 @@ class Backend:
         else:
             broker, qid = slots[next(self._rr) % len(slots)]
         if msg.transactional:
-            self._relay(msg.topic)
+            await self._relay(msg.topic, broker.addr)
         sys_flag = MessageSysFlag.TRANSACTION_PREPARED_TYPE if msg.transactional else 0
         ext = {
             "a": msg.topic if msg.transactional else "GRPC_PROXY", "b": msg.topic,
@@ -235,12 +235,17 @@ class Backend:
             entry.transaction_id = transaction_id(broker.name, result.queue_offset, clo)
         return entry
 
-    def _relay(self, topic: str) -> None:
+    async def _relay(self, topic: str, addr: str) -> None:
+        """Register the producer group `topic` with the broker at once (the periodic
+        heartbeats keep it registered), so its transaction checks reach us."""
         producers = self.client.producers
         if topic in producers or len(producers) >= MAX_TRANSACTION_TOPICS:
             return
         producers[topic] = _TransactionRelay(topic, self._on_transaction_check)
-        self.client.nursery.start_soon(self.client.send_heartbeats)
+        try:
+            await self.client.api.heartbeat(addr, self.client.heartbeat_data())
+        except Exception as exc:  # the periodic heartbeat retries
+            log.debug("heartbeat to %s failed: %r", addr, exc)
 
     async def end_transaction(self, topic: str, message_id: str, txid: str, commit: bool,
                               from_check: bool) -> None:

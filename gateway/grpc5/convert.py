@@ -128,7 +128,8 @@ def from_grpc(msg: pb.Message, config: GrpcConfig, now_ms: int) -> OutgoingMessa
     group = sp.message_group if sp.HasField("message_group") else None
     delivery_ms = None
     if sp.HasField("delivery_timestamp"):
-        delivery_ms = sp.delivery_timestamp.ToMilliseconds()
+        ts = sp.delivery_timestamp
+        delivery_ms = ts.seconds * 1000 + ts.nanos // 1_000_000
     transactional = mtype == pb.TRANSACTION
     if mtype == pb.FIFO and not group:
         raise GrpcError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "FIFO message without a group")
@@ -145,6 +146,8 @@ def from_grpc(msg: pb.Message, config: GrpcConfig, now_ms: int) -> OutgoingMessa
                     config.max_message_group_length)
         props[SHARDING_KEY] = group
     if delivery_ms is not None:
+        if delivery_ms < 0:
+            raise GrpcError(pb.ILLEGAL_DELIVERY_TIME, "delivery time before 1970")
         level = _delay_level(delivery_ms - now_ms)
         props[DELIVER_MS] = str(delivery_ms)
         if level:

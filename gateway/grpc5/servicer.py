@@ -251,7 +251,9 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                 raise GrpcError(pb.BAD_REQUEST, "send one message per request")
             out = from_grpc(request.messages[0], self.config, int(time.time() * 1000))
             entry = await self._call(self.backend.send, out)
-        except GrpcError as err:
+        except (GrpcError, ValueError) as err:
+            if not isinstance(err, GrpcError):
+                err = GrpcError(pb.BAD_REQUEST, str(err))
             self._fail(resp, err)
             e = resp.entries.add()
             self._fail(e, err)

@@ -94,6 +94,19 @@ class GrpcCluster:
         return self.call(run)
 
 
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        """Create `topic` on the broker and wait until the name server routes it."""
+        addr = self.server.broker.broker_addr
+
+        async def create(client: ClientInstance) -> None:
+            await client.api.create_topic(addr, topic, queues, queues)
+            with trio.fail_after(10):
+                while await client.api.get_route(topic) is None:
+                    await trio.sleep(0.05)
+
+        self.with_client(create)
+
+
 def drive(python: str, timeout: float = 90, **args: Any) -> dict:
     """Run one driver op in the 5.x client's venv; its final JSON line."""
     proc = subprocess.run([python, str(DRIVER), json.dumps(args)], capture_output=True,

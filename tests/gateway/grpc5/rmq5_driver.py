@@ -36,8 +36,9 @@ def _message(args, topic, body, i):
         m.keys = key  # the setter adds one key
     if args.get("group_of"):
         m.message_group = args["group_of"][i % len(args["group_of"])]
-    if args.get("delay_ms"):
-        m.delivery_timestamp = int(time.time() * 1000) + args["delay_ms"]
+    if args.get("delay_s"):
+        # This client takes seconds here (it writes the value to Timestamp.seconds).
+        m.delivery_timestamp = int(time.time()) + args["delay_s"]
     for k, v in (args.get("props") or {}).items():
         m.add_property(k, v)
     return m
@@ -50,13 +51,14 @@ def produce(args):
     producer = Producer(_config(args), (topic,))
     producer.startup()
     out = []
+    sent_ms = int(time.time() * 1000)
     try:
         for i, body in enumerate(args["bodies"]):
             receipt = producer.send(_message(args, topic, body, i))
             out.append(receipt.message_id)
     finally:
         producer.shutdown()
-    return {"ids": out}
+    return {"ids": out, "sent_ms": sent_ms}
 
 
 def transaction(args):
@@ -97,7 +99,8 @@ def _msg_json(m):
     return {"id": m.message_id, "body": m.body.decode("utf-8", "replace"), "tag": m.tag,
             "keys": list(m.keys or []), "group": m.message_group,
             "attempt": m.delivery_attempt, "props": dict(m.properties or {}),
-            "topic": m.topic, "corrupted": m.corrupted}
+            "topic": m.topic, "corrupted": m.corrupted, "recv_ms": int(time.time() * 1000),
+            "delivery_ms": m.delivery_timestamp}
 
 
 def simple(args):
