@@ -1,0 +1,193 @@
+"""The gRPC front end spoken to with plain gRPC stubs (no RocketMQ client): what the
+official clients insist on (docs/grpc.md), and refusals with the proxy's status codes."""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gateway.grpc5.config import GrpcConfig
+from gateway.grpc5.proto import messaging_pb2 as pb
+from gateway.grpc5.proto import messaging_pb2_grpc as pbg
+from tests.gateway.grpc5.harness import GrpcCluster
+
+BODY_LIMIT = 1024
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with GrpcCluster(tmp_path_factory.mktemp("wire"),
+                     grpc=GrpcConfig(port=0, max_body_size=BODY_LIMIT)) as c:
+        c.create_topic("W")
+        yield c
+
+
+@pytest.fixture(scope="module")
+def stub(cluster):
+    channel = grpc.insecure_channel(cluster.endpoint)
+    yield pbg.MessagingServiceStub(channel)
+    channel.close()
+
+
+META = (("x-mq-client-id", "wire-test-client"),)
+
+
+def _message(topic="W", body=b"hello", **sys_props) -> pb.Message:
+    m = pb.Message(body=body)
+    m.topic.name = topic
+    sp = m.system_properties
+    sp.message_id = uuid.uuid4().hex
+    sp.message_type = sys_props.pop("message_type", pb.NORMAL)
+    for key, value in sys_props.items():
+        if key == "delivery_timestamp":
+            sp.delivery_timestamp.FromMilliseconds(value)
+        else:
+            setattr(sp, key, value)
+    return m
+
+
+def _send(stub, msg: pb.Message, **user_props) -> pb.SendMessageResponse:
+    msg.user_properties.update(user_props)
+    return stub.SendMessage(pb.SendMessageRequest(messages=[msg]), metadata=META, timeout=10)
+
+
+def test_route_advertises_a_reachable_endpoint_and_every_message_type(cluster, stub):
+    resp = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="W")), metadata=META,
+                           timeout=10)
+    assert resp.status.code == pb.OK
+    assert len(resp.message_queues) == 4
+    for mq in resp.message_queues:
+        assert mq.permission == pb.READ_WRITE
+        [address] = mq.broker.endpoints.addresses
+        assert (address.host, address.port) == ("127.0.0.1", cluster.port)
+        assert mq.broker.endpoints.scheme == pb.IPv4
+        assert set(mq.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+
+
+def test_settings_replies_carry_what_clients_need(stub):
+    producer = pb.TelemetryCommand()
+    producer.settings.client_type = pb.PRODUCER
+    producer.settings.publishing.topics.add(name="W")
+    consumer = pb.TelemetryCommand()
+    consumer.settings.client_type = pb.SIMPLE_CONSUMER
+    consumer.settings.subscription.group.name = "G_wire"
+    replies = []
+    call = stub.Telemetry(iter([producer, consumer]), metadata=META, timeout=10)
+    for reply in call:
+        replies.append(reply)
+        if len(replies) == 2:
+            call.cancel()
+            break
+    p, c = replies
+    assert p.status.code == pb.OK and c.status.code == pb.OK
+    # Without publishing.max_body_size every send fails in the client ("max size=0").
+    assert p.settings.publishing.max_body_size == BODY_LIMIT
+    assert p.settings.backoff_policy.max_attempts > 0
+    assert c.settings.subscription.long_polling_timeout.seconds > 0
+    assert c.settings.subscription.lite_subscription_quota > 0
+
+
+def test_receive_stream_always_ends_with_a_delivery_timestamp(stub):
+    req = pb.ReceiveMessageRequest(batch_size=4, auto_renew=False)
+    req.group.name = "G_empty"
+    req.message_queue.topic.name = "W"
+    req.invisible_duration.FromSeconds(10)
+    req.long_polling_timeout.FromMilliseconds(0)
+    frames = list(stub.ReceiveMessage(req, metadata=META, timeout=10))
+    assert frames[0].status.code == pb.MESSAGE_NOT_FOUND
+    assert frames[-1].WhichOneof("content") == "delivery_timestamp"
+
+
+def test_sent_message_is_received_with_digest_and_handle(stub):
+    req = pb.ReceiveMessageRequest(batch_size=4)
+    req.group.name = "G_wire_rx"
+    req.message_queue.topic.name = "W"
+    req.invisible_duration.FromSeconds(10)
+    req.long_polling_timeout.FromMilliseconds(0)
+    list(stub.ReceiveMessage(req, metadata=META, timeout=10))  # the group starts here
+    resp = _send(stub, _message(body=b"payload", tag="t1"), color="blue")
+    assert resp.status.code == pb.OK and resp.entries[0].status.code == pb.OK
+    req.long_polling_timeout.FromSeconds(3)
+    frames = list(stub.ReceiveMessage(req, metadata=META, timeout=10))
+    assert [f.WhichOneof("content") for f in frames] == [
+        "status", "message", "delivery_timestamp"]
+    m = frames[1].message
+    assert m.body == b"payload" and m.user_properties["color"] == "blue"
+    assert m.system_properties.tag == "t1"
+    assert m.system_properties.message_id == resp.entries[0].message_id
+    assert m.system_properties.body_digest.type == pb.CRC32
+    assert m.system_properties.body_digest.checksum == f"{zlib.crc32(b'payload'):08X}"
+    assert m.system_properties.delivery_attempt == 1
+    ack = pb.AckMessageRequest(group=req.group, topic=req.message_queue.topic)
+    ack.entries.add(message_id=m.system_properties.message_id,
+                    receipt_handle=m.system_properties.receipt_handle)
+    assert stub.AckMessage(ack, metadata=META, timeout=10).status.code == pb.OK
+    again = stub.AckMessage(ack, metadata=META, timeout=10)
+    assert again.status.code == pb.INVALID_RECEIPT_HANDLE
+
+
+@pytest.mark.parametrize(("msg", "props", "code"), [
+    (_message(body=b""), {}, pb.MESSAGE_BODY_EMPTY),
+    (_message(body=b"x" * (BODY_LIMIT + 1)), {}, pb.MESSAGE_BODY_TOO_LARGE),
+    (_message(), {"POP_CK": "0 0 0 0 0 b 0 0"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (_message(), {"INNER_MULTI_DISPATCH": "%LMQ%x"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (_message(message_type=pb.FIFO), {}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (_message(message_type=pb.DELAY,
+              delivery_timestamp=int(time.time() * 1000) + 3 * 86400_000),
+     {}, pb.ILLEGAL_DELIVERY_TIME),
+    (_message(tag="a|b"), {}, pb.ILLEGAL_MESSAGE_TAG),
+    (_message(topic=""), {}, pb.ILLEGAL_TOPIC),
+])
+def test_bad_messages_are_refused_with_the_proxy_codes(stub, msg, props, code):
+    resp = _send(stub, msg, **props)
+    assert resp.status.code == code
+    assert resp.entries[0].status.code == code
+
+
+def test_malformed_receipt_handles_are_refused(stub):
+    ack = pb.AckMessageRequest()
+    ack.group.name = "G"
+    ack.topic.name = "W"
+    ack.entries.add(message_id="m", receipt_handle="not a handle")
+    assert stub.AckMessage(ack, metadata=META, timeout=10).status.code == \
+        pb.INVALID_RECEIPT_HANDLE
+    change = pb.ChangeInvisibleDurationRequest(receipt_handle="1 2 3")
+    change.group.name = "G"
+    change.topic.name = "W"
+    change.invisible_duration.FromSeconds(1)
+    assert stub.ChangeInvisibleDuration(change, metadata=META, timeout=10).status.code == \
+        pb.INVALID_RECEIPT_HANDLE
+
+
+def test_unknown_topic_is_not_found_without_auto_creation(tmp_path):
+    with GrpcCluster(tmp_path, auto_create_topic_enable=False) as c:
+        with grpc.insecure_channel(c.endpoint) as channel:
+            resp = pbg.MessagingServiceStub(channel).QueryRoute(
+                pb.QueryRouteRequest(topic=pb.Resource(name="Nope")), metadata=META,
+                timeout=10)
+    assert resp.status.code == pb.TOPIC_NOT_FOUND
+
+
+def test_generated_code_matches_the_proto(tmp_path):
+    pytest.importorskip("grpc_tools")
+    from gateway.grpc5.proto import generate
+
+    here = Path(generate.__file__).parent
+    copy = tmp_path / "gateway" / "grpc5" / "proto"
+    copy.mkdir(parents=True)
+    shutil.copy(here / "messaging.proto", copy)
+    shutil.copy(generate.__file__, copy)
+    subprocess.run([sys.executable, "gateway/grpc5/proto/generate.py"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    for name in ("messaging_pb2.py", "messaging_pb2_grpc.py"):
+        assert filecmp.cmp(copy / name, here / name, shallow=False), \
+            f"{name} is stale: run python3 -m gateway.grpc5.proto.generate"
