@@ -15,6 +15,7 @@ import sys
 
 # Order is the order shown in `lmq --help`.
 SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "amqp", "admin", "bench", "demo")
+SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
 
 
 def build_parser() -> argparse.ArgumentParser:

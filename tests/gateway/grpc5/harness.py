@@ -107,6 +107,22 @@ class GrpcCluster:
         self.with_client(create)
 
 
+def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:`port`."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                raise AssertionError(f"nothing listens on {port}") from None
+            time.sleep(0.1)
+
+
 def drive(python: str, timeout: float = 90, **args: Any) -> dict:
     """Run one driver op in the 5.x client's venv; its final JSON line."""
     proc = subprocess.run([python, str(DRIVER), json.dumps(args)], capture_output=True,
@@ -123,12 +139,12 @@ def drive(python: str, timeout: float = 90, **args: Any) -> dict:
 
 def start_driver(python: str, **args: Any) -> subprocess.Popen:
     """Start a long-running driver op (push consumers); read its lines from stdout."""
-    return subprocess.Popen([python, str(DRIVER), json.dumps(args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([python, str(DRIVER), json.dumps(args)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish_driver(proc: subprocess.Popen, timeout: float = 90) -> dict:
-    out, err = proc.communicate(timeout=timeout)
+def finish_driver(proc: subprocess.Popen, timeout: float = 90, stdin: str = "") -> dict:
+    out, err = proc.communicate(stdin, timeout=timeout)
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {"error": f"no output: {err[-3000:]}"}
     if "error" in result:

@@ -166,7 +166,39 @@ def push(args):
     return {"messages": got}
 
 
-OPS = {"produce": produce, "transaction": transaction, "simple": simple, "push": push}
+def hold(args):
+    """Receive `want` messages without acking, print them, wait for a line on stdin (the
+    test restarts the proxy meanwhile), then ack them all and report per message."""
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    sub = {args["topic"]: FilterExpression("*")}
+    consumer = SimpleConsumer(_config(args), args["group"], sub,
+                              await_duration=args.get("await_s", 2))
+    consumer.startup()
+    held, acked = [], []
+    try:
+        deadline = time.time() + args.get("deadline_s", 20)
+        while len(held) < args["want"] and time.time() < deadline:
+            held += consumer.receive(16, args.get("invisible_s", 60))
+        print(json.dumps({"held": [m.body.decode() for m in held]}), flush=True)
+        sys.stdin.readline()
+        for m in held:
+            for _ in range(20):  # the proxy may still be starting
+                try:
+                    consumer.ack(m)
+                    acked.append(m.body.decode())
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    last = repr(exc)
+                    time.sleep(0.5)
+            else:
+                print(json.dumps({"ack-error": last}), flush=True)
+    finally:
+        consumer.shutdown()
+    return {"held": [m.body.decode() for m in held], "acked": acked}
+
+
+OPS = {"hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
 
 
 def main() -> int:
