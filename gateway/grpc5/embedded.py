@@ -42,7 +42,12 @@ class GrpcService:
                 if server.namesrv is not None:
                     client.remoting.register_local(server.namesrv_addr, server.namesrv.table)
                 client.remoting.register_local(core.broker_addr, core.table)
-                self.server = GrpcServer(self.config, client)
+                acl = None
+                if server.broker_config.acl_enable:
+                    # The broker's accounts, reloads included (docs/acl.md).
+                    guard = core.table.guard
+                    acl = lambda: guard.config  # noqa: E731
+                self.server = GrpcServer(self.config, client, acl)
                 async with trio.open_nursery() as nursery:
                     try:
                         port = await nursery.start(self.server.serve)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 import trio
 
+from core.acl import AclConfig
 from core.client import ClientInstance
+from gateway.grpc5.auth import GrpcAuth
 from gateway.grpc5.backend import Backend
 from gateway.grpc5.bridge import GrpcThread, TrioHop
 from gateway.grpc5.config import GrpcConfig
@@ -26,9 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class GrpcServer:
-    def __init__(self, config: GrpcConfig, client: ClientInstance) -> None:
+    def __init__(self, config: GrpcConfig, client: ClientInstance,
+                 acl: Callable[[], AclConfig] | None = None) -> None:
         self.config = config
         self.client = client
+        #: The current ACL accounts when ACL is on: every call must be signed.
+        self.acl = acl
         self.servicer: MessagingServicer | None = None
         self.port: int | None = None
 
@@ -46,6 +52,8 @@ class GrpcServer:
             hop = TrioHop(trio.lowlevel.current_trio_token(), nursery)
             backend = Backend(self.client, cfg, on_transaction_check=self._on_check)
             servicer = self.servicer = MessagingServicer(hop, backend, cfg)
+            if self.acl is not None:
+                servicer.auth = GrpcAuth(self.acl)
 
             def build() -> grpc.aio.Server:
                 servicer.loop = asyncio.get_running_loop()

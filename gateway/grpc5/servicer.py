@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from core.acl.permissions import ANY, PUB, SUB
+from gateway.grpc5.auth import GrpcAuth, group_resource
 from gateway.grpc5.backend import Backend, parse_handle, transaction_id
 from gateway.grpc5.bridge import TrioHop
 from gateway.grpc5.config import GrpcConfig
@@ -62,6 +64,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         self.backend = backend
         self.config = config
         self.clients: dict[str, _Client] = {}
+        #: The ACL check of every call (None: ACL off).
+        self.auth: GrpcAuth | None = None
         #: The bound port (config.port may be 0), set once the server listens.
         self.port = config.port
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -82,6 +86,13 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                               ("0.0.0.0", "::", "") else "127.0.0.1",
                               port=self.port)
         return out
+
+    def _authorize(self, context, *resources: tuple[str, int]) -> None:
+        if self.auth is not None:
+            self.auth.check(_meta(context), context.peer() or "", resources)
+
+    def _sub(self, context, topic: str, group: str) -> None:
+        self._authorize(context, (topic, SUB), (group_resource(group), SUB))
 
     @staticmethod
     def _ok(resp):
@@ -114,6 +125,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             topic = wrap(request.topic.resource_namespace, request.topic.name)
             if not request.topic.name:
                 raise GrpcError(pb.ILLEGAL_TOPIC, "topic is empty")
+            self._authorize(context, (topic, ANY))
             brokers = await self._call(self.backend.route, topic)
         except GrpcError as err:
             return self._fail(resp, err)
@@ -137,6 +149,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         resp = pb.QueryAssignmentResponse()
         try:
             topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._sub(context, topic, wrap(request.group.resource_namespace,
+                                           request.group.name))
             brokers = await self._call(self.backend.route, topic)
         except GrpcError as err:
             return self._fail(resp, err)
@@ -155,6 +169,10 @@ class MessagingServicer(pbg.MessagingServiceServicer):
 
     # ------------------------------------------------------------------ clients
     async def Heartbeat(self, request, context):
+        try:
+            self._authorize(context)
+        except GrpcError as err:
+            return self._fail(pb.HeartbeatResponse(), err)
         return self._ok(pb.HeartbeatResponse())
 
     async def NotifyClientTermination(self, request, context):
@@ -195,6 +213,11 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             bad = pb.TelemetryCommand()
             self._fail(bad, GrpcError(pb.CLIENT_ID_REQUIRED, "x-mq-client-id is required"))
             yield bad
+            return
+        try:
+            self._authorize(context)
+        except GrpcError as err:
+            yield self._fail(pb.TelemetryCommand(), err)
             return
         if client_id not in self.clients and len(self.clients) >= self.config.max_clients:
             busy = pb.TelemetryCommand()
@@ -250,6 +273,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             if len(request.messages) != 1:
                 raise GrpcError(pb.BAD_REQUEST, "send one message per request")
             out = from_grpc(request.messages[0], self.config, int(time.time() * 1000))
+            self._authorize(context, (out.topic, PUB))
             entry = await self._call(self.backend.send, out)
         except (GrpcError, ValueError) as err:
             if not isinstance(err, GrpcError):
@@ -270,6 +294,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
                 raise GrpcError(pb.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
             topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._authorize(context, (topic, PUB))
             await self._call(self.backend.end_transaction, topic, request.message_id,
                              request.transaction_id, request.resolution == pb.COMMIT,
                              request.source == pb.SOURCE_SERVER_CHECK)
@@ -287,6 +312,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                 raise GrpcError(pb.ILLEGAL_CONSUMER_GROUP, "group is empty")
             mq = request.message_queue
             topic = wrap(mq.topic.resource_namespace, mq.topic.name)
+            self._sub(context, topic, group)
             batch = request.batch_size
             if batch <= 0:
                 raise GrpcError(pb.BAD_REQUEST, "batch_size must be positive")
@@ -337,6 +363,10 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         group = wrap(request.group.resource_namespace, request.group.name)
         topic = wrap(request.topic.resource_namespace, request.topic.name)
         codes = set()
+        try:
+            self._sub(context, topic, group)
+        except GrpcError as err:
+            return self._fail(resp, err)
         for entry in request.entries:
             e = resp.entries.add(message_id=entry.message_id,
                                  receipt_handle=entry.receipt_handle)
@@ -360,6 +390,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         try:
             group = wrap(request.group.resource_namespace, request.group.name)
             topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._sub(context, topic, group)
             invisible_ms = _ms(request.invisible_duration)
             if not 0 <= invisible_ms <= self.config.max_invisible_s * 1000:
                 raise GrpcError(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration out of range")
@@ -375,6 +406,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         try:
             group = wrap(request.group.resource_namespace, request.group.name)
             topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._sub(context, topic, group)
             handle = parse_handle(request.receipt_handle)
             await self._call(self.backend.dead_letter, group, topic, handle)
         except GrpcError as err:

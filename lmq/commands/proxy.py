@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "used to reach the proxy)")
     parser.add_argument("--access-key", help="ACL access key the proxy signs broker requests with")
     parser.add_argument("--secret-key", help="ACL secret key (with --access-key)")
+    parser.add_argument("--acl-file", help="check every call's authorization header against "
+                        "these ACL accounts (docs/acl.md, docs/grpc.md)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     parser.set_defaults(func=run)
 
@@ -49,14 +51,14 @@ def run(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 await nursery.start(functools.partial(
                     run_proxy, args.namesrv_addr, config, access_key=args.access_key,
-                    secret_key=args.secret_key))
+                    secret_key=args.secret_key, acl_file=args.acl_file))
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
                     return
 
     try:
         trio.run(main)
-    except (OSError, trio.TooSlowError) as exc:
+    except (OSError, ValueError, trio.TooSlowError) as exc:
         log.error("cannot start: %s (choose another port with --grpc-port)", exc)
         return 1
     return 0

@@ -95,16 +95,18 @@ class GrpcCluster:
 
 
     def create_topic(self, topic: str, queues: int = 4) -> None:
-        """Create `topic` on the broker and wait until the name server routes it."""
+        """Create `topic` on the broker (through the gateway's in-process client, trusted
+        when ACL is on) and wait until the name server routes it."""
         addr = self.server.broker.broker_addr
+        client = self.service.server.client
 
-        async def create(client: ClientInstance) -> None:
+        async def create() -> None:
             await client.api.create_topic(addr, topic, queues, queues)
             with trio.fail_after(10):
                 while await client.api.get_route(topic) is None:
                     await trio.sleep(0.05)
 
-        self.with_client(create)
+        self.call(create)
 
 
 def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:

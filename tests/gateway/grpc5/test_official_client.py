@@ -131,3 +131,28 @@ def test_push_consumer_consumes_and_retries_failures(rmq5_python, cluster):
     seen = sorted((m["body"], m["attempt"]) for m in got["messages"])
     # Each first attempt fails (the client nacks with its backoff); the second succeeds.
     assert seen == [("p1", 1), ("p1", 2), ("p2", 1), ("p2", 2), ("p3", 1), ("p3", 2)]
+
+
+def test_namespaces_are_separate_topics(rmq5_python, cluster):
+    cluster.create_topic("ns1%T_ns")
+    cluster.create_topic("T_ns")
+    drive(rmq5_python, endpoint=cluster.endpoint, op="simple", topic="T_ns", group="G_ns",
+          namespace="ns1", want=0, await_s=1, then_empty=True)
+    drive(rmq5_python, endpoint=cluster.endpoint, op="simple", topic="T_ns", group="G_ns",
+          want=0, await_s=1, then_empty=True)
+    drive(rmq5_python, endpoint=cluster.endpoint, op="produce", topic="T_ns",
+          bodies=["in-ns1"], namespace="ns1")
+    drive(rmq5_python, endpoint=cluster.endpoint, op="produce", topic="T_ns",
+          bodies=["no-namespace"])
+    got = drive(rmq5_python, endpoint=cluster.endpoint, op="simple", topic="T_ns",
+                group="G_ns", namespace="ns1", want=1, await_s=2, then_empty=True)
+    assert [(m["body"], m["topic"]) for m in got["messages"]] == [("in-ns1", "T_ns")]
+    plain = drive(rmq5_python, endpoint=cluster.endpoint, op="simple", topic="T_ns",
+                  group="G_ns", want=1, await_s=2, then_empty=True)
+    assert [m["body"] for m in plain["messages"]] == ["no-namespace"]
+
+    async def stored(client):  # the broker stores it as `ns1%T_ns` (NamespaceUtil form)
+        addr = cluster.server.broker.broker_addr
+        return sum([await client.api.get_max_offset(addr, "ns1%T_ns", q) for q in range(4)])
+
+    assert cluster.with_client(stored) == 1
