@@ -180,7 +180,7 @@ def run(args) -> int:
                 proc.kill()
     keys = tuple(results[0])
     med = median_of(results, keys)
-    med["overhead_p50_ms"] = med["call_p50_ms"] - med["echo_p50_ms"]
+    med["overhead_p50_ms"] = round(med["call_p50_ms"] - med["echo_p50_ms"], 3)
     med["grpc_send_vs_native"] = ratio(med["grpc_send_msg_s"], med["native_send_msg_s"])
     med["grpc_recv_vs_native"] = ratio(med["grpc_recv_ack_msg_s"], med["native_pop_ack_msg_s"])
     med.update(runs=runs, messages=args.messages, size=args.size, inflight=args.inflight)

@@ -35,8 +35,9 @@ _PRODUCER_ATTEMPTS = 3
 _CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
                        1200, 1800, 3600, 7200)
 _CONSUMER_ATTEMPTS = 17
-#: Pushes waiting for one Telemetry stream; beyond, further pushes are dropped (the
-#: broker checks the transaction again later).
+#: Commands waiting for one Telemetry stream (a client that sends Settings without
+#: reading the replies, or pushes nobody takes); beyond, the stream is ended (the client
+#: opens a new one) and transaction checks are dropped (the broker checks again later).
 _TELEMETRY_QUEUE = 64
 
 
@@ -224,7 +225,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             self._fail(busy, GrpcError(pb.TOO_MANY_REQUESTS, "too many clients"))
             yield busy
             return
-        me = _Client(asyncio.Queue(_TELEMETRY_QUEUE), _meta(context).get("x-mq-namespace", ""))
+        # Unbounded so the end-of-stream mark always fits; the bound is kept by hand.
+        me = _Client(asyncio.Queue(), _meta(context).get("x-mq-namespace", ""))
         self.clients[client_id] = me
 
         async def read() -> None:
@@ -235,11 +237,13 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                         if cmd.settings.HasField("publishing"):
                             me.topics = {wrap(t.resource_namespace, t.name)
                                          for t in cmd.settings.publishing.topics}
+                        if me.queue.qsize() >= _TELEMETRY_QUEUE:
+                            break  # not reading its replies: end the stream
                         me.queue.put_nowait(self._settings_reply(cmd.settings))
-            except (asyncio.QueueFull, grpc.aio.AioRpcError, asyncio.CancelledError):
+            except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass
             finally:
-                me.queue.put_nowait(None) if not me.queue.full() else None
+                me.queue.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -258,7 +262,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         half message (RecoverOrphanedTransactionCommand)."""
         topic = msg.topic
         for c in self.clients.values():
-            if topic in c.topics and not c.queue.full():
+            if topic in c.topics and c.queue.qsize() < _TELEMETRY_QUEUE:
                 cmd = pb.TelemetryCommand()
                 rec = cmd.recover_orphaned_transaction_command
                 rec.message.CopyFrom(to_grpc(msg, c.namespace))
