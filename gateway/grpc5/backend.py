@@ -39,6 +39,11 @@ AUTO_CREATE_TOPIC = "TBW102"
 DEFAULT_TOPIC_QUEUES = 4
 #: Topics whose transactional sends this proxy answers broker checks for.
 MAX_TRANSACTION_TOPICS = 1024
+#: A waiting lite receive checks its parent topic's offsets this often (one
+#: GET_MAX_OFFSET per queue), and looks at all its lite topics again at least this often
+#: (redeliveries do not grow the parent).
+LITE_WAKE_S = 0.1
+LITE_RESCAN_S = 1.0
 
 # Broker response code -> RocketMQ 5 status code (as Apache's proxy converts them).
 _CODES = {
@@ -288,30 +293,81 @@ class Backend:
         return results
 
     async def _pop(self, b: BrokerQueues, group: str, topic: str, batch: int,
-                   invisible_ms: int, poll_ms: int, exp_type, exp) -> PopResult:
+                   invisible_ms: int, poll_ms: int, exp_type, exp,
+                   queue_id: int = -1) -> PopResult:
         pc = self._pop_client(b.addr, b.name, group)
         try:
             return await pc.pop(topic, max_nums=batch, invisible_ms=invisible_ms,
-                                poll_ms=poll_ms, queue_id=-1, init_mode=INIT_MODE_MAX,
+                                poll_ms=poll_ms, queue_id=queue_id, init_mode=INIT_MODE_MAX,
                                 exp_type=exp_type, exp=exp)
         except Exception as exc:
             raise status_of(exc) from exc
 
-    async def ack(self, group: str, topic: str, handle: Handle) -> None:
-        await self._handle_call(group, topic, handle, "ack")
+    async def receive_lite(self, group: str, parent: str, lites: list[str], *, batch: int,
+                           invisible_ms: int, poll_ms: int) -> list[tuple[str, PopResult]]:
+        """POP across the LMQs of a lite consumer's topics (FIFO within each), starting at
+        a rotating one; when none has a message, wait until the parent topic grows (a
+        message for some lite topic was stored) or `LITE_RESCAN_S` passes, and look again,
+        until `poll_ms`. Returns (lite topic, result) for those that had messages."""
+        from gateway.grpc5.lite import lmq_name
+
+        brokers = [b for b in await self.route(parent) if b.read > 0 and b.perm & 4]
+        if not lites or not brokers:
+            await trio.sleep(poll_ms / 1000)
+            return []
+        deadline = trio.current_time() + poll_ms / 1000
+        first = next(self._rr)
+        while True:
+            mark = await self._parent_mark(brokers, parent)
+            out: list[tuple[str, PopResult]] = []
+            for i in range(len(lites)):
+                lite = lites[(first + i) % len(lites)]
+                for b in brokers:
+                    r = await self._pop(b, group, lmq_name(parent, lite), batch, invisible_ms,
+                                        0, None, None, queue_id=0)
+                    if r.messages:
+                        out.append((lite, r))
+                        batch -= len(r.messages)
+                        if batch <= 0:
+                            return out
+            if out or trio.current_time() >= deadline:
+                return out
+            rescan = min(deadline, trio.current_time() + LITE_RESCAN_S)
+            while trio.current_time() < rescan:
+                await trio.sleep(LITE_WAKE_S)
+                if await self._parent_mark(brokers, parent) != mark:
+                    break
+
+    async def _parent_mark(self, brokers: list[BrokerQueues], parent: str) -> int:
+        """Sum of the parent topic's queue max offsets (grows with every message)."""
+        total = 0
+        for b in brokers:
+            for qid in range(b.read):
+                try:
+                    total += await self.client.api.get_max_offset(b.addr, parent, qid)
+                except Exception as exc:
+                    raise status_of(exc) from exc
+        return total
+
+    async def ack(self, group: str, topic: str, handle: Handle,
+                  route_topic: str | None = None) -> None:
+        await self._handle_call(group, topic, handle, "ack", route_topic=route_topic)
 
     async def change_invisible(self, group: str, topic: str, handle: Handle,
-                               invisible_ms: int) -> str:
-        return await self._handle_call(group, topic, handle, "change", invisible_ms)
+                               invisible_ms: int, route_topic: str | None = None) -> str:
+        return await self._handle_call(group, topic, handle, "change", invisible_ms,
+                                       route_topic=route_topic)
 
-    async def dead_letter(self, group: str, topic: str, handle: Handle) -> None:
-        await self._handle_call(group, topic, handle, "reject")
+    async def dead_letter(self, group: str, topic: str, handle: Handle,
+                          route_topic: str | None = None) -> None:
+        await self._handle_call(group, topic, handle, "reject", route_topic=route_topic)
 
     async def _handle_call(self, group: str, topic: str, handle: Handle, op: str,
-                           invisible_ms: int = 0) -> str:
+                           invisible_ms: int = 0, route_topic: str | None = None) -> str:
         from core.client.pop_consumer import PopMessage
 
-        addr = await self.broker_addr(handle.broker, topic)
+        # Lite topics: the LMQ has no route of its own; its parent's names the broker.
+        addr = await self.broker_addr(handle.broker, route_topic or topic)
         pc = self._pop_client(addr, handle.broker, group)
         m = PopMessage(None, topic, handle.queue_id, handle.offset, handle.text)  # type: ignore[arg-type]
         try:

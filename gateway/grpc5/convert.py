@@ -139,8 +139,20 @@ def from_grpc(msg: pb.Message, config: GrpcConfig, now_ms: int) -> OutgoingMessa
     if mtype in (pb.NORMAL, pb.TRANSACTION) and (group or delivery_ms is not None):
         raise GrpcError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                         "a NORMAL or TRANSACTION message has neither group nor delivery time")
-    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION):
+    lite = sp.lite_topic if sp.HasField("lite_topic") else None
+    if (mtype == pb.LITE) != (lite is not None) or (lite is not None and (
+            group or delivery_ms is not None)):
+        raise GrpcError(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                        "a LITE message has a lite topic and neither group nor delivery time")
+    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE):
         raise GrpcError(pb.UNSUPPORTED, f"message type {mtype} is not supported")
+    if lite is not None:
+        from gateway.grpc5.lite import check_lite_topic, lmq_name
+
+        check_lite_topic(lite, config.max_lite_topic_size)
+        props[LITE_TOPIC] = lite
+        # The broker indexes it into the lite topic's LMQ (docs/grpc.md "Lite topics").
+        props[MessageConst.INNER_MULTI_DISPATCH] = lmq_name(topic, lite)
     if group is not None:
         _check_text(group, "message group", pb.ILLEGAL_MESSAGE_GROUP,
                     config.max_message_group_length)

@@ -20,6 +20,7 @@ from gateway.grpc5.backend import Backend, parse_handle, transaction_id
 from gateway.grpc5.bridge import TrioHop
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, from_grpc, to_grpc, wrap
+from gateway.grpc5.lite import LiteSubscriptions, lmq_name
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 
@@ -27,7 +28,8 @@ __all__ = ["MessagingServicer"]
 
 log = logging.getLogger(__name__)
 
-_ALL_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+#: Every topic accepts every type (there are no typed topics here); LITE for lite parents.
+_ALL_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION, pb.LITE)
 #: Producer retry policy sent in Settings (the proxy's: 3 attempts, 10 ms doubling to 1 s).
 _PRODUCER_ATTEMPTS = 3
 #: Consumer redelivery backoff: the broker's delay levels from the first retry on (the
@@ -65,6 +67,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         self.backend = backend
         self.config = config
         self.clients: dict[str, _Client] = {}
+        self.lite = LiteSubscriptions(config.lite_subscription_quota,
+                                      config.max_lite_topic_size, config.max_clients)
         #: The ACL check of every call (None: ACL off).
         self.auth: GrpcAuth | None = None
         #: The bound port (config.port may be 0), set once the server listens.
@@ -94,6 +98,15 @@ class MessagingServicer(pbg.MessagingServiceServicer):
 
     def _sub(self, context, topic: str, group: str) -> None:
         self._authorize(context, (topic, SUB), (group_resource(group), SUB))
+
+    def _lmq(self, topic: str, request) -> str:
+        """The topic a handle belongs to: the lite topic's LMQ when one is named."""
+        if request.HasField("lite_topic") and request.lite_topic:
+            from gateway.grpc5.lite import check_lite_topic
+
+            return lmq_name(topic, check_lite_topic(request.lite_topic,
+                                                    self.config.max_lite_topic_size))
+        return topic
 
     @staticmethod
     def _ok(resp):
@@ -177,7 +190,9 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         return self._ok(pb.HeartbeatResponse())
 
     async def NotifyClientTermination(self, request, context):
-        self.clients.pop(_meta(context).get("x-mq-client-id", ""), None)
+        client_id = _meta(context).get("x-mq-client-id", "")
+        self.clients.pop(client_id, None)
+        self.lite.forget(client_id)
         return self._ok(pb.NotifyClientTerminationResponse())
 
     def _settings_reply(self, asked: pb.Settings) -> pb.TelemetryCommand:
@@ -340,10 +355,16 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                 exp_type, exp = "SQL92", fe.expression
             elif fe.expression and fe.expression != "*":
                 exp_type, exp = "TAG", fe.expression
-            results = await self._call(self.backend.receive, group, topic,
-                                       mq.broker.name or None, batch=batch,
-                                       invisible_ms=invisible_ms, poll_ms=poll_ms,
-                                       exp_type=exp_type, exp=exp)
+            lite = self.lite.of(group, _meta(context).get("x-mq-client-id", ""))
+            if lite is not None:
+                results = await self._call(self.backend.receive_lite, group, topic,
+                                           lite[1], batch=batch, invisible_ms=invisible_ms,
+                                           poll_ms=poll_ms)
+            else:
+                results = await self._call(self.backend.receive, group, topic,
+                                           mq.broker.name or None, batch=batch,
+                                           invisible_ms=invisible_ms, poll_ms=poll_ms,
+                                           exp_type=exp_type, exp=exp)
         except GrpcError as err:
             yield self._fail(pb.ReceiveMessageResponse(), err)
             yield _delivery_timestamp()
@@ -376,7 +397,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                                  receipt_handle=entry.receipt_handle)
             try:
                 handle = parse_handle(entry.receipt_handle)
-                await self._call(self.backend.ack, group, topic, handle)
+                await self._call(self.backend.ack, group, self._lmq(topic, entry), handle,
+                                 topic)
             except GrpcError as err:
                 self._fail(e, err)
             else:
@@ -400,7 +422,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                 raise GrpcError(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration out of range")
             handle = parse_handle(request.receipt_handle)
             resp.receipt_handle = await self._call(self.backend.change_invisible, group,
-                                                   topic, handle, invisible_ms)
+                                                   self._lmq(topic, request), handle,
+                                                   invisible_ms, topic)
         except GrpcError as err:
             return self._fail(resp, err)
         return self._ok(resp)
@@ -412,7 +435,27 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             topic = wrap(request.topic.resource_namespace, request.topic.name)
             self._sub(context, topic, group)
             handle = parse_handle(request.receipt_handle)
-            await self._call(self.backend.dead_letter, group, topic, handle)
+            await self._call(self.backend.dead_letter, group, self._lmq(topic, request),
+                             handle, topic)
+        except GrpcError as err:
+            return self._fail(resp, err)
+        return self._ok(resp)
+
+
+    # ------------------------------------------------------------------ lite topics
+    async def SyncLiteSubscription(self, request, context):
+        resp = pb.SyncLiteSubscriptionResponse()
+        try:
+            group = wrap(request.group.resource_namespace, request.group.name)
+            topic = wrap(request.topic.resource_namespace, request.topic.name)
+            client_id = _meta(context).get("x-mq-client-id", "")
+            if not client_id:
+                raise GrpcError(pb.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
+            if not request.group.name or not request.topic.name:
+                raise GrpcError(pb.BAD_REQUEST, "group and topic are required")
+            self._sub(context, topic, group)
+            self.lite.sync(group, client_id, topic, request.action,
+                           list(request.lite_topic_set))
         except GrpcError as err:
             return self._fail(resp, err)
         return self._ok(resp)
@@ -422,4 +465,5 @@ def _delivery_timestamp() -> pb.ReceiveMessageResponse:
     out = pb.ReceiveMessageResponse()
     out.delivery_timestamp.FromMilliseconds(int(time.time() * 1000))
     return out
+
 

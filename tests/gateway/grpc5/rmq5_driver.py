@@ -39,6 +39,8 @@ def _message(args, topic, body, i):
     if args.get("delay_s"):
         # This client takes seconds here (it writes the value to Timestamp.seconds).
         m.delivery_timestamp = int(time.time()) + args["delay_s"]
+    if args.get("lite_of"):
+        m.lite_topic = args["lite_of"][i % len(args["lite_of"])]
     for k, v in (args.get("props") or {}).items():
         m.add_property(k, v)
     return m
@@ -198,7 +200,38 @@ def hold(args):
     return {"held": [m.body.decode() for m in held], "acked": acked}
 
 
-OPS = {"hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
+def lite(args):
+    """LiteSimpleConsumer: subscribe to `lites` (one-character names: 5.1.2's
+    subscribe_lite(str) sends the name split into characters), receive `want`, ack."""
+    from rocketmq import LiteSimpleConsumer
+
+    consumer = LiteSimpleConsumer(args["topic"], _config(args), args["group"],
+                                  await_duration=args.get("await_s", 2))
+    consumer.startup()
+    got = []
+    try:
+        for name in args["lites"]:
+            for _ in range(50):  # the quota arrives with the first Settings reply
+                try:
+                    consumer.subscribe_lite(name)
+                    break
+                except Exception:  # noqa: BLE001
+                    time.sleep(0.1)
+            else:
+                raise RuntimeError(f"subscribe_lite({name!r}) kept failing")
+        print(json.dumps({"ready": True}), flush=True)
+        deadline = time.time() + args.get("deadline_s", 20)
+        while len(got) < args["want"] and time.time() < deadline:
+            for m in consumer.receive(16, 15):
+                got.append({"body": m.body.decode(), "lite": m.lite_topic,
+                            "attempt": m.delivery_attempt})
+                consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    return {"messages": got}
+
+
+OPS = {"lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
 
 
 def main() -> int:

@@ -156,3 +156,30 @@ def test_namespaces_are_separate_topics(rmq5_python, cluster):
         return sum([await client.api.get_max_offset(addr, "ns1%T_ns", q) for q in range(4)])
 
     assert cluster.with_client(stored) == 1
+
+
+def test_lite_topics_over_lmqs(rmq5_python, cluster):
+    cluster.create_topic("T_lite")
+    consumer = start_driver(rmq5_python, endpoint=cluster.endpoint, op="lite",
+                            topic="T_lite", group="G_lite", lites=["a", "b"], want=4,
+                            await_s=2, deadline_s=30)
+    try:
+        assert '"ready"' in consumer.stdout.readline()
+        drive(rmq5_python, endpoint=cluster.endpoint, op="produce", topic="T_lite",
+              bodies=["a1", "b1", "c1", "a2", "b2", "c2"], lite_of=["a", "b", "c"])
+        got = finish_driver(consumer)
+    finally:
+        consumer.kill()
+    msgs = got["messages"]
+    # Only the subscribed lite topics, each in order; "c" is nobody's.
+    assert sorted((m["lite"], m["body"]) for m in msgs) == [
+        ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")]
+    for lite in ("a", "b"):
+        assert [m["body"] for m in msgs if m["lite"] == lite] == [f"{lite}1", f"{lite}2"]
+
+    async def lmq_sizes(client):  # one LMQ per lite topic, as the broker stores them
+        addr = cluster.server.broker.broker_addr
+        return [await client.api.get_max_offset(addr, f"%LMQ%%T_lite%{x}", 0)
+                for x in "abc"]
+
+    assert cluster.with_client(lmq_sizes) == [2, 2, 2]

@@ -21,12 +21,14 @@ from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from tests.gateway.grpc5.harness import GrpcCluster
 
 BODY_LIMIT = 1024
+LITE_QUOTA = 3
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with GrpcCluster(tmp_path_factory.mktemp("wire"),
-                     grpc=GrpcConfig(port=0, max_body_size=BODY_LIMIT)) as c:
+                     grpc=GrpcConfig(port=0, max_body_size=BODY_LIMIT,
+                                     lite_subscription_quota=LITE_QUOTA)) as c:
         c.create_topic("W")
         yield c
 
@@ -70,7 +72,8 @@ def test_route_advertises_a_reachable_endpoint_and_every_message_type(cluster, s
         [address] = mq.broker.endpoints.addresses
         assert (address.host, address.port) == ("127.0.0.1", cluster.port)
         assert mq.broker.endpoints.scheme == pb.IPv4
-        assert set(mq.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+        assert set(mq.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION,
+                                                pb.LITE}
 
 
 def test_settings_replies_carry_what_clients_need(stub):
@@ -191,3 +194,27 @@ def test_generated_code_matches_the_proto(tmp_path):
     for name in ("messaging_pb2.py", "messaging_pb2_grpc.py"):
         assert filecmp.cmp(copy / name, here / name, shallow=False), \
             f"{name} is stale: run python3 -m gateway.grpc5.proto.generate"
+
+
+def test_lite_subscription_refusals(stub):
+    def sync(action, names, client="lite-client"):
+        req = pb.SyncLiteSubscriptionRequest(action=action, lite_topic_set=names)
+        req.topic.name = "W"
+        req.group.name = "G_lite_wire"
+        return stub.SyncLiteSubscription(req, metadata=(("x-mq-client-id", client),),
+                                         timeout=10).status.code
+
+    assert sync(pb.PARTIAL_ADD, ["s1", "s2"]) == pb.OK
+    assert sync(pb.PARTIAL_ADD, ["bad name"]) == pb.ILLEGAL_LITE_TOPIC
+    assert sync(pb.PARTIAL_ADD, ["x" * 65]) == pb.ILLEGAL_LITE_TOPIC
+    assert sync(pb.PARTIAL_ADD, ["s3", "s4"]) == pb.LITE_SUBSCRIPTION_QUOTA_EXCEEDED
+    assert sync(pb.COMPLETE_ADD, ["s3", "s4", "s5"]) == pb.OK  # replaces the set
+    assert sync(pb.PARTIAL_REMOVE, ["s3"]) == pb.OK
+    assert sync(pb.PARTIAL_ADD, ["s6"]) == pb.OK
+
+
+def test_lite_message_needs_a_valid_lite_topic(stub):
+    msg = _message(message_type=pb.LITE)
+    assert _send(stub, msg).status.code == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    msg = _message(message_type=pb.LITE, lite_topic="no/slash")
+    assert _send(stub, msg).status.code == pb.ILLEGAL_LITE_TOPIC
