@@ -218,3 +218,23 @@ def test_lite_message_needs_a_valid_lite_topic(stub):
     assert _send(stub, msg).status.code == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     msg = _message(message_type=pb.LITE, lite_topic="no/slash")
     assert _send(stub, msg).status.code == pb.ILLEGAL_LITE_TOPIC
+
+
+def test_a_cancelled_long_poll_ends_its_broker_side_at_once(cluster, stub):
+    """The gRPC call's cancellation reaches the trio task and the broker's held poll."""
+    service = cluster.server.broker.pop_service
+    req = pb.ReceiveMessageRequest(batch_size=4)
+    req.group.name = "G_cancel"
+    req.message_queue.topic.name = "W"
+    req.invisible_duration.FromSeconds(10)
+    req.long_polling_timeout.FromSeconds(20)
+    call = stub.ReceiveMessage(req, metadata=META, timeout=30)
+    deadline = time.monotonic() + 10
+    while service.polling == 0:  # held in the broker
+        assert time.monotonic() < deadline, "the poll was never held"
+        time.sleep(0.01)
+    call.cancel()
+    deadline = time.monotonic() + 5  # well before the 20 s poll would end by itself
+    while service.polling:
+        assert time.monotonic() < deadline, "the broker still holds the cancelled poll"
+        time.sleep(0.01)
