@@ -99,11 +99,13 @@ class GrpcThread:
     """A grpc.aio server on an asyncio loop in a dedicated thread."""
 
     def __init__(self, build: Callable[[], grpc.aio.Server], address: str,
-                 grace_s: float = 1.0) -> None:
+                 grace_s: float = 1.0,
+                 credentials: grpc.ServerCredentials | None = None) -> None:
         #: Called in the thread, with its loop running: returns the server, handlers added.
         self._build = build
         self._address = address
         self._grace_s = grace_s
+        self._credentials = credentials  # None: plaintext
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -144,7 +146,10 @@ class GrpcThread:
         self._stop = asyncio.Event()
         server = self._build()
         try:
-            port = server.add_insecure_port(self._address)
+            if self._credentials is None:
+                port = server.add_insecure_port(self._address)
+            else:
+                port = server.add_secure_port(self._address, self._credentials)
         except RuntimeError as exc:
             self._started.put(OSError(f"cannot bind {self._address}: {exc}"))
             return

@@ -42,5 +42,9 @@ class GrpcConfig:
     #: Lite topics: quota of lite topics per consumer group, longest lite topic name.
     lite_subscription_quota: int = 1000
     max_lite_topic_size: int = 64
+    #: PEM certificate chain and key: serve gRPC over TLS only (clients with
+    #: tls_enable; they verify against their default roots).
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
     #: Seconds in-flight gRPC calls get to finish when the server stops.
     shutdown_grace_s: float = 1.0

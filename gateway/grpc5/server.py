@@ -62,7 +62,8 @@ class GrpcServer:
                 return server
 
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-            thread = GrpcThread(build, f"{host}:{cfg.port}", cfg.shutdown_grace_s)
+            thread = GrpcThread(build, f"{host}:{cfg.port}", cfg.shutdown_grace_s,
+                                self._credentials())
             self.port = servicer.port = await thread.start()
             try:
                 task_status.started(self.port)
@@ -70,6 +71,16 @@ class GrpcServer:
             finally:
                 nursery.cancel_scope.cancel()
                 await thread.stop()
+
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        """TLS credentials from the PEM files (OSError when unreadable), or None."""
+        cfg = self.config
+        if not (cfg.tls_certfile or cfg.tls_keyfile):
+            return None
+        if not (cfg.tls_certfile and cfg.tls_keyfile):
+            raise OSError("gRPC TLS needs both a certificate and a key file")
+        with open(cfg.tls_keyfile, "rb") as key, open(cfg.tls_certfile, "rb") as cert:
+            return grpc.ssl_server_credentials([(key.read(), cert.read())])
 
     def _on_check(self, addr: str, msg, cmd) -> None:
         """A broker's CHECK_TRANSACTION_STATE (trio side): hand it to the gRPC loop."""

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "used to reach the proxy)")
     parser.add_argument("--access-key", help="ACL access key the proxy signs broker requests with")
     parser.add_argument("--secret-key", help="ACL secret key (with --access-key)")
+    parser.add_argument("--grpc-tls-certfile", metavar="PEM",
+                        help="serve gRPC over TLS with this certificate chain")
+    parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
     parser.add_argument("--acl-file", help="check every call's authorization header against "
                         "these ACL accounts (docs/acl.md, docs/grpc.md)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
@@ -44,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
     config = GrpcConfig(host=args.host, port=args.grpc_port,
-                        advertise_host=args.advertise_host)
+                        advertise_host=args.advertise_host,
+                        tls_certfile=args.grpc_tls_certfile or "",
+                        tls_keyfile=args.grpc_tls_keyfile or "")
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

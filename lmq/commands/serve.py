@@ -141,6 +141,9 @@ def add_grpc_options(parser: argparse.ArgumentParser) -> None:
                              "%(default)s; 0 picks a free one; docs/grpc.md)")
     parser.add_argument("--no-grpc", action="store_true",
                         help="do not run the RocketMQ 5 gRPC front end")
+    parser.add_argument("--grpc-tls-certfile", metavar="PEM",
+                        help="serve gRPC over TLS with this certificate chain")
+    parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
 
 
 def grpc_services(args: argparse.Namespace) -> list:
@@ -150,4 +153,6 @@ def grpc_services(args: argparse.Namespace) -> list:
     from gateway.grpc5.config import GrpcConfig
     from gateway.grpc5.embedded import GrpcService
 
-    return [GrpcService(GrpcConfig(host=args.host or "127.0.0.1", port=args.grpc_port))]
+    return [GrpcService(GrpcConfig(host=args.host or "127.0.0.1", port=args.grpc_port,
+                                   tls_certfile=args.grpc_tls_certfile or "",
+                                   tls_keyfile=args.grpc_tls_keyfile or ""))]

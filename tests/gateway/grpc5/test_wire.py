@@ -223,9 +223,10 @@ def test_lite_message_needs_a_valid_lite_topic(stub):
 def test_a_cancelled_long_poll_ends_its_broker_side_at_once(cluster, stub):
     """The gRPC call's cancellation reaches the trio task and the broker's held poll."""
     service = cluster.server.broker.pop_service
+    cluster.create_topic("W_cancel")  # empty: the poll is held
     req = pb.ReceiveMessageRequest(batch_size=4)
     req.group.name = "G_cancel"
-    req.message_queue.topic.name = "W"
+    req.message_queue.topic.name = "W_cancel"
     req.invisible_duration.FromSeconds(10)
     req.long_polling_timeout.FromSeconds(20)
     call = stub.ReceiveMessage(req, metadata=META, timeout=30)
@@ -238,3 +239,22 @@ def test_a_cancelled_long_poll_ends_its_broker_side_at_once(cluster, stub):
     while service.polling:
         assert time.monotonic() < deadline, "the broker still holds the cancelled poll"
         time.sleep(0.01)
+
+
+def test_tls(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    config = GrpcConfig(port=0, tls_certfile=str(cert), tls_keyfile=str(key))
+    with GrpcCluster(tmp_path, grpc=config) as c:
+        c.create_topic("W")
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        req = pb.QueryRouteRequest(topic=pb.Resource(name="W"))
+        with grpc.secure_channel(c.endpoint, creds) as channel:
+            resp = pbg.MessagingServiceStub(channel).QueryRoute(req, metadata=META, timeout=10)
+        assert resp.status.code == pb.OK
+        with grpc.insecure_channel(c.endpoint) as channel, pytest.raises(grpc.RpcError):
+            pbg.MessagingServiceStub(channel).QueryRoute(req, metadata=META, timeout=3)
