@@ -29,6 +29,7 @@ from core.remoting.errors import RemotingError
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, OutgoingMessage
 from gateway.grpc5.proto import messaging_pb2 as pb
+from gateway.grpc5.renew import Renewer
 
 __all__ = ["Backend", "BrokerQueues", "Handle", "parse_handle"]
 
@@ -154,6 +155,12 @@ class Backend:
         self._addrs: dict[str, str] = {}
         self._rr = itertools.count()
         self._on_transaction_check = on_transaction_check or (lambda *a: None)
+        self.renewer = Renewer(self._renew)
+
+    async def _renew(self, group: str, topic: str, handle: str, invisible_ms: int,
+                     route_topic: str | None) -> str:
+        return await self._handle_call(group, topic, parse_handle(handle), "change",
+                                       invisible_ms, route_topic=route_topic, raw=True)
 
     # ------------------------------------------------------------------ routes
     async def route(self, topic: str) -> list[BrokerQueues]:
@@ -273,7 +280,8 @@ class Backend:
 
     async def receive(self, group: str, topic: str, broker: str | None, *, batch: int,
                       invisible_ms: int, poll_ms: int, exp_type: str | None,
-                      exp: str | None) -> list[tuple[str, PopResult]]:
+                      exp: str | None, auto_renew: bool = False
+                      ) -> list[tuple[str, PopResult]]:
         """POP from every readable broker of `topic` (or the one named), all queues;
         returns (broker name, result) for those that had messages."""
         brokers = [b for b in await self.route(topic) if b.read > 0 and b.perm & 4]
@@ -287,6 +295,9 @@ class Backend:
                                 poll_ms if last and not results else 0, exp_type, exp)
             if r.messages:
                 results.append((b.name, r))
+                if auto_renew:
+                    for m in r.messages:
+                        self.renewer.add(group, topic, m.handle, invisible_ms)
                 batch -= len(r.messages)
                 if batch <= 0:
                     break
@@ -304,7 +315,8 @@ class Backend:
             raise status_of(exc) from exc
 
     async def receive_lite(self, group: str, parent: str, lites: list[str], *, batch: int,
-                           invisible_ms: int, poll_ms: int) -> list[tuple[str, PopResult]]:
+                           invisible_ms: int, poll_ms: int, auto_renew: bool = False
+                           ) -> list[tuple[str, PopResult]]:
         """POP across the LMQs of a lite consumer's topics (FIFO within each), starting at
         a rotating one; when none has a message, wait until the parent topic grows (a
         message for some lite topic was stored) or `LITE_RESCAN_S` passes, and look again,
@@ -327,6 +339,10 @@ class Backend:
                                         0, None, None, queue_id=0)
                     if r.messages:
                         out.append((lite, r))
+                        if auto_renew:
+                            for m in r.messages:
+                                self.renewer.add(group, m.topic, m.handle, invisible_ms,
+                                                 parent)
                         batch -= len(r.messages)
                         if batch <= 0:
                             return out
@@ -363,8 +379,14 @@ class Backend:
         await self._handle_call(group, topic, handle, "reject", route_topic=route_topic)
 
     async def _handle_call(self, group: str, topic: str, handle: Handle, op: str,
-                           invisible_ms: int = 0, route_topic: str | None = None) -> str:
+                           invisible_ms: int = 0, route_topic: str | None = None,
+                           raw: bool = False) -> str:
         from core.client.pop_consumer import PopMessage
+
+        if not raw:  # a client's handle: the one the broker holds, if we renewed it
+            current = await self.renewer.take(handle.text)
+            if current != handle.text:
+                handle = parse_handle(current)
 
         # Lite topics: the LMQ has no route of its own; its parent's names the broker.
         addr = await self.broker_addr(handle.broker, route_topic or topic)

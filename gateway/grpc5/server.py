@@ -51,6 +51,7 @@ class GrpcServer:
         async with trio.open_nursery() as nursery:
             hop = TrioHop(trio.lowlevel.current_trio_token(), nursery)
             backend = Backend(self.client, cfg, on_transaction_check=self._on_check)
+            await nursery.start(backend.renewer.run)
             servicer = self.servicer = MessagingServicer(hop, backend, cfg)
             if self.acl is not None:
                 servicer.auth = GrpcAuth(self.acl)

@@ -336,6 +336,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             if batch <= 0:
                 raise GrpcError(pb.BAD_REQUEST, "batch_size must be positive")
             batch = min(batch, cfg.max_receive_batch)
+            # Push consumers ask for auto_renew and name no duration: ours, renewed.
+            auto_renew = request.auto_renew and not request.HasField("invisible_duration")
             if request.HasField("invisible_duration"):
                 invisible_ms = _ms(request.invisible_duration)
             else:
@@ -359,12 +361,12 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             if lite is not None:
                 results = await self._call(self.backend.receive_lite, group, topic,
                                            lite[1], batch=batch, invisible_ms=invisible_ms,
-                                           poll_ms=poll_ms)
+                                           poll_ms=poll_ms, auto_renew=auto_renew)
             else:
                 results = await self._call(self.backend.receive, group, topic,
                                            mq.broker.name or None, batch=batch,
                                            invisible_ms=invisible_ms, poll_ms=poll_ms,
-                                           exp_type=exp_type, exp=exp)
+                                           exp_type=exp_type, exp=exp, auto_renew=auto_renew)
         except GrpcError as err:
             yield self._fail(pb.ReceiveMessageResponse(), err)
             yield _delivery_timestamp()

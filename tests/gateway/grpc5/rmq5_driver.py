@@ -150,6 +150,7 @@ def push(args):
     class Listener(MessageListener):
         def consume(self, message):
             got.append(_msg_json(message))
+            time.sleep(args.get("sleep_s", 0))  # a slow listener
             if len(got) >= args["want"]:
                 done.set()
             if fail_first and message.delivery_attempt == 1:
