@@ -199,6 +199,10 @@ class Backend:
         self._routes[topic] = (now + self.config.route_cache_s, out)
         return out
 
+    def broker_name(self, addr: str) -> str | None:
+        """The name of the broker at `addr`, if a route named it."""
+        return next((n for n, a in self._addrs.items() if a == addr), None)
+
     async def broker_addr(self, broker: str, topic: str) -> str:
         addr = self._addrs.get(broker)
         if addr is None:

@@ -88,7 +88,7 @@ class GrpcServer:
         servicer = self.servicer
         if servicer is None or servicer.loop is None:
             return
-        broker = next((n for n, a in servicer.backend._addrs.items() if a == addr), None)
+        broker = servicer.backend.broker_name(addr)
         if broker is None:
             return
         qo = cmd.ext_int("tranStateTableOffset", msg.queue_offset)

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow  # starts lmq serve, an echo server and the official client five times
 def test_bench_grpc_quick(rmq5_python):
     out = subprocess.run([sys.executable, "-m", "lmq", "bench", "grpc", "--quick", "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from lmq.cli import build_parser
 from tests.core.broker.harness import free_port
@@ -23,8 +26,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _lmq(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "lmq", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file, not a pipe nobody reads (a full pipe would block the server).
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "-m", "lmq", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -35,7 +42,7 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    proc.stderr.close()
+    proc.log.close()
 
 
 def test_grpc_flags():
@@ -47,6 +54,7 @@ def test_grpc_flags():
     assert (proxy.namesrv_addr, proxy.grpc_port) == ("a:1;b:2", 9)
 
 
+@pytest.mark.slow  # ~10 s; the fast tier covers a process with lmq proxy
 def test_lmq_serve_speaks_grpc(rmq5_python, tmp_path):
     port = free_port()
     proc = _lmq("serve", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
@@ -85,7 +93,7 @@ def test_proxy_killed_with_9_keeps_receipts(rmq5_python, tmp_path):
             assert "held" in holder.stdout.readline()
             proxy.kill()  # kill -9: no goodbye to anyone
             proxy.wait()
-            proxy.stderr.close()
+            proxy.log.close()
             proxy = _lmq(*args)
             wait_port(port, proc=proxy)
             result = finish_driver(holder, stdin="\n")
