@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
     parser.add_argument("--acl-file", help="check every call's authorization header against "
                         "these ACL accounts (docs/acl.md, docs/grpc.md)")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve a non-loopback --host without --acl-file (anyone who "
+                             "reaches the port can send and consume)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     parser.set_defaults(func=run)
 
@@ -46,6 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from lmq.commands._broker_args import setup_logging
 
     setup_logging(args.log_level)
+    from core.remoting.security import InsecureListenerError, check_exposure
+
+    try:  # secure by default, as the remoting ports (docs/remoting.md)
+        check_exposure(args.host, acl_enable=bool(args.acl_file),
+                       allow_unauthenticated=args.allow_unauthenticated,
+                       what="the gRPC proxy port")
+    except InsecureListenerError as exc:
+        log.error("%s", str(exc).replace("turn ACL on (acl_enable)", "pass --acl-file"))
+        return 2
     config = GrpcConfig(host=args.host, port=args.grpc_port,
                         advertise_host=args.advertise_host,
                         tls_certfile=args.grpc_tls_certfile or "",

@@ -54,6 +54,14 @@ def test_grpc_flags():
     assert (proxy.namesrv_addr, proxy.grpc_port) == ("a:1;b:2", 9)
 
 
+def test_proxy_refuses_an_open_port_without_acl():
+    r = subprocess.run([sys.executable, "-m", "lmq", "proxy", "--host", "0.0.0.0",
+                        "--grpc-port", "0"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert "--acl-file" in r.stderr and "--allow-unauthenticated" in r.stderr
+
+
 @pytest.mark.slow  # ~10 s; the fast tier covers a process with lmq proxy
 def test_lmq_serve_speaks_grpc(rmq5_python, tmp_path):
     port = free_port()
