@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import trio
 
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.proto import messaging_pb2 as pb
@@ -258,3 +259,41 @@ def test_tls(tmp_path):
         assert resp.status.code == pb.OK
         with grpc.insecure_channel(c.endpoint) as channel, pytest.raises(grpc.RpcError):
             pbg.MessagingServiceStub(channel).QueryRoute(req, metadata=META, timeout=3)
+
+
+def test_forward_to_dead_letter_queue(cluster, stub):
+    cluster.create_topic("W_dlq")
+    req = pb.ReceiveMessageRequest(batch_size=1)
+    req.group.name = "G_dlq"
+    req.message_queue.topic.name = "W_dlq"
+    req.invisible_duration.FromSeconds(30)
+    req.long_polling_timeout.FromMilliseconds(0)
+    list(stub.ReceiveMessage(req, metadata=META, timeout=10))  # the group starts here
+    assert _send(stub, _message(topic="W_dlq", body=b"poison")).status.code == pb.OK
+    req.long_polling_timeout.FromSeconds(3)
+    frames = list(stub.ReceiveMessage(req, metadata=META, timeout=10))
+    m = frames[1].message
+    fwd = pb.ForwardMessageToDeadLetterQueueRequest(
+        receipt_handle=m.system_properties.receipt_handle,
+        message_id=m.system_properties.message_id, delivery_attempt=1,
+        max_delivery_attempts=1)
+    fwd.group.name = "G_dlq"
+    fwd.topic.name = "W_dlq"
+    assert stub.ForwardMessageToDeadLetterQueue(fwd, metadata=META, timeout=10).status.code \
+        == pb.OK
+    # Parked at once (never delivered again) and stored in the group's DLQ topic.
+    again = stub.ForwardMessageToDeadLetterQueue(fwd, metadata=META, timeout=10)
+    assert again.status.code == pb.INVALID_RECEIPT_HANDLE
+
+    async def dlq_size(client):
+        addr = cluster.server.broker.broker_addr
+        for _ in range(100):
+            try:
+                if await client.api.get_max_offset(addr, "%DLQ%G_dlq", 0) == 1:
+                    return 1
+            except Exception:  # noqa: BLE001 - not created yet
+                pass
+            await trio.sleep(0.05)
+        return 0
+
+    assert cluster.with_client(dlq_size) == 1
