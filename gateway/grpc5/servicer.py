@@ -271,6 +271,9 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             reader.cancel()
             if self.clients.get(client_id) is me:
                 del self.clients[client_id]
+                # Its lite set goes too (bounded state); a client that reconnects sends
+                # it again with its periodic COMPLETE_ADD.
+                self.lite.forget(client_id)
 
     def push_transaction_check(self, broker: str, msg, queue_offset: int, clo: int) -> None:
         """On the gRPC loop: ask one producer client of the message's topic to resolve a
