@@ -20,7 +20,7 @@ import trio
 from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
 from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData
-from core.client.pop_consumer import INIT_MODE_MAX, PopClient, PopResult
+from core.client.pop_consumer import INIT_MODE_MAX, INIT_MODE_MIN, PopClient, PopResult
 from core.common.msgid import decode_offset_msg_id
 from core.common.properties import encode_properties
 from core.common.sysflag import MessageSysFlag
@@ -309,11 +309,11 @@ class Backend:
 
     async def _pop(self, b: BrokerQueues, group: str, topic: str, batch: int,
                    invisible_ms: int, poll_ms: int, exp_type, exp,
-                   queue_id: int = -1) -> PopResult:
+                   queue_id: int = -1, init_mode: int = INIT_MODE_MAX) -> PopResult:
         pc = self._pop_client(b.addr, b.name, group)
         try:
             return await pc.pop(topic, max_nums=batch, invisible_ms=invisible_ms,
-                                poll_ms=poll_ms, queue_id=queue_id, init_mode=INIT_MODE_MAX,
+                                poll_ms=poll_ms, queue_id=queue_id, init_mode=init_mode,
                                 exp_type=exp_type, exp=exp)
         except Exception as exc:
             raise status_of(exc) from exc
@@ -339,8 +339,10 @@ class Backend:
             for i in range(len(lites)):
                 lite = lites[(first + i) % len(lites)]
                 for b in brokers:
+                    # MIN: a lite topic's messages from its first one, so nothing
+                    # sent between subscribing and the first receive is skipped.
                     r = await self._pop(b, group, lmq_name(parent, lite), batch, invisible_ms,
-                                        0, None, None, queue_id=0)
+                                        0, None, None, queue_id=0, init_mode=INIT_MODE_MIN)
                     if r.messages:
                         out.append((lite, r))
                         if auto_renew:

@@ -183,3 +183,19 @@ def test_lite_topics_over_lmqs(rmq5_python, cluster):
                 for x in "abc"]
 
     assert cluster.with_client(lmq_sizes) == [2, 2, 2]
+
+
+def test_lite_push_consumer(rmq5_python, cluster):
+    cluster.create_topic("T_lpush")
+    consumer = start_driver(rmq5_python, endpoint=cluster.endpoint, op="lite_push",
+                            topic="T_lpush", group="G_lpush", lites=["x"], want=2,
+                            deadline_s=30)
+    try:
+        assert '"ready"' in consumer.stdout.readline()
+        drive(rmq5_python, endpoint=cluster.endpoint, op="produce", topic="T_lpush",
+              bodies=["x1", "y1", "x2"], lite_of=["x", "y", "x"])
+        got = finish_driver(consumer)
+    finally:
+        consumer.kill()
+    assert [(m["lite"], m["body"], m["attempt"]) for m in got["messages"]] == [
+        ("x", "x1", 1), ("x", "x2", 1)]
