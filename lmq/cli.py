@@ -15,7 +15,6 @@ import sys
 
 # Order is the order shown in `lmq --help`.
 SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "amqp", "admin", "bench", "demo")
-SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +43,10 @@ def version() -> str:
         return dist_version("lmq-gateway")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+# Added apart from the tuple above so that other additions to it merge cleanly.
+SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None):
