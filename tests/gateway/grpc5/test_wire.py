@@ -297,3 +297,21 @@ def test_forward_to_dead_letter_queue(cluster, stub):
         return 0
 
     assert cluster.with_client(dlq_size) == 1
+
+
+def test_request_frame_limit(stub):
+    big = _message(body=b"x" * (GrpcConfig().max_request_bytes + 1))
+    with pytest.raises(grpc.RpcError) as info:
+        _send(stub, big)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_advertised_host_in_routes(tmp_path):
+    with GrpcCluster(tmp_path, grpc=GrpcConfig(port=0, advertise_host="localhost")) as c:
+        c.create_topic("A")
+        with grpc.insecure_channel(c.endpoint) as channel:
+            resp = pbg.MessagingServiceStub(channel).QueryRoute(
+                pb.QueryRouteRequest(topic=pb.Resource(name="A")), metadata=META, timeout=10)
+    endpoints = resp.message_queues[0].broker.endpoints
+    assert endpoints.scheme == pb.DOMAIN_NAME
+    assert [(a.host, a.port) for a in endpoints.addresses] == [("localhost", c.port)]
