@@ -54,6 +54,7 @@ def test_new_group_starts_at_the_latest_offset(rmq5_python, cluster):
     assert [m["body"] for m in got["messages"]] in ([], ["old-4"])
 
 
+@pytest.mark.slow  # ~8 s (six client runs); the filter is the broker's POP filter
 def test_tag_filter(rmq5_python, cluster):
     cluster.create_topic("T_tags")
     drive(rmq5_python, endpoint=cluster.endpoint, op="simple", topic="T_tags",
@@ -133,6 +134,7 @@ def test_push_consumer_consumes_and_retries_failures(rmq5_python, cluster):
     assert seen == [("p1", 1), ("p1", 2), ("p2", 1), ("p2", 2), ("p3", 1), ("p3", 2)]
 
 
+@pytest.mark.slow  # ~10 s (six client runs)
 def test_namespaces_are_separate_topics(rmq5_python, cluster):
     cluster.create_topic("ns1%T_ns")
     cluster.create_topic("T_ns")
