@@ -55,6 +55,7 @@ def version() -> str:
 
 # Added apart from the tuple above so that other additions to it merge cleanly.
 SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
+SERVER_COMMANDS += ("proxy",)  # --log-format / --log-file too
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None):
