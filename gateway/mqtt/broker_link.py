@@ -13,8 +13,12 @@ LMQ state. `LmqState` per (broker, LMQ) is what lets sessions read LMQs without
 long-polling each of them: the dispatcher counts writes in progress (`pending`) and bumps
 `version` when one completes, waking the sessions that read the LMQ; `recent` keeps the
 last entries read (offset -> message; LMQ entries never change), so N sessions on one
-filter cost one pull, not N. This is exact as long as this gateway is the only writer of
-its `%LMQ%m_...` queues, the documented single-gateway deployment.
+filter cost one pull, not N. Predicting tails is exact only while this gateway is the only
+writer of its `%LMQ%m_...` queues. With other gateways (`share_lmqs()`: always for `lmq
+mqtt`, and for `lmq serve` once another MQTT gateway shows up in the route log) tails are
+not predicted, and one long-polling PULL per read LMQ (`_watch`, maxMsgNums 1, suspended
+`WATCH_SUSPEND_MS`) wakes its readers when any gateway wrote to it
+(docs/stateless-gateways.md).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from core.client.errors import MQClientError
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
-from core.remoting.codes import ResponseCode
+from core.common.sysflag import PullSysFlag
+from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
@@ -72,6 +77,15 @@ CLUSTER_REFRESH_S = 30.0
 #: this many seconds with the number of times it was seen meanwhile (`start()` asks every
 #: 0.2 s while it waits for a broker).
 NO_MASTER_LOG_INTERVAL_S = 60.0
+
+#: Suspension of a watch pull (several gateways): it returns at once when the LMQ gets an
+#: entry, else after this long and is sent again.
+WATCH_SUSPEND_MS = 15_000
+#: Pause after a failed watch pull.
+WATCH_RETRY_S = 1.0
+_WATCH_FLAGS = str(int(PullSysFlag.SUBSCRIPTION | PullSysFlag.SUSPEND))
+_WATCH_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
+             ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED)
 
 PublishDone = Callable[[int], None]
 
@@ -136,6 +150,10 @@ class BrokerLink:
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
         self._no_master_unlogged = 0
+        #: other gateways may write our LMQs: no tail prediction, watch pulls instead
+        self.foreign_writers = False
+        self._watched: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -280,7 +298,12 @@ class BrokerLink:
             await trio.sleep(0.01)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # watch pulls
+            task_status.started()
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
         while True:
             await self._work.wait()
             self._work = trio.Event()
@@ -540,12 +563,69 @@ class BrokerLink:
         if result.status is not PullStatus.OFFSET_ILLEGAL:
             if result.max_offset > st.top:
                 st.top = result.max_offset
-            if quiet >= 0 and not self._sending and self._sent_chunks == quiet \
+            if self.foreign_writers:
+                if st.watchers:
+                    self._watch(st)
+            elif quiet >= 0 and not self._sending and self._sent_chunks == quiet \
                     and st.tail is None:
                 st.tail = result.max_offset
             elif st.tail is None:
                 st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
         return result
+
+    # -- several gateways -------------------------------------------------------------
+
+    def share_lmqs(self) -> None:
+        """Other gateways write our LMQs from now on: forget the predicted tails (readers
+        pull to the end) and watch every LMQ read from here on."""
+        if self.foreign_writers:
+            return
+        self.foreign_writers = True
+        log.info("MQTT: other gateways write the LMQs too; watching them with long polls")
+        for st in self.states.values():
+            st.tail = None
+            st.version += 1
+            for w in list(st.watchers):
+                w.wake()
+
+    def _watch(self, st: LmqState) -> None:
+        key = (st.broker, st.lmq)
+        if key not in self._watched and self._nursery is not None:
+            self._watched.add(key)
+            self._nursery.start_soon(self._watch_loop, st)
+
+    async def _watch_loop(self, st: LmqState) -> None:
+        """Long-poll `st`'s LMQ at its known end while someone reads it; each new entry
+        (whichever gateway wrote it) raises `top` and wakes the readers."""
+        key = (st.broker, st.lmq)
+        ext = {"consumerGroup": self.config.pull_group, "topic": st.lmq, "queueId": "0",
+               "maxMsgNums": "1", "sysFlag": _WATCH_FLAGS, "commitOffset": "0",
+               "suspendTimeoutMillis": str(WATCH_SUSPEND_MS), "subscription": "*",
+               "subVersion": "0", "expressionType": "TAG"}
+        timeout = WATCH_SUSPEND_MS / 1000 + SEND_TIMEOUT_S
+        try:
+            while st.watchers and self.states.get(key) is st:
+                ext["queueOffset"] = str(st.top)
+                try:
+                    resp = await self.client.api.call(self.addr(st.broker),
+                                                      RequestCode.PULL_MESSAGE, dict(ext),
+                                                      timeout=timeout, ok=_WATCH_OK)
+                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+                    log.debug("watch pull of %s@%s failed: %r", st.lmq, st.broker, exc)
+                    await trio.sleep(WATCH_RETRY_S)
+                    continue
+                top = resp.ext_int("maxOffset", 0)
+                if resp.code == ResponseCode.PULL_NOT_FOUND and top <= st.top:
+                    continue  # suspension ran out
+                if top > st.top:
+                    st.top = top
+                st.version += 1
+                for w in list(st.watchers):
+                    w.wake()
+                if top <= int(ext["queueOffset"]):
+                    await trio.sleep(WATCH_RETRY_S)  # offset moved under us: do not spin
+        finally:
+            self._watched.discard(key)
 
     async def max_offset(self, broker: str, lmq: str) -> int:
         return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)

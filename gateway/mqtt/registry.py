@@ -3,8 +3,14 @@
 * Sessions by client id, online or not; a persistent session (3.1.1 clean session 0, v5
   Session Expiry Interval > 0) stays, with its subscriptions live in the trie, until it
   expires, so its LMQs keep receiving while it is offline.
-* The trie maps each live filter to its LMQ (reference-counted per subscription): the
-  dispatcher's router. `$share/<g>/<f>` adds `<f>` with the shared subscription's own LMQ.
+* Routes: every subscription holds a route of the shared routing table
+  (`gateway/routing`, `MqttGateway.routes`): filter -> LMQ, owned by the session. A
+  SUBSCRIBE adds it and is answered once every live gateway applied it (or after the
+  route log's bounded wait); UNSUBSCRIBE and the end of a session (clean session closed,
+  expiry) remove it; a persistent session's routes stay when the gateway stops or dies,
+  so its LMQs keep receiving. Every gateway routes publishes by that table.
+  `$share/<g>/<f>` routes `<f>` to the shared subscription's own LMQ. The local trie
+  keeps this gateway's live filters (reference-counted per subscription).
 * Persistence (`SessionStore`): the session record is written when it changes
   structurally; offsets, in-flight and QoS 2 state are written behind by `flush()`.
 * Session takeover (MQTT-3.1.4-3): a CONNECT for a client id that is connected closes the
@@ -17,6 +23,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -29,6 +36,7 @@ from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
+from gateway.routing.route_table import MAX_PATTERN_BYTES, Route
 from gateway.routing.topic_trie import TopicTrie
 
 if TYPE_CHECKING:
@@ -37,6 +45,18 @@ if TYPE_CHECKING:
 __all__ = ["SessionQuotaExceeded", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+def route_owner(client_id: str, gateway_id: str | None) -> str:
+    """Owner of a session's routes: the client id (a persistent session's routes outlive
+    the gateway and are taken over with the session), with the gateway for a clean
+    session (a late remove from a gateway that lost the client then cannot drop the
+    route the client's new session on another gateway added). Long ids are hashed."""
+    owner = client_id if gateway_id is None else f"{client_id}@{gateway_id}"
+    if len(owner.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES // 2:
+        digest = hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()
+        owner = "sha256:" + digest
+    return owner
 
 
 class SessionQuotaExceeded(Exception):
@@ -80,7 +100,11 @@ class SessionRegistry:
             offsets, inflight, qos2 = store.load_state(client_id)
             for raw in record.get("subs", []):
                 f, qos, nl, rap, rh, sid, lmq = raw
-                self._attach(sess, Subscription(f, qos, nl, rap, rh, sid, lmq), offsets, None)
+                sub = Subscription(f, qos, nl, rap, rh, sid, lmq)
+                shared = parse_shared_subscription(f)
+                sub.route = Route("mqtt", shared.filter if shared is not None else f, lmq,
+                                  owner=route_owner(client_id, None))
+                self._attach(sess, sub, offsets, None)
             sess.inbound_qos2 = set(qos2)
             by_key = {c.key: c for c in sess.cursors.values()}
             for item in inflight:
@@ -110,6 +134,20 @@ class SessionRegistry:
             self.sessions[client_id] = sess
             self.stored.add(client_id)
         return len(self.sessions)
+
+    def restore_routes(self) -> int:
+        """Add the routes of restored sessions that the shared table lacks (a new cluster,
+        or the table was cut); not waited for. The number posted."""
+        routes = self.gw.routes
+        posted = 0
+        for sess in self.sessions.values():
+            for sub in sess.subs.values():
+                if sub.route is not None and sub.route not in routes.table:
+                    routes.post("add", sub.route)
+                    posted += 1
+        if posted:
+            log.info("MQTT: %d route(s) of restored sessions re-added", posted)
+        return posted
 
     # -- connect / disconnect ------------------------------------------------------------------
 
@@ -263,8 +301,17 @@ class SessionRegistry:
                 key = f"{broker}\x00{sub.lmq}"
                 if key not in self._group_offsets:
                     self._group_offsets[key] = await self.gw.link.max_offset(broker, sub.lmq)
+        route = Route("mqtt", shared.filter if shared is not None else sub.filter, sub.lmq,
+                      owner=route_owner(sess.client_id,
+                                        None if sess.persistent else self.gw.gateway_id))
+        routes = self.gw.routes
+        if routes is not None:
+            await routes.add_route(route)  # live on every gateway (or the wait ran out)
         if sess.ended or sub.filter in sess.subs:
+            if sess.ended and routes is not None:
+                routes.post("remove", route)
             return sub.filter in sess.subs
+        sub.route = route
         self._attach(sess, sub, offsets, shared)
         if sess.persistent:
             self.gw.store.put_session(sess.client_id, sess.record())
@@ -306,6 +353,8 @@ class SessionRegistry:
         if sub is None:
             return False
         self.subscription_count -= 1
+        if sub.route is not None and self.gw.routes is not None:
+            self.gw.routes.post("remove", sub.route)
         try:
             self.trie.remove(sub.topic_filter, sub.lmq)
         except KeyError:

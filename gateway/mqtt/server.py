@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,6 +36,7 @@ from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
+from gateway.routing.route_log import RouteLog, RouteLogConfig
 
 __all__ = ["MqttGateway", "Stats"]
 
@@ -66,9 +68,18 @@ class Stats:
 class MqttGateway:
     """The MQTT server of one process (see the module doc)."""
 
-    def __init__(self, config: MqttConfig, client: ClientInstance) -> None:
+    def __init__(self, config: MqttConfig, client: ClientInstance, *,
+                 route_config: RouteLogConfig | None = None, shared_lmqs: bool = False,
+                 gateway_id: str | None = None) -> None:
         self.config = config
         self.client = client
+        #: the shared routing table (set in serve(): it lives on the first master broker)
+        self.routes: RouteLog | None = None
+        self.route_config = route_config
+        self.gateway_id = gateway_id or "mqtt-" + secrets.token_hex(6)
+        #: other gateways may write our LMQs from the start (`lmq mqtt`); else (`lmq
+        #: serve`) from when another MQTT gateway reports in the route log
+        self.shared_lmqs = shared_lmqs
         self.stats = Stats()
         self.auth = Authenticator(config.anonymous_allowed(), config.password_file,
                                   config.acl_file,
@@ -101,6 +112,11 @@ class MqttGateway:
             self.retained = RetainedStore(self.store, cfg.max_retained)
             self.retained.load()
             await self.link.start()
+            # Every gateway (MQTT and AMQP) keeps the route log on the first master by name.
+            name, addr = sorted(self.link.brokers.items())[0]
+            self.routes = RouteLog(self.client, addr, name, self.gateway_id, self.route_config)
+            if self.shared_lmqs:
+                self.link.share_lmqs()
             loaded = self.registry.load()
             bound = await self._open_listeners()  # a taken port: plain OSError, nothing runs
             if cfg.gc_freeze_at_start:
@@ -110,6 +126,10 @@ class MqttGateway:
                 gc.freeze()
             self._warn_insecure()
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.routes.run)
+                self.link.router = self.routes.table.mqtt_lmqs_sorted
+                self.registry.restore_routes()
+                nursery.start_soon(self._peers_loop)
                 await nursery.start(self.link.run)
                 nursery.start_soon(self.link.refresh_loop)
                 nursery.start_soon(self._flush_loop)
@@ -228,6 +248,17 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    async def _peers_loop(self) -> None:
+        """Until another MQTT gateway shows up in the route log (then LMQs have several
+        writers: BrokerLink.share_lmqs)."""
+        routes = self.routes
+        while not self.link.foreign_writers:
+            if any(g != self.gateway_id and g.startswith("mqtt-")
+                   for g in routes.live_gateways()):
+                self.link.share_lmqs()
+                return
+            await routes.changed()
 
     async def _read_deadline_loop(self) -> None:
         """End the reads that ran past their deadline (keep alive, partial packet): one

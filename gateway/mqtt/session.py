@@ -52,6 +52,7 @@ class Subscription:
     lmq: str = ""
     group: str | None = None  # share name of a `$share/<group>/<filter>` subscription
     topic_filter: str = ""  # the filter matched against topics (without `$share/g/`)
+    route: Any = None  # its Route in the shared routing table, once added
 
     def record(self) -> list:
         return [self.filter, self.qos, self.no_local, self.retain_as_published,

@@ -100,6 +100,10 @@ class RouteLog:
         self._log_offset = 0
         self._ack_offset = 0
         self._last_snapshot = 0
+        # Changes of this gateway, appended in the order they were asked for (a session's
+        # remove must not overtake the add of its next subscription): (entry, done, out)
+        self._outbox: list[tuple[LogEntry, trio.Event | None, list[int]]] = []
+        self._outbox_work = trio.Event()
 
     # ------------------------------------------------------------------ broker I/O
     def _mq(self, topic: str) -> MessageQueue:
@@ -203,9 +207,15 @@ class RouteLog:
                 self.table.version = max(self.table.version, version)
                 continue
             self.table.apply(entry)
-        self._log_offset = got.next_begin_offset
-        self._notify()
+        self._log_offset = max(self._log_offset, got.next_begin_offset)
+        self._applied()
         return True
+
+    def _applied(self) -> None:
+        # This gateway's own version is known here: waiting for its own report to come
+        # back through the ack topic would only add a round trip.
+        self.acks.record(self.gateway_id, self.table.version, self.clock())
+        self._notify()
 
     async def report(self) -> None:
         """Tell the others which version this gateway applied."""
@@ -258,7 +268,16 @@ class RouteLog:
             nursery.start_soon(self._log_loop)
             nursery.start_soon(self._ack_loop)
             nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self._outbox_loop)
             task_status.started()
+
+    def live_gateways(self) -> dict[str, int]:
+        """Live gateways (this one included once it applied something) -> version."""
+        return self.acks.live(self.clock())
+
+    async def changed(self) -> None:
+        """Return at the next applied batch or acknowledgement read."""
+        await self._changed.wait()
 
     # ------------------------------------------------------------------ changes
     async def add_route(self, route: Route) -> tuple[int, bool]:
@@ -270,8 +289,51 @@ class RouteLog:
         return await self._change(LogEntry("remove", route))
 
     async def _change(self, entry: LogEntry) -> tuple[int, bool]:
-        version = await self._send(self.config.log_topic, entry.encode()) + 1
+        done = trio.Event()
+        out: list[int] = []
+        self._outbox.append((entry, done, out))
+        self._outbox_work.set()
+        await done.wait()
+        if not out:
+            raise MQClientError(f"route change not stored: {entry.op} {entry.route}")
+        version = out[0]
         return version, await self.wait_applied(version)
+
+    def post(self, op: str, route: Route) -> None:
+        """Queue a change without waiting for it (sync callers: a session that ends);
+        appended after every change asked for before, and retried until stored."""
+        self._outbox.append((LogEntry(op, route), None, []))
+        self._outbox_work.set()
+
+    async def _outbox_loop(self) -> None:
+        while True:
+            await self._outbox_work.wait()
+            self._outbox_work = trio.Event()
+            while self._outbox:
+                entry, done, out = self._outbox[0]
+                try:
+                    version = await self._send(self.config.log_topic, entry.encode()) + 1
+                except (MQClientError, RemotingError, OSError) as exc:
+                    if done is not None:
+                        self._outbox.pop(0)
+                        done.set()  # the caller sees the failure (no version)
+                        continue
+                    log.warning("route change %s not stored yet, retrying: %s", entry.op, exc)
+                    await trio.sleep(self.config.retry_delay_s)
+                    continue
+                self._outbox.pop(0)
+                self._apply_own(LogEntry(entry.op, entry.route, version))
+                out.append(version)
+                if done is not None:
+                    done.set()
+
+    def _apply_own(self, entry: LogEntry) -> None:
+        """Apply an entry this gateway just appended when it is the next one in the log
+        (every earlier entry is applied): no need to wait for the log pull to bring it."""
+        if self.table.version == entry.version - 1:
+            self.table.apply(entry)
+            self._log_offset = max(self._log_offset, entry.version)
+            self._applied()
 
     async def wait_applied(self, version: int) -> bool:
         """Wait until this gateway and every live one applied `version` (bounded)."""

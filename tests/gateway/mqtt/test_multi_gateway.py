@@ -1,0 +1,144 @@
+"""Several `lmq mqtt` gateways on one cluster share the routing table (issue 12,
+docs/stateless-gateways.md): a SUBSCRIBE on one gateway is live on every gateway before
+its SUBACK, so a publish on another gateway right after reaches it. Real processes: a name
+server, brokers in `apache_strict` mode, two gateways, paho clients."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.gateway.mqtt.cluster_support import Cluster
+from tests.gateway.mqtt.e2e_support import Client, uid
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        c.gateway()
+        c.gateway()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def _client(made: list[Client], port: int, **kw) -> Client:
+    c = Client(port, **kw)
+    made.append(c)
+    return c
+
+
+def test_publish_on_a_reaches_subscribers_on_a_and_b(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"multi/{uid()}/t"
+    sub_a = _client(clients, a.port)
+    sub_a.connect()
+    sub_a.subscribe(topic, qos=1)
+    sub_b = _client(clients, b.port)
+    sub_b.connect()
+    sub_b.subscribe("multi/+/t", qos=1)
+    pub = _client(clients, a.port)
+    pub.connect()
+    for i in range(20):
+        assert pub.publish(topic, f"m{i}".encode(), qos=1) == 0
+    want = [f"m{i}".encode() for i in range(20)]
+    assert [m.payload for m in sub_a.receive(20)] == want
+    assert [m.payload for m in sub_b.receive(20)] == want
+    sub_a.nothing()
+    sub_b.nothing()
+
+
+def test_subscribe_on_b_then_publish_on_a_at_once(cluster: Cluster, clients) -> None:
+    """The SUBACK on B means the route is live on A: each publish sent on A right after
+    it is delivered on B. Times the SUBSCRIBE (SUBACK wait) for docs."""
+    a, b = cluster.gateways
+    pub = _client(clients, a.port)
+    pub.connect()
+    sub = _client(clients, b.port)
+    sub.connect()
+    took = []
+    for i in range(15):
+        topic = f"race/{uid()}/{i}"
+        t0 = time.perf_counter()
+        sub.subscribe(topic, qos=1)
+        took.append(time.perf_counter() - t0)
+        assert pub.publish(topic, b"now", qos=1) == 0  # 0x00: a route matched on A
+        got = sub.receive_one()
+        assert (got.topic, got.payload) == (topic, b"now")
+    print(f"\n[measure] SUBSCRIBE on B, two gateways, one route each: median "
+          f"{statistics.median(took) * 1000:.1f} ms, max {max(took) * 1000:.1f} ms "
+          f"({len(took)} subscribes)")
+
+
+def test_unsubscribe_removes_the_route_everywhere(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"unsub/{uid()}"
+    sub = _client(clients, b.port)
+    sub.connect()
+    sub.subscribe(topic, qos=1)
+    pub = _client(clients, a.port, version=5)
+    pub.connect()
+    assert pub.publish(topic, b"1", qos=1) == 0
+    assert sub.receive_one().payload == b"1"
+    sub.unsubscribe(topic)
+    # v5 PUBACK 0x10 (no matching subscribers) once A's table lost the route.
+    deadline = time.monotonic() + 10
+    while pub.publish(topic, b"2", qos=1) != 0x10:
+        assert time.monotonic() < deadline, "route still live on A"
+        time.sleep(0.05)
+    sub.nothing()
+
+
+def test_clean_session_end_removes_its_routes(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"clean/{uid()}"
+    sub = _client(clients, b.port)
+    sub.connect(clean_start=True)
+    sub.subscribe(topic, qos=1)
+    pub = _client(clients, a.port, version=5)
+    pub.connect()
+    assert pub.publish(topic, b"1", qos=1) == 0
+    sub.disconnect()
+    deadline = time.monotonic() + 10
+    while pub.publish(topic, b"2", qos=1) != 0x10:
+        assert time.monotonic() < deadline, "route of the ended session still live on A"
+        time.sleep(0.05)
+
+
+def test_persistent_session_routes_stay_when_its_gateway_dies(
+        tmp_path_factory: pytest.TempPathFactory, clients) -> None:
+    """kill -9 of the gateway holding a persistent session: publishes on the other gateway
+    still match its route (PUBACK 0x00, stored in its LMQ), and the session's gateway,
+    restarted, delivers them."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=1).start()
+    try:
+        a = c.gateway()
+        b = c.gateway()
+        topic = f"persist/{uid()}"
+        sub = _client(clients, b.port, client_id="p-" + uid(), version=4)
+        sub.connect(clean_start=False)
+        sub.subscribe(topic, qos=1)
+        b.kill9()
+        pub = _client(clients, a.port, version=5)
+        pub.connect()
+        for i in range(5):
+            assert pub.publish(topic, f"o{i}".encode(), qos=1) == 0
+        b.start()
+        sub.connect(clean_start=False)
+        assert [m.payload for m in sub.receive(5)] == [f"o{i}".encode() for i in range(5)]
+    finally:
+        c.stop()
