@@ -47,6 +47,9 @@ SHUTDOWN_GRACE_S = 3.0
 #: How often read deadlines are checked: a keep alive or partial-packet timeout fires up
 #: to this much late.
 READ_SWEEP_S = 0.25
+#: How often an embedded gateway (`lmq serve`) looks for other MQTT gateways in the route
+#: log's consumer group (GET_CONSUMER_LIST_BY_GROUP, a read).
+PEERS_CHECK_S = 2.0
 
 
 @dataclass
@@ -258,7 +261,9 @@ class MqttGateway:
                    for g in routes.live_gateways()):
                 self.link.share_lmqs()
                 return
-            await routes.changed()
+            with trio.move_on_after(PEERS_CHECK_S):
+                await routes.changed()
+            await routes.refresh_members()  # a read: nothing is stored
 
     async def _read_deadline_loop(self) -> None:
         """End the reads that ran past their deadline (keep alive, partial packet): one

@@ -5,13 +5,18 @@ system topics, with standard RocketMQ requests only (docs/stateless-gateways.md)
   its queue offset + 1, assigned by the broker, so every writer's changes are ordered.
 * ``LMQ_GW_ROUTE_SNAP`` (one queue): table snapshots, in numbered parts; a gateway starts
   from the newest complete one and reads the log after it.
-* ``LMQ_GW_ROUTE_ACK`` (one queue): ``{gateway, version}`` records, sent after each applied
-  batch and every `heartbeat_interval_s`. `AckTracker` (sans-IO) turns them into the set of
-  live gateways and the versions they applied.
+* ``LMQ_GW_ROUTE_ACK`` (one queue): ``{gateway, version}`` records, sent after a pull
+  applied entries of other gateways (never while nothing changes). `AckTracker` (sans-IO)
+  keeps the versions they applied.
+* Liveness: every gateway is a member of the consumer group `group` on the route log's
+  broker (HEART_BEAT every `heartbeat_interval_s`, kept in the broker's memory, nothing
+  stored); the broker drops a member when its connection closes or after its channel
+  expiry (120 s). GET_CONSUMER_LIST_BY_GROUP gives the live gateways.
 
 `RouteLog.add_route` appends an entry and returns once every live gateway reported that
 version, or after `ack_timeout_s`. Requests used: UPDATE_AND_CREATE_TOPIC, SEND_MESSAGE_V2,
-PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET: all in Apache RocketMQ 5.
+PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET, HEART_BEAT,
+GET_CONSUMER_LIST_BY_GROUP: all in Apache RocketMQ 5.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ class RouteLogConfig:
     snap_topic: str = "LMQ_GW_ROUTE_SNAP"
     ack_topic: str = "LMQ_GW_ROUTE_ACK"
     group: str = "LMQ_GW_ROUTES"
-    heartbeat_interval_s: float = 1.0
-    gateway_timeout_s: float = 5.0
+    heartbeat_interval_s: float = 20.0  # HEART_BEAT (group membership; nothing stored)
+    gateway_timeout_s: float = 5.0  # AckTracker's own liveness (not used by RouteLog)
+    membership_ttl_s: float = 1.0  # a wait re-reads the member list when older than this
+    membership_recheck_s: float = 0.25  # ... and this often while a member lags
     ack_timeout_s: float = 3.0
     pull_suspend_ms: int = 1000
     pull_batch: int = 32
@@ -80,6 +87,16 @@ class AckTracker:
         """Live gateways that have not applied `version` yet."""
         return [g for g, v in self.live(now).items() if v < version]
 
+    def version(self, gateway: str) -> int:
+        """The last version `gateway` reported (0: none seen), however old the report."""
+        seen = self._seen.get(gateway)
+        return seen[0] if seen else 0
+
+    def keep_only(self, gateways: set[str]) -> None:
+        """Forget the reports of every gateway not in `gateways` (those that left)."""
+        for g in [g for g in self._seen if g not in gateways]:
+            del self._seen[g]
+
 
 class RouteLog:
     """One gateway's copy of the routing table, kept in step with the cluster."""
@@ -93,7 +110,11 @@ class RouteLog:
         self.gateway_id = gateway_id
         self.config = config or RouteLogConfig()
         self.table = RouteTable(max_routes=self.config.max_routes)
-        self.acks = AckTracker(self.config.gateway_timeout_s)
+        # Reports are sent only on change: liveness comes from the group membership.
+        self.acks = AckTracker(math.inf)
+        #: gateways in the consumer group (live), as last read; and when (local clock)
+        self.members: set[str] = set()
+        self._members_at = -math.inf
         self.clock = clock
         self.snapshot_version = 0  # version of the snapshot this table was loaded from
         self._changed = trio.Event()  # set (and replaced) on every applied batch / ack read
@@ -191,13 +212,15 @@ class RouteLog:
         self._changed = trio.Event()
 
     async def _apply_log(self, suspend_ms: int) -> bool:
-        """One pull of the log; True if entries were applied."""
+        """One pull of the log; True if entries were applied (the table's version moved:
+        entries this gateway appended itself were applied when they were stored)."""
         got = await self._pull(self.config.log_topic, self._log_offset, suspend_ms)
         if got.status is PullStatus.OFFSET_ILLEGAL:
             self._log_offset = max(got.next_begin_offset, got.min_offset)
             return True
         if got.status is not PullStatus.FOUND:
             return False
+        before = self.table.version
         for msg in got.messages:
             version = msg.queue_offset + 1
             try:
@@ -208,6 +231,8 @@ class RouteLog:
                 continue
             self.table.apply(entry)
         self._log_offset = max(self._log_offset, got.next_begin_offset)
+        if self.table.version == before:
+            return False
         self._applied()
         return True
 
@@ -227,7 +252,7 @@ class RouteLog:
             try:
                 if await self._apply_log(self.config.pull_suspend_ms):
                     await self.report()
-                    await self._maybe_snapshot()
+                await self._maybe_snapshot()
             except (MQClientError, RemotingError, OSError) as exc:
                 log.warning("route log pull failed: %s", exc)
                 await trio.sleep(self.config.retry_delay_s)
@@ -253,17 +278,41 @@ class RouteLog:
             if got.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
                 self._ack_offset = max(got.next_begin_offset, self._ack_offset)
 
+    def _heartbeat_data(self) -> dict:
+        return {"clientID": self.gateway_id, "producerDataSet": [], "consumerDataSet": [{
+            "groupName": self.config.group, "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "BROADCASTING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+            "unitMode": False, "subscriptionDataSet": []}]}
+
+    async def join(self) -> None:
+        """Become a member of the gateways' consumer group (HEART_BEAT)."""
+        await self.client.api.heartbeat(self.addr, self._heartbeat_data())
+
     async def _heartbeat_loop(self) -> None:
         while True:
-            try:
-                await self.report()
-            except (MQClientError, RemotingError, OSError) as exc:
-                log.warning("route heartbeat failed: %s", exc)
             await trio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self.join()
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("route log heartbeat failed: %s", exc)
+
+    async def refresh_members(self) -> None:
+        """Read the live gateways (GET_CONSUMER_LIST_BY_GROUP); on failure keep the last."""
+        try:
+            ids = await self.client.api.get_consumer_id_list(self.addr, self.config.group)
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("reading the live gateways failed: %s", exc)
+            return
+        self.members = set(ids)
+        self._members_at = self.clock()
+        self.acks.keep_only(self.members | {self.gateway_id})
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Load the table, then follow the log and the acknowledgements until cancelled."""
+        """Load the table, join the group, then follow the log and the acknowledgements
+        until cancelled."""
         await self.load()
+        await self.join()
+        await self.refresh_members()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._log_loop)
             nursery.start_soon(self._ack_loop)
@@ -272,8 +321,14 @@ class RouteLog:
             task_status.started()
 
     def live_gateways(self) -> dict[str, int]:
-        """Live gateways (this one included once it applied something) -> version."""
-        return self.acks.live(self.clock())
+        """Live gateways (group members as last read, and this one) -> applied version."""
+        return {g: (self.table.version if g == self.gateway_id else self.acks.version(g))
+                for g in self.members | {self.gateway_id}}
+
+    def lagging(self, version: int) -> list[str]:
+        """Live gateways, other than this one, that have not reported `version` yet."""
+        return [g for g in self.members
+                if g != self.gateway_id and self.acks.version(g) < version]
 
     async def changed(self) -> None:
         """Return at the next applied batch or acknowledgement read."""
@@ -336,10 +391,19 @@ class RouteLog:
             self._applied()
 
     async def wait_applied(self, version: int) -> bool:
-        """Wait until this gateway and every live one applied `version` (bounded)."""
-        with trio.move_on_after(self.config.ack_timeout_s):
-            while self.table.version < version or self.acks.lagging(version, self.clock()):
-                await self._changed.wait()
+        """Wait until this gateway and every live one applied `version` (bounded). The
+        member list is re-read when older than `membership_ttl_s`, and every
+        `membership_recheck_s` while a member lags (a gateway that died drops out)."""
+        cfg = self.config
+        with trio.move_on_after(cfg.ack_timeout_s):
+            if self.clock() - self._members_at > cfg.membership_ttl_s:
+                await self.refresh_members()
+            while self.table.version < version or self.lagging(version):
+                with trio.move_on_after(cfg.membership_recheck_s):
+                    await self._changed.wait()
+                    continue
+                if self.lagging(version):
+                    await self.refresh_members()
             return True
         return False
 
@@ -347,7 +411,7 @@ class RouteLog:
     async def _maybe_snapshot(self) -> None:
         if self.table.version - self._last_snapshot < self.config.snapshot_every:
             return
-        live = self.acks.live(self.clock())
+        live = self.live_gateways()
         if live and min(live) != self.gateway_id:
             return  # the gateway with the smallest id writes snapshots
         await self.write_snapshot()
