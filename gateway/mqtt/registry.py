@@ -75,6 +75,14 @@ class SessionRegistry:
         self.subscription_count = 0
         #: client ids of persistent sessions (max_stored_sessions counts these)
         self.stored: set[str] = set()
+        #: client id -> offset of its connection's record in the client registry
+        #: (ClientLog), None while the record is being written
+        self._announced: dict[str, int | None] = {}
+        self._seen_while_announcing: dict[str, tuple[int, bool]] = {}
+        #: client ids taken over by another gateway -> whether with clean start there
+        #: (the session ends here) or not (it continues there: forgotten here, its
+        #: routes left in place)
+        self._moved: dict[str, bool] = {}
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -191,7 +199,53 @@ class SessionRegistry:
                 g = self.groups.get(sub.lmq)
                 if g is not None:
                     g.join(sess, self.gw.link)
+        self._moved.pop(client_id, None)
+        await self._announce(sess, conn, clean_start)
         return sess, present
+
+    async def _announce(self, sess: Session, conn, clean_start: bool) -> None:
+        """Record the connection in the cluster's client registry (only with other MQTT
+        gateways around: alone, nobody can take a client over)."""
+        clients = self.gw.clients
+        client_id = sess.client_id
+        if clients is None or not self.gw.link.foreign_writers:
+            self._announced.pop(client_id, None)
+            return
+        self._announced[client_id] = None
+        try:
+            offset = await clients.announce(client_id, clean_start)
+        except Exception as exc:
+            log.warning("client %s not recorded in the client registry: %r",
+                        shown(client_id), exc)
+            offset = -1
+        if sess.conn is not conn:
+            return  # taken over locally meanwhile: that connection's record counts
+        self._announced[client_id] = offset
+        later = self._seen_while_announcing.pop(client_id, None)
+        if later is not None and later[0] > offset:
+            self.taken_elsewhere(client_id, *later)
+
+    def taken_elsewhere(self, client_id: str, offset: int, clean_start: bool) -> None:
+        """Another gateway recorded a connection of `client_id` at `offset` in the client
+        registry: if that is after this gateway's connection, close it (0x8E).
+
+        With clean start there, the session here ends as a local clean start would end it
+        (its routes removed); without, it continues there: forgotten here, routes kept."""
+        sess = self.sessions.get(client_id)
+        if sess is None or sess.conn is None:
+            return
+        mine = self._announced.get(client_id, -1)
+        if mine is None:  # our record is being written: decide once its offset is known
+            seen = self._seen_while_announcing
+            if offset > seen.get(client_id, (-1, True))[0]:
+                seen[client_id] = (offset, clean_start)
+            return
+        if offset > mine:
+            log.info("client %s connected on another gateway: session taken over",
+                     shown(client_id))
+            self._announced.pop(client_id, None)
+            self._moved[client_id] = clean_start
+            sess.conn.close(0x8E)  # Session taken over
 
     def closed(self, sess: Session, conn, *, send_will: bool) -> None:
         """`conn` (the session's connection) has ended."""
@@ -209,6 +263,19 @@ class SessionRegistry:
         will = sess.will if send_will else None
         if not send_will:
             sess.will = None
+        clean_elsewhere = self._moved.pop(sess.client_id, None)
+        if clean_elsewhere is not None:
+            if clean_elsewhere:
+                if will is not None:
+                    self.publish_will(sess, will)
+            else:
+                # The session continues on the gateway that took the client over: its
+                # will and its routes are that gateway's business now.
+                sess.will = None
+                for sub in sess.subs.values():
+                    sub.route = None
+            self.end(sess)
+            return
         if not sess.persistent:
             if will is not None:
                 self.publish_will(sess, will)

@@ -36,6 +36,7 @@ from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
+from gateway.routing.client_log import ClientLog
 from gateway.routing.route_log import RouteLog, RouteLogConfig
 
 __all__ = ["MqttGateway", "Stats"]
@@ -78,6 +79,8 @@ class MqttGateway:
         self.client = client
         #: the shared routing table (set in serve(): it lives on the first master broker)
         self.routes: RouteLog | None = None
+        #: the cluster's client-id registry (takeover across gateways), set in serve()
+        self.clients: ClientLog | None = None
         self.route_config = route_config
         self.gateway_id = gateway_id or "mqtt-" + secrets.token_hex(6)
         #: other gateways may write our LMQs from the start (`lmq mqtt`); else (`lmq
@@ -118,6 +121,8 @@ class MqttGateway:
             # Every gateway (MQTT and AMQP) keeps the route log on the first master by name.
             name, addr = sorted(self.link.brokers.items())[0]
             self.routes = RouteLog(self.client, addr, name, self.gateway_id, self.route_config)
+            self.clients = ClientLog(self.client, addr, name, self.gateway_id,
+                                     self.registry.taken_elsewhere)
             if self.shared_lmqs:
                 self.link.share_lmqs()
             loaded = self.registry.load()
@@ -130,6 +135,7 @@ class MqttGateway:
             self._warn_insecure()
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.routes.run)
+                await nursery.start(self.clients.run)
                 self.link.router = self.routes.table.mqtt_lmqs_sorted
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)

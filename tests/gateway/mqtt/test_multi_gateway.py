@@ -152,3 +152,48 @@ def test_persistent_session_routes_stay_when_its_gateway_dies(
         assert [m.payload for m in sub.receive(5)] == [f"o{i}".encode() for i in range(5)]
     finally:
         c.stop()
+
+
+def test_takeover_across_gateways(cluster: Cluster, clients) -> None:
+    """A client id connected on A that connects on B: A closes the old connection with
+    0x8E (session taken over, MQTT-3.1.4-3); the new one on B stays."""
+    a, b = cluster.gateways
+    cid = "take-" + uid()
+    old = _client(clients, a.port, client_id=cid)
+    old.connect()
+    new = _client(clients, b.port, client_id=cid)
+    new.connect()
+    assert old.wait_closed() == 0x8E
+    new.nothing()  # (QUIET seconds) and still connected: B is not kicked in turn
+    assert new.is_connected()
+    # Back to A: now B's connection goes.
+    again = _client(clients, a.port, client_id=cid)
+    again.connect()
+    assert new.wait_closed() == 0x8E
+    assert again.is_connected()
+
+
+def test_persistent_session_taken_over_keeps_its_routes(cluster: Cluster, clients) -> None:
+    """A persistent session taken over on B (no clean start) continues there: A forgets
+    its copy, and A's copy expiring later must not remove the routes B's session uses."""
+    from paho.mqtt.packettypes import PacketTypes
+
+    from tests.gateway.mqtt.e2e_support import props
+
+    a, b = cluster.gateways
+    cid = "move-" + uid()
+    topic = f"move/{uid()}"
+    old = _client(clients, a.port, client_id=cid)
+    old.connect(clean_start=False, properties=props(PacketTypes.CONNECT,
+                                                    SessionExpiryInterval=1))
+    old.subscribe(topic, qos=1)
+    new = _client(clients, b.port, client_id=cid)
+    new.connect(clean_start=False, properties=props(PacketTypes.CONNECT,
+                                                    SessionExpiryInterval=300))
+    new.subscribe(topic, qos=1)
+    assert old.wait_closed() == 0x8E
+    time.sleep(2.0)  # > A's session expiry (1 s) and its expiry checks (0.2 s)
+    pub = _client(clients, a.port, version=5)
+    pub.connect()
+    assert pub.publish(topic, b"still", qos=1) == 0
+    assert new.receive_one().payload == b"still"
