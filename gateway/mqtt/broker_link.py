@@ -16,8 +16,8 @@ last entries read (offset -> message; LMQ entries never change), so N sessions o
 filter cost one pull, not N. Predicting tails is exact only while this gateway is the only
 writer of its `%LMQ%m_...` queues. With other gateways (`share_lmqs()`: always for `lmq
 mqtt`, and for `lmq serve` once another MQTT gateway shows up in the route log) tails are
-not predicted, and one long-polling PULL per read LMQ (`_watch`, maxMsgNums 1, suspended
-`WATCH_SUSPEND_MS`) wakes its readers when any gateway wrote to it
+not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) wakes its readers
+when any gateway wrote to it
 (docs/stateless-gateways.md).
 """
 
@@ -36,12 +36,12 @@ from core.client.errors import MQClientError
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
-from core.common.sysflag import PullSysFlag
-from core.remoting.codes import RequestCode, ResponseCode
+from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
 from gateway.mqtt.lmq_state import LmqState, pull_views
+from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import (
     MqttMessage,
     from_message_ext,
@@ -78,25 +78,22 @@ CLUSTER_REFRESH_S = 30.0
 #: 0.2 s while it waits for a broker).
 NO_MASTER_LOG_INTERVAL_S = 60.0
 
-#: Suspension of a watch pull (several gateways): it returns at once when the LMQ gets an
-#: entry, else after this long and is sent again.
-WATCH_SUSPEND_MS = 15_000
-#: Pause after a failed watch pull.
-WATCH_RETRY_S = 1.0
-_WATCH_FLAGS = str(int(PullSysFlag.SUBSCRIPTION | PullSysFlag.SUSPEND))
-_WATCH_OK = (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
-             ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED)
-
 PublishDone = Callable[[int], None]
 
 
+#: Every retained publish is also indexed here, so that every gateway learns it
+#: (retained.py: RetainedFollower); the message is still stored once.
+RETAINED_LMQ = "%LMQ%mqtt_retained"
+
+
 class _Request:
-    __slots__ = ("msg", "done", "lmqs")
+    __slots__ = ("msg", "done", "lmqs", "routed")
 
     def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
         self.msg = msg
         self.done = done
         self.lmqs: tuple[str, ...] | list[str] = []
+        self.routed = False  # some subscription matched (v5 PUBACK 0x10 otherwise)
 
 
 class BrokerLink:
@@ -329,6 +326,10 @@ class BrokerLink:
             lmqs = self.router(topic)
             broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
             if lmqs:
+                req.routed = True
+            if req.msg.retain:
+                lmqs = (*lmqs, RETAINED_LMQ)
+            if lmqs:
                 req.lmqs = lmqs if type(lmqs) is tuple else sorted(lmqs)
                 for lmq in req.lmqs:
                     st = states.get((broker, lmq))
@@ -375,7 +376,7 @@ class BrokerLink:
                         on_stored(req.msg)  # retained: written before the PUBACK below
                     except Exception:
                         log.exception("handling a stored message failed")
-                if not req.lmqs:
+                if not req.routed:
                     code = NO_MATCHING_SUBSCRIBERS
             else:
                 self.stats["failed"] += 1
@@ -592,40 +593,7 @@ class BrokerLink:
         key = (st.broker, st.lmq)
         if key not in self._watched and self._nursery is not None:
             self._watched.add(key)
-            self._nursery.start_soon(self._watch_loop, st)
-
-    async def _watch_loop(self, st: LmqState) -> None:
-        """Long-poll `st`'s LMQ at its known end while someone reads it; each new entry
-        (whichever gateway wrote it) raises `top` and wakes the readers."""
-        key = (st.broker, st.lmq)
-        ext = {"consumerGroup": self.config.pull_group, "topic": st.lmq, "queueId": "0",
-               "maxMsgNums": "1", "sysFlag": _WATCH_FLAGS, "commitOffset": "0",
-               "suspendTimeoutMillis": str(WATCH_SUSPEND_MS), "subscription": "*",
-               "subVersion": "0", "expressionType": "TAG"}
-        timeout = WATCH_SUSPEND_MS / 1000 + SEND_TIMEOUT_S
-        try:
-            while st.watchers and self.states.get(key) is st:
-                ext["queueOffset"] = str(st.top)
-                try:
-                    resp = await self.client.api.call(self.addr(st.broker),
-                                                      RequestCode.PULL_MESSAGE, dict(ext),
-                                                      timeout=timeout, ok=_WATCH_OK)
-                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
-                    log.debug("watch pull of %s@%s failed: %r", st.lmq, st.broker, exc)
-                    await trio.sleep(WATCH_RETRY_S)
-                    continue
-                top = resp.ext_int("maxOffset", 0)
-                if resp.code == ResponseCode.PULL_NOT_FOUND and top <= st.top:
-                    continue  # suspension ran out
-                if top > st.top:
-                    st.top = top
-                st.version += 1
-                for w in list(st.watchers):
-                    w.wake()
-                if top <= int(ext["queueOffset"]):
-                    await trio.sleep(WATCH_RETRY_S)  # offset moved under us: do not spin
-        finally:
-            self._watched.discard(key)
+            self._nursery.start_soon(watch_lmq, self, st, self._watched)
 
     async def max_offset(self, broker: str, lmq: str) -> int:
         return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)

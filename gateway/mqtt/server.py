@@ -26,12 +26,12 @@ import trio
 
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
-from gateway.mqtt.broker_link import BrokerLink
+from gateway.mqtt.broker_link import RETAINED_LMQ, BrokerLink
 from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
 from gateway.mqtt.message import MqttMessage
 from gateway.mqtt.registry import SessionRegistry
-from gateway.mqtt.retained import RetainedStore
+from gateway.mqtt.retained import RetainedFollower, RetainedStore
 from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
@@ -94,7 +94,8 @@ class MqttGateway:
         self.retained: RetainedStore | None = None
         self.registry = SessionRegistry(self)
         self.link = BrokerLink(client, config, self.registry.route, self._on_stored)
-        self.link.on_brokers_added = self.registry.add_brokers
+        self.link.on_brokers_added = self._brokers_added
+        self.retained_follower: RetainedFollower | None = None
         self.connections: set[Connection] = set()
         #: bound ports by listener kind ("tcp", "ws", "tls"), known once serving
         self.ports: dict[str, int] = {}
@@ -118,6 +119,7 @@ class MqttGateway:
             self.retained = RetainedStore(self.store, cfg.max_retained)
             self.retained.load()
             await self.link.start()
+            self.retained_follower = RetainedFollower(self.link, self.retained, RETAINED_LMQ)
             # Every gateway (MQTT and AMQP) keeps the route log on the first master by name.
             name, addr = sorted(self.link.brokers.items())[0]
             self.routes = RouteLog(self.client, addr, name, self.gateway_id, self.route_config)
@@ -136,6 +138,7 @@ class MqttGateway:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.routes.run)
                 await nursery.start(self.clients.run)
+                await nursery.start(self.retained_follower.run)
                 self.link.router = self.routes.table.mqtt_lmqs_sorted
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)
@@ -257,6 +260,11 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    def _brokers_added(self, brokers: list[str]) -> None:
+        self.registry.add_brokers(brokers)
+        if self.retained_follower is not None:
+            self.retained_follower.follow_new()
 
     async def _peers_loop(self) -> None:
         """Until another MQTT gateway shows up in the route log (then LMQs have several

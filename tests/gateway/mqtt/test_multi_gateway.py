@@ -197,3 +197,45 @@ def test_persistent_session_taken_over_keeps_its_routes(cluster: Cluster, client
     pub.connect()
     assert pub.publish(topic, b"still", qos=1) == 0
     assert new.receive_one().payload == b"still"
+
+
+def _retained_on(port: int, clients, topic: str, timeout: float = 10.0):
+    """The retained message a new subscription to `topic` gets on `port` (None: none),
+    asked again until `timeout` while none comes (gateways learn others' retained
+    messages by a long poll: shortly after the PUBACK)."""
+    c = _client(clients, port)
+    c.connect()
+    deadline = time.monotonic() + timeout
+    while True:
+        c.subscribe(topic, qos=1)
+        got = c.drain(quiet=0.3)
+        c.unsubscribe(topic)
+        if got or time.monotonic() > deadline:
+            c.close()
+            return got[0] if got else None
+
+
+def test_retained_message_across_gateways(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"ret/{uid()}"
+    pub = _client(clients, a.port)
+    pub.connect()
+    pub.publish(topic, b"kept", qos=1, retain=True)
+    got = _retained_on(b.port, clients, topic)
+    assert got is not None and (got.payload, got.retain) == (b"kept", True)
+    # Cleared on B: gone on A too (the delete is newer than the message A holds).
+    other = _client(clients, b.port)
+    other.connect()
+    other.publish(topic, b"", qos=1, retain=True)
+    deadline = time.monotonic() + 10
+    while _retained_on(a.port, clients, topic, timeout=0) is not None:
+        assert time.monotonic() < deadline, "retained message still on A"
+        time.sleep(0.1)
+    # A newer retained message on B replaces it on A.
+    other.publish(topic, b"newer", qos=1, retain=True)
+    deadline = time.monotonic() + 10
+    while True:
+        got = _retained_on(a.port, clients, topic)
+        if got is not None and got.payload == b"newer":
+            break
+        assert time.monotonic() < deadline, got
