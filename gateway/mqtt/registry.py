@@ -59,6 +59,11 @@ def route_owner(client_id: str, gateway_id: str | None) -> str:
     return owner
 
 
+#: Longest a persistent session's SUBSCRIBE waits for its record to be stored in the
+#: cluster (several gateways; the write goes on after it).
+CLUSTER_WRITE_WAIT_S = 3.0
+
+
 class SessionQuotaExceeded(Exception):
     """A new persistent session would exceed `max_stored_sessions`."""
 
@@ -83,6 +88,9 @@ class SessionRegistry:
         #: (the session ends here) or not (it continues there: forgotten here, its
         #: routes left in place)
         self._moved: dict[str, bool] = {}
+        self._expiring: set[str] = set()
+        #: client id -> positions last written to the cluster
+        self._posted: dict[str, dict[tuple[str, str], int]] = {}
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -159,9 +167,26 @@ class SessionRegistry:
 
     # -- connect / disconnect ------------------------------------------------------------------
 
+    def cluster(self):
+        """The sessions kept in the cluster (ClusterSessions), while other MQTT gateways
+        may exist (alone, nobody else could resume a session)."""
+        cs = self.gw.cluster_sessions
+        return cs if cs is not None and self.gw.link.foreign_writers else None
+
     async def open(self, conn, client_id: str, version: int, clean_start: bool,
                    expiry: int | None, will: Will | None) -> tuple[Session, bool]:
         """Attach `conn` to a new or resumed session; returns (session, session present)."""
+        cs = self.cluster()
+        if cs is not None and not clean_start:
+            await cs.adopt(self, client_id)
+        elif cs is not None and client_id not in self.stored:
+            try:  # clean start discards a session another gateway may have recorded
+                stored = await cs.fetch(client_id)
+            except Exception as exc:
+                log.warning("session %s not read from the cluster: %r", shown(client_id), exc)
+                stored = None
+            if stored is not None and stored.record is not None:
+                cs.post_delete(client_id)
         old = self.sessions.get(client_id)
         # Loop: another CONNECT with this id may have waited on the same kick and attached
         # first; it is taken over in turn, so one connection holds the id (MQTT-3.1.4-3).
@@ -192,6 +217,8 @@ class SessionRegistry:
         if sess.persistent:
             self.stored.add(client_id)
             self.gw.store.put_session(client_id, sess.record())
+            if cs is not None:
+                cs.post_record(sess)  # the session is this gateway's now
         elif present:
             self.gw.store.delete_session(client_id)
         for sub in sess.subs.values():
@@ -268,13 +295,11 @@ class SessionRegistry:
             if clean_elsewhere:
                 if will is not None:
                     self.publish_will(sess, will)
+                self.end(sess)
             else:
                 # The session continues on the gateway that took the client over: its
-                # will and its routes are that gateway's business now.
-                sess.will = None
-                for sub in sess.subs.values():
-                    sub.route = None
-            self.end(sess)
+                # will, its routes and its record are that gateway's business now.
+                self.forget(sess)
             return
         if not sess.persistent:
             if will is not None:
@@ -291,6 +316,9 @@ class SessionRegistry:
                 sess.will_due = now + delay
         self.gw.store.put_session(sess.client_id, sess.record())
         self.persist(sess)
+        cs = self.cluster()
+        if cs is not None:
+            cs.post_record(sess)
 
     def publish_will(self, sess: Session, will: Will) -> None:
         sess.will = None
@@ -310,9 +338,22 @@ class SessionRegistry:
                           sess.client_id)
         self.gw.publish_internal(msg, sess.client_id)
 
-    def end(self, sess: Session) -> None:
+    def forget(self, sess: Session) -> None:
+        """Drop this gateway's copy of a session that continues on another gateway: no
+        will, routes and cluster record left in place."""
+        sess.will = None
+        for sub in sess.subs.values():
+            sub.route = None
+        self.end(sess, elsewhere=True)
+
+    def end(self, sess: Session, *, elsewhere: bool = False) -> None:
         """The session is over: forget it, its subscriptions and its stored state."""
+        cs = self.cluster()
+        if cs is not None and not elsewhere and sess.client_id in self.stored \
+                and self.sessions.get(sess.client_id) is sess:
+            cs.post_delete(sess.client_id)
         sess.ended = True
+        self._posted.pop(sess.client_id, None)
         if sess.will is not None and sess.will_due is not None:
             self.publish_will(sess, sess.will)  # will delay cut short (v5 §3.1.3.2.2)
         for f in list(sess.subs):
@@ -332,8 +373,34 @@ class SessionRegistry:
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
+                cs = self.cluster()
+                if cs is not None and self.gw.nursery is not None:
+                    if sess.client_id not in self._expiring:
+                        self._expiring.add(sess.client_id)
+                        self.gw.nursery.start_soon(self._expire_checked, cs, sess)
+                    continue
                 log.info("session %s expired", shown(sess.client_id))
                 self.end(sess)
+
+    async def _expire_checked(self, cs, sess: Session) -> None:
+        """Expire `sess` unless another gateway recorded it later (it moved there)."""
+        try:
+            stored = await cs.fetch(sess.client_id)
+        except Exception as exc:
+            log.warning("session %s not read from the cluster: %r", shown(sess.client_id), exc)
+            stored = None
+        finally:
+            self._expiring.discard(sess.client_id)
+        if self.sessions.get(sess.client_id) is not sess or sess.conn is not None:
+            return
+        if stored is not None and stored.gateway != self.gw.gateway_id \
+                and stored.stamp > sess.cluster_stamp:
+            log.info("session %s continues on gateway %s: copy dropped",
+                     shown(sess.client_id), stored.gateway)
+            self.forget(sess)
+            return
+        log.info("session %s expired", shown(sess.client_id))
+        self.end(sess)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -383,6 +450,12 @@ class SessionRegistry:
         if sess.persistent:
             self.gw.store.put_session(sess.client_id, sess.record())
             self.persist(sess)
+            cs = self.cluster()
+            if cs is not None:
+                # Answered once the cluster has it too, as the local store has it now
+                # (bounded: a broker that is down must not hold SUBACKs for long).
+                with trio.move_on_after(CLUSTER_WRITE_WAIT_S):
+                    await cs.post_record(sess).wait()
         return False
 
     def _attach(self, sess: Session, sub: Subscription, offsets: dict, shared) -> None:
@@ -446,6 +519,9 @@ class SessionRegistry:
         if sess.persistent and not sess.ended:
             self.gw.store.put_session(sess.client_id, sess.record())
             sess.dirty = True
+            cs = self.cluster()
+            if cs is not None:
+                cs.post_record(sess)
         return True
 
     def add_brokers(self, brokers: list[str]) -> None:
@@ -479,6 +555,14 @@ class SessionRegistry:
         from gateway.mqtt.session_store import P_INFLIGHT, P_OFFSETS, P_QOS2
 
         store = self.gw.store
+        cs = self.cluster()
+        if cs is not None:
+            now = {(c.st.broker, c.st.lmq): c.committed for c in sess.cursors.values()}
+            last = self._posted.get(sess.client_id, {})
+            changed = {k: v for k, v in now.items() if last.get(k) != v}
+            if changed:
+                self._posted[sess.client_id] = now
+                cs.post_offsets(sess.client_id, changed)
         store.stage(P_OFFSETS, sess.client_id, sess.offsets_record())
         store.stage(P_INFLIGHT, sess.client_id, sess.inflight_record())
         store.stage(P_QOS2, sess.client_id, sorted(sess.inbound_qos2))

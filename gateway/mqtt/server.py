@@ -27,6 +27,7 @@ import trio
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
 from gateway.mqtt.broker_link import RETAINED_LMQ, BrokerLink
+from gateway.mqtt.cluster_sessions import ClusterSessions
 from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
 from gateway.mqtt.message import MqttMessage
@@ -81,8 +82,14 @@ class MqttGateway:
         self.routes: RouteLog | None = None
         #: the cluster's client-id registry (takeover across gateways), set in serve()
         self.clients: ClientLog | None = None
+        #: persistent sessions kept in the cluster (used while other gateways may exist)
+        self.cluster_sessions: ClusterSessions | None = None
+        #: the gateway's nursery while serving (background work of the registry)
+        self.nursery: trio.Nursery | None = None
         self.route_config = route_config
-        self.gateway_id = gateway_id or "mqtt-" + secrets.token_hex(6)
+        #: stable across restarts (kept in the data dir): the owner of this gateway's
+        #: clean-session routes and session records stays the same
+        self.gateway_id = gateway_id or _stable_gateway_id(config.data_dir)
         #: other gateways may write our LMQs from the start (`lmq mqtt`); else (`lmq
         #: serve`) from when another MQTT gateway reports in the route log
         self.shared_lmqs = shared_lmqs
@@ -125,6 +132,7 @@ class MqttGateway:
             self.routes = RouteLog(self.client, addr, name, self.gateway_id, self.route_config)
             self.clients = ClientLog(self.client, addr, name, self.gateway_id,
                                      self.registry.taken_elsewhere)
+            self.cluster_sessions = ClusterSessions(self.link, addr, name, self.gateway_id)
             if self.shared_lmqs:
                 self.link.share_lmqs()
             loaded = self.registry.load()
@@ -139,6 +147,8 @@ class MqttGateway:
                 await nursery.start(self.routes.run)
                 await nursery.start(self.clients.run)
                 await nursery.start(self.retained_follower.run)
+                await nursery.start(self.cluster_sessions.run)
+                self.nursery = nursery
                 self.link.router = self.routes.table.mqtt_lmqs_sorted
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)
@@ -167,6 +177,8 @@ class MqttGateway:
                 with trio.move_on_after(SHUTDOWN_GRACE_S):
                     await self.link.drain()  # what clients published gets stored
                 self.registry.flush()
+                with trio.move_on_after(SHUTDOWN_GRACE_S):
+                    await self.cluster_sessions.settled()  # positions and records
                 nursery.cancel_scope.cancel()
         finally:
             self.registry.flush()
@@ -325,6 +337,28 @@ class MqttGateway:
         except Exception as exc:
             log.info("in-flight message %s@%d is gone: %r", broker, clog, exc)
             return None
+
+
+def _stable_gateway_id(data_dir: str) -> str:
+    """`mqtt-<12 hex>`, read from DATA_DIR/gateway-id or created there."""
+    path = os.path.join(data_dir, "gateway-id")
+    try:
+        with open(path, encoding="ascii") as fh:
+            known = fh.read().strip()
+        if known.startswith("mqtt-") and 5 < len(known) <= 64 and known.isascii():
+            return known
+    except (OSError, UnicodeDecodeError):
+        pass
+    new = "mqtt-" + secrets.token_hex(6)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(new + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("gateway id not kept in %s: %s", data_dir, exc)
+    return new
 
 
 def _peer(stream) -> str:

@@ -164,6 +164,9 @@ class Session:
         self.gone_ms: int | None = None  # wall clock of the same, persisted
         self.dirty = False
         self.ended = False
+        #: commitlog offset of this session's newest record in the cluster (-1: none
+        #: written by this gateway; cluster_sessions.py)
+        self.cluster_stamp = -1
         self._next_pid = 1
         self._wake: trio.Event | None = None
         self._woken = False

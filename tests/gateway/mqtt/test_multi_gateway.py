@@ -239,3 +239,41 @@ def test_retained_message_across_gateways(cluster: Cluster, clients) -> None:
         if got is not None and got.payload == b"newer":
             break
         assert time.monotonic() < deadline, got
+
+
+def test_persistent_session_resumes_on_b_after_a_is_killed(
+        tmp_path_factory: pytest.TempPathFactory, clients) -> None:
+    """A persistent QoS 1 session made on A, A killed with -9, the client back on B: the
+    session is there (session present, its subscription) and delivers every PUBACKed
+    message it missed, once: none of those it had acknowledged on A again."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        a = c.gateway({"state_flush_interval_s": 0.1})
+        b = c.gateway({"state_flush_interval_s": 0.1})
+        topic = f"resume/{uid()}"
+        cid = "r-" + uid()
+        sub = _client(clients, a.port, client_id=cid, version=4)
+        assert sub.connect(clean_start=False)[1] is False
+        sub.subscribe(topic, qos=1)
+        pub = _client(clients, b.port, version=5)
+        pub.connect()
+        for i in range(5):
+            assert pub.publish(topic, f"seen{i}".encode(), qos=1) == 0
+        assert [m.payload for m in sub.receive(5)] == [f"seen{i}".encode() for i in range(5)]
+        sub.disconnect()
+        for i in range(5):  # missed while offline, on both gateways
+            assert pub.publish(topic, f"missed{i}".encode(), qos=1) == 0
+        time.sleep(0.5)  # A's state flush (0.1 s) reached the cluster
+        a.kill9()
+        for i in range(5, 10):
+            assert pub.publish(topic, f"missed{i}".encode(), qos=1) == 0
+        sub2 = _client(clients, b.port, client_id=cid, version=4)
+        assert sub2.connect(clean_start=False)[1] is True  # session present
+        want = [f"missed{i}".encode() for i in range(10)]
+        assert [m.payload for m in sub2.receive(10)] == want
+        sub2.nothing()
+        # The resumed session is live on B: new messages keep coming.
+        assert pub.publish(topic, b"after", qos=1) == 0
+        assert sub2.receive_one().payload == b"after"
+    finally:
+        c.stop()
