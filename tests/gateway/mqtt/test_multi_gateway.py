@@ -277,3 +277,20 @@ def test_persistent_session_resumes_on_b_after_a_is_killed(
         assert sub2.receive_one().payload == b"after"
     finally:
         c.stop()
+
+
+def test_will_across_gateways(cluster: Cluster, clients) -> None:
+    """A client on A that drops: its (retained) will reaches a subscriber on B, and a
+    later subscriber on B gets it as the retained message."""
+    a, b = cluster.gateways
+    topic = f"will/{uid()}"
+    watcher = _client(clients, b.port)
+    watcher.connect()
+    watcher.subscribe(topic, qos=1)
+    dev = _client(clients, a.port)
+    dev.connect(will=(topic, b"gone", 1, True))
+    dev.drop()
+    got = watcher.receive_one()
+    assert got.payload == b"gone"
+    late = _retained_on(b.port, clients, topic)
+    assert late is not None and (late.payload, late.retain) == (b"gone", True)
