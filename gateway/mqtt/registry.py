@@ -48,15 +48,15 @@ log = logging.getLogger(__name__)
 
 
 def route_owner(client_id: str, gateway_id: str | None) -> str:
-    """Owner of a session's routes: the client id (a persistent session's routes outlive
-    the gateway and are taken over with the session), with the gateway for a clean
-    session (a late remove from a gateway that lost the client then cannot drop the
-    route the client's new session on another gateway added). Long ids are hashed."""
-    owner = client_id if gateway_id is None else f"{client_id}@{gateway_id}"
-    if len(owner.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES // 2:
-        digest = hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()
-        owner = "sha256:" + digest
-    return owner
+    """Owner of a session's routes: `p:<client id>` for a persistent session (its routes
+    outlive the gateway and move with the session), `c:<gateway id>:<client id>` for a
+    clean session (a late remove from a gateway that lost the client then cannot drop the
+    route the client's new session on another gateway added, and a restarted gateway can
+    find the routes its lost clean sessions left). Long client ids are hashed."""
+    cid = client_id
+    if len(cid.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES // 2:
+        cid = "sha256:" + hashlib.sha256(cid.encode("utf-8", "surrogatepass")).hexdigest()
+    return "p:" + cid if gateway_id is None else f"c:{gateway_id}:{cid}"
 
 
 #: Longest a persistent session's SUBSCRIBE waits for its record to be stored in the
@@ -153,16 +153,25 @@ class SessionRegistry:
 
     def restore_routes(self) -> int:
         """Add the routes of restored sessions that the shared table lacks (a new cluster,
-        or the table was cut); not waited for. The number posted."""
+        or the table was cut), remove those of this gateway's former clean sessions; not
+        waited for. The number posted."""
         routes = self.gw.routes
         posted = 0
+        # Clean sessions do not survive a restart: routes they left (the gateway stopped
+        # before removing them, or died) go now.
+        mine = f"c:{self.gw.gateway_id}:"
+        for route in [r for r in routes.table.routes()
+                      if r.kind == "mqtt" and r.owner.startswith(mine)]:
+            routes.post("remove", route)
+            posted += 1
         for sess in self.sessions.values():
             for sub in sess.subs.values():
                 if sub.route is not None and sub.route not in routes.table:
                     routes.post("add", sub.route)
                     posted += 1
         if posted:
-            log.info("MQTT: %d route(s) of restored sessions re-added", posted)
+            log.info("MQTT: %d route(s) of restored / former sessions re-added or removed",
+                     posted)
         return posted
 
     # -- connect / disconnect ------------------------------------------------------------------

@@ -133,7 +133,8 @@ def test_persistent_session_routes_stay_when_its_gateway_dies(
         tmp_path_factory: pytest.TempPathFactory, clients) -> None:
     """kill -9 of the gateway holding a persistent session: publishes on the other gateway
     still match its route (PUBACK 0x00, stored in its LMQ), and the session's gateway,
-    restarted, delivers them."""
+    restarted, delivers them. The route a clean session left there goes when that gateway
+    restarts."""
     c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=1).start()
     try:
         a = c.gateway()
@@ -142,14 +143,24 @@ def test_persistent_session_routes_stay_when_its_gateway_dies(
         sub = _client(clients, b.port, client_id="p-" + uid(), version=4)
         sub.connect(clean_start=False)
         sub.subscribe(topic, qos=1)
+        clean_topic = f"clean/{uid()}"
+        brief = _client(clients, b.port, version=4)
+        brief.connect(clean_start=True)
+        brief.subscribe(clean_topic, qos=1)
         b.kill9()
         pub = _client(clients, a.port, version=5)
         pub.connect()
         for i in range(5):
             assert pub.publish(topic, f"o{i}".encode(), qos=1) == 0
+        assert pub.publish(clean_topic, b"x", qos=1) == 0  # left behind by the kill
         b.start()
         sub.connect(clean_start=False)
         assert [m.payload for m in sub.receive(5)] == [f"o{i}".encode() for i in range(5)]
+        deadline = time.monotonic() + 10
+        while pub.publish(clean_topic, b"y", qos=1) != 0x10:
+            assert time.monotonic() < deadline, "clean session's route outlived the restart"
+            time.sleep(0.05)
+        assert pub.publish(topic, b"still", qos=1) == 0
     finally:
         c.stop()
 
