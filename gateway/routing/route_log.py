@@ -311,7 +311,12 @@ class RouteLog:
         """Load the table, join the group, then follow the log and the acknowledgements
         until cancelled."""
         await self.load()
-        await self.join()
+        try:
+            await self.join()
+        except (MQClientError, RemotingError, OSError) as exc:
+            # Not a member: the others do not wait for this gateway (bounded staleness)
+            # until a heartbeat gets through.
+            log.warning("route log: joining the gateways' group failed: %s", exc)
         await self.refresh_members()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._log_loop)
