@@ -39,6 +39,7 @@ from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
 from gateway.routing.client_log import ClientLog
 from gateway.routing.route_log import RouteLog, RouteLogConfig
+from gateway.routing.route_table import Route
 
 __all__ = ["MqttGateway", "Stats"]
 
@@ -152,6 +153,8 @@ class MqttGateway:
                 self.link.router = self.routes.table.mqtt_lmqs_sorted
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)
+                if self.shared_lmqs:
+                    await self._hello()
                 await nursery.start(self.link.run)
                 nursery.start_soon(self.link.refresh_loop)
                 nursery.start_soon(self._flush_loop)
@@ -272,6 +275,17 @@ class MqttGateway:
                 self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
+
+    async def _hello(self) -> None:
+        """Before listening: one (no-op) entry in the route log, waited for, so that an
+        embedded gateway that believed itself alone stops predicting LMQ tails before
+        this gateway's first publish (its peers check wakes on every applied entry)."""
+        route = Route("mqtt", "$lmq/gateway/hello", "%LMQ%mqtt_none",
+                      owner=f"c:{self.gateway_id}:hello")
+        try:
+            await self.routes.remove_route(route)
+        except Exception as exc:
+            log.warning("route log greeting failed: %r", exc)
 
     def _brokers_added(self, brokers: list[str]) -> None:
         self.registry.add_brokers(brokers)

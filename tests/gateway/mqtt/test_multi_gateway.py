@@ -305,3 +305,51 @@ def test_will_across_gateways(cluster: Cluster, clients) -> None:
     assert got.payload == b"gone"
     late = _retained_on(b.port, clients, topic)
     assert late is not None and (late.payload, late.retain) == (b"gone", True)
+
+
+def test_lmq_serve_gateway_and_a_joining_lmq_mqtt(
+        tmp_path_factory: pytest.TempPathFactory, clients) -> None:
+    """`lmq serve`'s embedded gateway predicts LMQ tails while alone; a `lmq mqtt` that
+    joins makes it stop before the newcomer listens: publishes on both, interleaved,
+    reach a subscriber on the embedded gateway each once, in order per publisher."""
+    from tests.gateway.mqtt.cluster_support import MqttGatewayProcess
+    from tests.gateway.mqtt.e2e_support import (
+        BROKER_TEST_CONFIG,
+        DEFAULT_TEST_CONFIG,
+        Gateway,
+        write_toml,
+    )
+
+    class Serve(Gateway):
+        def argv(self) -> list[str]:
+            argv = super().argv()  # the lmq mqtt process multi-dispatches over TCP
+            write_toml(self.root / "broker.toml", {"broker": dict(
+                BROKER_TEST_CONFIG, allow_inner_properties_without_acl=True)})
+            return argv
+
+    root = tmp_path_factory.mktemp("serve")
+    a = Serve(root / "serve").start()
+    b = MqttGatewayProcess(root / "gw", a.namesrv_addr, DEFAULT_TEST_CONFIG)
+    try:
+        topic = f"mixed/{uid()}"
+        sub = _client(clients, a.port)
+        sub.connect()
+        sub.subscribe(topic, qos=1)
+        pub_a = _client(clients, a.port)
+        pub_a.connect()
+        assert pub_a.publish(topic, b"a-first", qos=1) == 0  # a tail learnt while alone
+        assert sub.receive_one().payload == b"a-first"
+        b.start()
+        pub_b = _client(clients, b.port)
+        pub_b.connect()
+        for i in range(20):
+            assert pub_b.publish(topic, f"b{i}".encode(), qos=1) == 0
+            assert pub_a.publish(topic, f"a{i}".encode(), qos=1) == 0
+        got = [m.payload.decode() for m in sub.receive(40)]
+        sub.nothing()
+        assert sorted(got) == sorted([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+        assert [g for g in got if g[0] == "a"] == [f"a{i}" for i in range(20)]
+        assert [g for g in got if g[0] == "b"] == [f"b{i}" for i in range(20)]
+    finally:
+        b.stop()
+        a.stop()
