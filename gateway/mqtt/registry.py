@@ -449,7 +449,8 @@ class SessionRegistry:
                                         None if sess.persistent else self.gw.gateway_id))
         routes = self.gw.routes
         if routes is not None:
-            await routes.add_route(route)  # live on every gateway (or the wait ran out)
+            # Live on every MQTT gateway (or the wait ran out): only they route MQTT.
+            await routes.add_route(route, wait_for="mqtt-")
         if sess.ended or sub.filter in sess.subs:
             if sess.ended and routes is not None:
                 routes.post("remove", route)

@@ -283,7 +283,7 @@ class MqttGateway:
         route = Route("mqtt", "$lmq/gateway/hello", "%LMQ%mqtt_none",
                       owner=f"c:{self.gateway_id}:hello")
         try:
-            await self.routes.remove_route(route)
+            await self.routes.remove_route(route, wait_for="mqtt-")
         except Exception as exc:
             log.warning("route log greeting failed: %r", exc)
 

@@ -330,25 +330,28 @@ class RouteLog:
         return {g: (self.table.version if g == self.gateway_id else self.acks.version(g))
                 for g in self.members | {self.gateway_id}}
 
-    def lagging(self, version: int) -> list[str]:
-        """Live gateways, other than this one, that have not reported `version` yet."""
-        return [g for g in self.members
-                if g != self.gateway_id and self.acks.version(g) < version]
+    def lagging(self, version: int, prefix: str = "") -> list[str]:
+        """Live gateways (ids starting with `prefix`), other than this one, that have not
+        reported `version` yet."""
+        return [g for g in self.members if g != self.gateway_id and g.startswith(prefix)
+                and self.acks.version(g) < version]
 
     async def changed(self) -> None:
         """Return at the next applied batch or acknowledgement read."""
         await self._changed.wait()
 
     # ------------------------------------------------------------------ changes
-    async def add_route(self, route: Route) -> tuple[int, bool]:
-        """Append an add; (version, True) once every live gateway applied it, or
-        (version, False) after `ack_timeout_s`."""
-        return await self._change(LogEntry("add", route))
+    async def add_route(self, route: Route, *, wait_for: str = "") -> tuple[int, bool]:
+        """Append an add; (version, True) once every live gateway whose id starts with
+        `wait_for` (all by default) applied it, or (version, False) after
+        `ack_timeout_s`. (An MQTT route matters only to the gateways that route MQTT
+        publishes: the MQTT gateway waits for `mqtt-` gateways only.)"""
+        return await self._change(LogEntry("add", route), wait_for)
 
-    async def remove_route(self, route: Route) -> tuple[int, bool]:
-        return await self._change(LogEntry("remove", route))
+    async def remove_route(self, route: Route, *, wait_for: str = "") -> tuple[int, bool]:
+        return await self._change(LogEntry("remove", route), wait_for)
 
-    async def _change(self, entry: LogEntry) -> tuple[int, bool]:
+    async def _change(self, entry: LogEntry, wait_for: str = "") -> tuple[int, bool]:
         done = trio.Event()
         out: list[int] = []
         self._outbox.append((entry, done, out))
@@ -357,7 +360,7 @@ class RouteLog:
         if not out:
             raise MQClientError(f"route change not stored: {entry.op} {entry.route}")
         version = out[0]
-        return version, await self.wait_applied(version)
+        return version, await self.wait_applied(version, wait_for)
 
     def post(self, op: str, route: Route) -> None:
         """Queue a change without waiting for it (sync callers: a session that ends);
@@ -395,7 +398,7 @@ class RouteLog:
             self._log_offset = max(self._log_offset, entry.version)
             self._applied()
 
-    async def wait_applied(self, version: int) -> bool:
+    async def wait_applied(self, version: int, prefix: str = "") -> bool:
         """Wait until this gateway and every live one applied `version` (bounded). The
         member list is re-read when older than `membership_ttl_s`, and every
         `membership_recheck_s` while a member lags (a gateway that died drops out)."""
@@ -403,11 +406,11 @@ class RouteLog:
         with trio.move_on_after(cfg.ack_timeout_s):
             if self.clock() - self._members_at > cfg.membership_ttl_s:
                 await self.refresh_members()
-            while self.table.version < version or self.lagging(version):
+            while self.table.version < version or self.lagging(version, prefix):
                 with trio.move_on_after(cfg.membership_recheck_s):
                     await self._changed.wait()
                     continue
-                if self.lagging(version):
+                if self.lagging(version, prefix):
                     await self.refresh_members()
             return True
         return False
