@@ -243,6 +243,12 @@ class ClusterSessions:
             if off is None:  # never committed there: start at the end (nothing twice)
                 off = await link.max_offset(b, lmq)
             offsets[f"{b}\x00{lmq}"] = [off, off]
+        for s in subs:  # a shared group new here starts at the end, as on SUBSCRIBE
+            if parse_shared_subscription(s.filter) is not None and s.lmq not in registry.groups:
+                for b in link.brokers:
+                    key = f"{b}\x00{s.lmq}"
+                    if key not in registry._group_offsets:
+                        registry._group_offsets[key] = await link.max_offset(b, s.lmq)
         if client_id in registry.sessions:
             return  # another CONNECT of this id rebuilt it meanwhile
         sess = Session(client_id, rec.get("v", 4), rec.get("exp"))

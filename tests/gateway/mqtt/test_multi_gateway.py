@@ -353,3 +353,25 @@ def test_lmq_serve_gateway_and_a_joining_lmq_mqtt(
     finally:
         b.stop()
         a.stop()
+
+
+def test_resumed_session_with_a_shared_subscription_does_not_replay(cluster: Cluster,
+                                                                     clients) -> None:
+    """A persistent session with a `$share` subscription taken to B: the group, new on B,
+    starts at the end of its LMQ (as a SUBSCRIBE does), not at the start."""
+    a, b = cluster.gateways
+    topic = f"share/{uid()}"
+    cid = "sh-" + uid()
+    x = _client(clients, a.port, client_id=cid, version=4)
+    x.connect(clean_start=False)
+    x.subscribe(f"$share/g{uid()}/{topic}", qos=1)
+    pub = _client(clients, a.port, version=5)
+    pub.connect()
+    for i in range(5):
+        assert pub.publish(topic, f"old{i}".encode(), qos=1) == 0
+    assert len(x.receive(5)) == 5
+    x.disconnect()
+    x2 = _client(clients, b.port, client_id=cid, version=4)
+    assert x2.connect(clean_start=False)[1] is True
+    assert pub.publish(topic, b"new", qos=1) == 0
+    assert [m.payload for m in x2.drain()] == [b"new"]
