@@ -268,9 +268,11 @@ def test_hostile_handshakes_are_refused_and_the_slave_carries_on(tmp_path):
                     hello = b""
                     while len(hello) < 38:
                         hello += await stream.receive_some(38 - len(hello))
-                    mac = hmac.new(secret.encode(), b"slave" + hello[6:] + name,
+                    id_epoch = struct.pack(">ii", 2, 0)
+                    mac = hmac.new(secret.encode(), b"slave" + hello[6:] + name + id_epoch,
                                    hashlib.sha256).digest()
-                    await stream.send_all(mac + struct.pack(">qH", offset, len(name)) + name)
+                    await stream.send_all(mac + struct.pack(">q", offset) + id_epoch
+                                          + struct.pack(">H", len(name)) + name)
                     with trio.move_on_after(5):
                         return await stream.receive_some(100)
                     return b"timeout"
