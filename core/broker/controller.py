@@ -396,10 +396,12 @@ class BrokerController:
 
     async def _register_loop(self) -> None:
         # serve() registered once before reporting itself started.
+        self._register_event = trio.Event()
         while True:
-            self._register_event = trio.Event()
             with trio.move_on_after(self.config.register_interval_s):
                 await self._register_event.wait()
+            # A new event before registering: a request made meanwhile is not lost.
+            self._register_event = trio.Event()
             await self.register_all()
 
     async def _unregister_all(self) -> None:
