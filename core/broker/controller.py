@@ -395,8 +395,7 @@ class BrokerController:
             log.warning("register to name server %s failed: %s", addr, failure)
 
     async def _register_loop(self) -> None:
-        # serve() registered once before reporting itself started.
-        self._register_event = trio.Event()
+        # serve() registered once before reporting itself started (and made the event).
         while True:
             with trio.move_on_after(self.config.register_interval_s):
                 await self._register_event.wait()
@@ -496,6 +495,7 @@ class BrokerController:
         self._stop = trio.Event()
         if self._stop_requested:
             self._stop.set()
+        self._register_event = trio.Event()
         self.load()
         if self.ha_link is not None:
             # Learn the role first: a deposed master cuts what no later master has.
