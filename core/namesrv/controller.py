@@ -239,7 +239,8 @@ class Controller:
         for name, g in self.groups.items():
             st = self._state(name, g, None)
             master = g.replicas.get(g.master) if g.master is not None else None
-            st["leaseLeftS"] = round(max(0.0, g.lease_end - now), 3) if master else 0.0
+            granted = master is not None and bool(g.history) and g.history[-1][1] is not None
+            st["leaseLeftS"] = round(max(0.0, g.lease_end - now), 3) if granted else 0.0
             st["replicas"] = {
                 str(i): {"addr": r.addr, "haAddr": r.ha_addr, "maxOffset": r.max_offset,
                          "epoch": r.epoch, "lastSeenS": round(now - r.last_seen, 3),

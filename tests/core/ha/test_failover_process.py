@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from core.client import ClientInstance, Message, Producer
 from core.client.errors import MQClientError
 from core.client.model import SendStatus
 from core.common.codec import decode_records
-from core.remoting.codec import RemotingCommand
+from core.remoting.codec import FrameDecoder, RemotingCommand, encode_command_bytes
 from tests.core.broker.harness import (
     REPO,
     ServerProcess,
@@ -87,6 +88,7 @@ class Cluster:
         return len(self.state().get("syncStateSet", [])) >= n
 
     def close(self) -> None:
+        os.kill(self.ns.pid, signal.SIGCONT)
         for b in self.brokers.values():
             if b.proc is not None and b.proc.poll() is None:
                 os.kill(b.proc.pid, signal.SIGCONT)
@@ -218,9 +220,32 @@ def test_master_paused_past_its_lease_accepts_no_write_when_resumed(tmp_path):
                    what="a new master")
         assert time.monotonic() - paused >= 3.0  # not before the lease (3 s) ran out
         new = c.master()
-        resp = sync_invoke(new.broker_addr, send_request(TOPIC, b"on-new"))
-        assert resp.code in (0, 11), resp.remark  # stored (no slave yet: 11)
+        # Stored (no slave yet: 11) once the new master holds its own lease.
+        wait_until(lambda: sync_invoke(new.broker_addr, send_request(TOPIC, b"on-new")).code
+                   in (0, 11), 10, what="a write on the new master")
+        # Writes that wait in the paused master's sockets, read the moment it resumes;
+        # the controller is paused too, so nothing can tell the old master it was deposed
+        # first: only its own lease stops it.
+        os.kill(c.ns.pid, signal.SIGSTOP)
+        host, _, port = old.broker_addr.rpartition(":")
+        waiting = []
+        for i in range(4):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            cmd = send_request(TOPIC, b"stale-%d" % i)
+            cmd.opaque = 7
+            sock.sendall(encode_command_bytes(cmd))
+            waiting.append(sock)
         os.kill(old.proc.pid, signal.SIGCONT)
+        for sock in waiting:
+            with sock:
+                decoder = FrameDecoder()
+                answers = []
+                while not answers:
+                    data = sock.recv(65536)
+                    assert data, "closed without an answer"
+                    answers = [r for r in decoder.feed(data) if r.is_response]
+                assert answers[0].code == 14, (answers[0].code, answers[0].remark)
+        os.kill(c.ns.pid, signal.SIGCONT)
         # Resumed: whatever it still believes, it takes no write.
         end = time.monotonic() + 3
         while time.monotonic() < end:
