@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 import trio
 
 from core.remoting.codec import RemotingCommand
-from core.remoting.codes import ResponseCode
+from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.processor import ProcessorTable, RequestContext
 
 log = logging.getLogger(__name__)
 
-CONTROLLER_HEARTBEAT = 900101
-CONTROLLER_ALTER_SYNC_SET = 900102
-CONTROLLER_GET_STATE = 900103
-CONTROLLER_ELECT = 900104
+CONTROLLER_HEARTBEAT = RequestCode.CONTROLLER_HEARTBEAT
+CONTROLLER_ALTER_SYNC_SET = RequestCode.CONTROLLER_ALTER_SYNC_SET
+CONTROLLER_GET_STATE = RequestCode.CONTROLLER_GET_STATE
+CONTROLLER_ELECT = RequestCode.CONTROLLER_ELECT
 
 STATE_FILE = "controller.json"
 MAX_HISTORY = 64  # epoch entries kept per broker name

@@ -23,12 +23,13 @@ import os
 import trio
 
 from core.remoting.codec import RemotingCommand
+from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
 
 log = logging.getLogger(__name__)
 
-CONTROLLER_HEARTBEAT = 900101  # core/namesrv/controller.py
-CONTROLLER_ALTER_SYNC_SET = 900102
+CONTROLLER_HEARTBEAT = RequestCode.CONTROLLER_HEARTBEAT  # core/namesrv/controller.py
+CONTROLLER_ALTER_SYNC_SET = RequestCode.CONTROLLER_ALTER_SYNC_SET
 
 EPOCH_FILE = "ha_epoch"
 
