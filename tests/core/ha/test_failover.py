@@ -110,3 +110,44 @@ async def wait_for_route(client, ns_addr, cmd, addr):
                 if any(bd["brokerAddrs"].get("0") == addr for bd in route["brokerDatas"]):
                     return
             await trio.sleep(0.05)
+
+
+async def _admin(*args: str) -> dict | str:
+    import sys
+
+    proc = await trio.run_process([sys.executable, "-m", "lmq", "admin", *args],
+                                  capture_stdout=True, capture_stderr=True, check=False)
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    return json.loads(out) if "--json" in args else out
+
+
+def test_admin_shows_roles_and_lag_and_switches_by_hand(tmp_path):
+    async def main():
+        async with controlled(tmp_path) as (client, ns, ns_addr, broker, restarts):
+            b1 = await broker(1)
+            await wait_for(b1.ha_link.can_write)
+            b2 = await broker(2)
+            await wait_for(lambda: 2 in b1.ha_link.sync_set)
+            await _topic(client, b1)
+            for i in range(10):
+                resp = await client.invoke(b1.broker_addr, send_request(TOPIC, b"x%d" % i))
+                assert resp.code == ResponseCode.SUCCESS
+            await trio.sleep(0.3)  # a heartbeat carries the slave's figures
+            state = (await _admin("ha", "status", "-n", ns_addr, "--json"))["bk"]
+            reps = state["replicas"]
+            assert (reps["1"]["role"], reps["2"]["role"]) == ("MASTER", "SLAVE")
+            assert state["epoch"] == 1 and reps["2"]["inSync"]
+            assert reps["2"]["lagBytes"] == 0 and reps["2"]["lagS"] == 0.0
+            table = await _admin("ha", "status", "-n", ns_addr)
+            assert "MASTER" in table and "SLAVE" in table and "LAG BYTES" in table
+            # A controlled switch: b1's lease is no longer renewed, then b2 is elected.
+            await _admin("ha", "switch", "bk", "--to", "2", "-n", ns_addr)
+            lease_of_b1 = b1.ha_link.lease_until
+            await wait_for(b2.ha_link.can_write, timeout=10)
+            assert trio.current_time() > lease_of_b1 and not b1.ha_link.can_write()
+            await wait_for(lambda: restarts == [1], timeout=10)
+            state = (await _admin("ha", "status", "-n", ns_addr, "--json"))["bk"]
+            assert state["masterId"] == 2 and state["epoch"] == 2
+            assert await pull_all(client, b2) == [b"x%d" % i for i in range(10)]
+    trio.run(main)
