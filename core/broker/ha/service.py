@@ -33,6 +33,7 @@ import struct
 import trio
 
 from core.broker.offsets import TOPIC_GROUP_SEPARATOR
+from core.broker.subscription_group import SubscriptionGroupConfig
 from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
@@ -425,8 +426,9 @@ class HASlave:
             self._sync_now = trio.Event()
 
     async def sync_config(self) -> None:
-        """Topics and consumer offsets from the master (RocketMQ's slave does the same
-        with GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET)."""
+        """Topics, consumer offsets and subscription groups from the master (RocketMQ's
+        slave does the same with GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET /
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
         broker = self.broker
         client = broker.client
         if client is None:
@@ -449,3 +451,11 @@ class HASlave:
                 topic, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)
                 for q, off in queues.items():
                     om.commit(group, topic, int(q), int(off))
+        resp = await client.invoke(addr, RemotingCommand.request(
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}), timeout)
+        if resp.code == 0 and resp.body:
+            sgm = broker.subscription_group_manager
+            for name, data in json.loads(resp.body).get("subscriptionGroupTable", {}).items():
+                current = sgm.table.get(name)
+                if current is None or current.to_json() != data:
+                    sgm.update(SubscriptionGroupConfig.from_json(data))

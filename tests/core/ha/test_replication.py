@@ -283,3 +283,17 @@ def test_hostile_handshakes_are_refused_and_the_slave_carries_on(tmp_path):
             assert ha.refused == 3
             assert (await send(client, master, b"still")).code == ResponseCode.SUCCESS
     trio.run(main)
+
+
+def test_slave_syncs_subscription_groups(tmp_path):
+    from core.broker.subscription_group import SubscriptionGroupConfig
+
+    async def main():
+        async with cluster(tmp_path, role="ASYNC_MASTER") as (client, master, slave, _ns, _n):
+            await wait_for(lambda: slave.ha_slave.master_broker_addr)
+            master.subscription_group_manager.update(
+                SubscriptionGroupConfig("GroupOnMaster", retry_max_times=3))
+            await slave.ha_slave.sync_config()
+            got = slave.subscription_group_manager.table.get("GroupOnMaster")
+            assert got is not None and got.retry_max_times == 3
+    trio.run(main)
