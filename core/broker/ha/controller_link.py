@@ -256,6 +256,7 @@ class ControllerLink:
         self.epoch_start = broker.store.max_physical_offset if start is None else int(start)
         await self.adopt_epoch(self.epoch)
         self.role = "MASTER"
+        self._apply_ack_set()  # SYNC sends wait for the in-sync set from the start
         log.warning("HA: master of %s for epoch %d from offset %d", self.config.broker_name,
                     self.epoch, self.epoch_start)
         broker.on_promoted()
