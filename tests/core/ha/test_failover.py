@@ -133,7 +133,11 @@ def test_admin_shows_roles_and_lag_and_switches_by_hand(tmp_path):
             for i in range(10):
                 resp = await client.invoke(b1.broker_addr, send_request(TOPIC, b"x%d" % i))
                 assert resp.code == ResponseCode.SUCCESS
-            await trio.sleep(0.3)  # a heartbeat carries the slave's figures
+            # The master's next heartbeat carries the slave's figures.
+            def caught_up() -> bool:
+                rep = ns.controller.snapshot()["bk"]["replicas"]["2"]
+                return rep.get("lagBytes") == 0 and rep.get("lagS") == 0.0
+            await wait_for(caught_up)
             state = (await _admin("ha", "status", "-n", ns_addr, "--json"))["bk"]
             reps = state["replicas"]
             assert (reps["1"]["role"], reps["2"]["role"]) == ("MASTER", "SLAVE")
