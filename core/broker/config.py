@@ -182,6 +182,8 @@ class BrokerConfig(RemotingListenerConfig):
             raise ValueError(f"broker_role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, "
                              f"not {self.broker_role!r}")
         if self.controller_addr:
+            if self.controller_heartbeat_s <= 0 or self.ha_max_gap_bytes <= 0:
+                raise ValueError("controller_heartbeat_s and ha_max_gap_bytes must be > 0")
             if self.broker_role == "SLAVE" or self.broker_id <= 0 or not self.ha_secret:
                 raise ValueError("with controller_addr every broker needs broker_id > 0, "
                                  "ha_secret and broker_role ASYNC_MASTER or SYNC_MASTER "

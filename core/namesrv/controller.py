@@ -74,6 +74,11 @@ class Group:
 
 class Controller:
     def __init__(self, config) -> None:
+        if not (config.controller_lease_s > 0 and config.controller_lease_margin_s >= 0
+                and config.controller_check_s > 0 and config.controller_max_broker_names > 0):
+            raise ValueError("controller_lease_s, controller_check_s and "
+                             "controller_max_broker_names must be > 0, "
+                             "controller_lease_margin_s >= 0")
         self.config = config
         self.lease_s = config.controller_lease_s
         self.margin_s = config.controller_lease_margin_s

@@ -66,6 +66,7 @@ class ControllerLink:
         self.heartbeats = 0
         self.failures = 0
         self.restart_requested = False
+        self._short_lease_logged = False
 
     # ------------------------------------------------------------------ epoch file
     def _read_epoch(self) -> int:
@@ -210,6 +211,12 @@ class ControllerLink:
                 return self.role == "MASTER"  # report where our epoch starts at once
             lease_ms = int(state.get("leaseMs") or 0)
             if lease_ms > 0 and self.local_epoch == self.epoch:
+                if lease_ms / 1000.0 <= 2 * self.config.controller_heartbeat_s \
+                        and not self._short_lease_logged:
+                    self._short_lease_logged = True
+                    log.warning("HA: the controller's lease (%d ms) is not more than two "
+                                "heartbeats (controller_heartbeat_s %.1f): writes will "
+                                "pause", lease_ms, self.config.controller_heartbeat_s)
                 had = self.can_write()
                 self.lease_until = max(self.lease_until, sent + lease_ms / 1000.0)
                 if not had:
