@@ -32,6 +32,7 @@ CONTROLLER_HEARTBEAT = RequestCode.CONTROLLER_HEARTBEAT  # core/namesrv/controll
 CONTROLLER_ALTER_SYNC_SET = RequestCode.CONTROLLER_ALTER_SYNC_SET
 
 EPOCH_FILE = "ha_epoch"
+_STATE_KEYS = ("epoch", "masterId", "syncStateSet", "syncVersion", "history")
 
 #: What a deposed broker does when it has no `restart_hook` of its own: `lmq broker`
 #: sets a clean stop followed by a re-exec; embedded brokers just stop.
@@ -135,21 +136,26 @@ class ControllerLink:
         client = self.broker.client
         if client is None:
             return None
+        problem = None
         try:
             resp = await client.invoke(self.config.controller_addr, cmd,
                                        self.config.controller_heartbeat_s * 2)
-        except (RemotingError, OSError) as exc:
+            state = json.loads(resp.body) if resp.body else None
+            if not isinstance(state, dict) or not all(k in state for k in _STATE_KEYS):
+                problem = f"code {resp.code}: {resp.remark}"
+        except (RemotingError, OSError, ValueError) as exc:
+            problem = repr(exc)
+        if problem is not None:
+            # Logged once per outage (every heartbeat would flood the log).
             self.failures += 1
             if self.failures == 1:
-                log.warning("HA controller %s unreachable: %r", self.config.controller_addr, exc)
+                log.warning("HA controller %s: no usable answer (%s)",
+                            self.config.controller_addr, problem)
             return None
         if self.failures:
-            log.info("HA controller %s reachable again", self.config.controller_addr)
+            log.info("HA controller %s answers again", self.config.controller_addr)
         self.failures = 0
-        if not resp.body:
-            log.warning("HA controller: %s", resp.remark)
-            return None
-        return json.loads(resp.body)
+        return state
 
     async def bootstrap(self, client) -> None:
         """Before the store opens: learn the role and cut data no later master has."""
