@@ -68,6 +68,7 @@ class ControllerLink:
         self.failures = 0
         self.restart_requested = False
         self._short_lease_logged = False
+        self._was_writable = False
 
     # ------------------------------------------------------------------ epoch file
     def _read_epoch(self) -> int:
@@ -204,6 +205,12 @@ class ControllerLink:
     async def beat(self) -> bool:
         """One heartbeat; True when another should follow at once (just promoted)."""
         broker = self.broker
+        writable = self.can_write()
+        if writable != self._was_writable:
+            # Lease lost (controller unreachable, switch) or won: routes list us as
+            # brokerId 0 only while we may write.
+            self._was_writable = writable
+            broker.request_register()
         sent = trio.current_time()
         state = await self._invoke(self._heartbeat_cmd(broker.store.max_physical_offset))
         if state is None:
