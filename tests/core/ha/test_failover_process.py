@@ -203,6 +203,14 @@ def test_master_killed_mid_stream_loses_no_acknowledged_message(tmp_path):
             for k in range(8):
                 seq = [pos[b] for kk, qq, b in acked if qq == q and kk == k]
                 assert seq == sorted(seq), f"sender {k} out of order in queue {q}"
+        # The old master, back as a slave, caught up: it holds every acknowledged message
+        # (what it had, minus its unacknowledged tail, plus all the new master wrote).
+        everything = {b for _k, _q, b in acked}
+
+        def caught_up() -> bool:
+            held = sum((_pull_queue(old.broker_addr, q) for q in range(QUEUES)), [])
+            return everything <= set(held) and len(held) == len(set(held))
+        wait_until(caught_up, 30, what="the old master, now a slave, holding every ack")
     finally:
         c.close()
 
