@@ -80,6 +80,11 @@ NAMESRV_WRITE_CODES = frozenset({
     R.DELETE_TOPIC_IN_NAMESRV,
     R.UPDATE_NAMESRV_CONFIG,
     R.GET_NAMESRV_CONFIG,
+    # The HA controller (docs/ha.md): brokers' leases and roles, and the switch.
+    R.CONTROLLER_HEARTBEAT,
+    R.CONTROLLER_ALTER_SYNC_SET,
+    R.CONTROLLER_GET_STATE,
+    R.CONTROLLER_ELECT,
 })
 
 
