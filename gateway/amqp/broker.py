@@ -36,12 +36,13 @@ from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.errors import AmqpError
+from gateway.amqp.queue_args import NO_ARGS, QueueArgs, parse_expiration, parse_queue_args
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
 from gateway.routing.route_table import Route, RouteError
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
-           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "EXCHANGE_TYPES"]
+           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ PREDEFINED = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout",
 PROP_EXCHANGE = "AMQP_EX"
 PROP_ROUTING_KEY = "AMQP_RK"
 PROP_PROPERTIES = "AMQP_P"
+#: The per-message TTL (the `expiration` property, ms) of a stored publish, when it has one.
+PROP_TTL = "AMQP_TTL"
 #: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
 _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
              ("message_id", "AMQP_MESSAGE_ID"))
@@ -117,6 +120,17 @@ class Queue:
     routes: set[Route] = field(default_factory=set)
     consumers: int = 0  # consumers on this gateway
     exclusive_consumer: bool = False  # an exclusive consume holds it (on this gateway)
+    args: QueueArgs = NO_ARGS  # the parsed arguments (gateway/amqp/queue_args.py)
+    #: x-expires: trio time after which the unused queue is deleted (None: never).
+    expires_at: float | None = None
+    #: x-single-active-consumer: consumers in the order they came; the first is active.
+    waiting: list = field(default_factory=list)
+    active_changed: trio.Event = field(default_factory=trio.Event)
+
+    def touch(self) -> None:
+        """Used (declared, consumed, got): x-expires counts from now."""
+        if self.args.expires is not None:
+            self.expires_at = trio.current_time() + self.args.expires / 1000
 
 
 def _flag(value: bool) -> str:
@@ -161,6 +175,11 @@ class AmqpBroker:
         self.exchanges: dict[str, Exchange] = {
             name: Exchange(name, kind) for name, kind in PREDEFINED.items()}
         self.queues: dict[str, Queue] = {}
+        #: Queues with x-max-length, by LMQ: a publish reaching one counts it first.
+        self.limited: dict[str, Queue] = {}
+        from gateway.amqp.dead_letter import QueuePolicy  # it imports this module
+
+        self.policy = QueuePolicy(self)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
         self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
         self._pop_clients: dict[str, PopClient] = {}
@@ -190,6 +209,7 @@ class AmqpBroker:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._ack_loop)
+            nursery.start_soon(self.policy.expiry_loop)
             task_status.started()
             await trio.sleep_forever()
 
@@ -297,6 +317,7 @@ class AmqpBroker:
         if passive:
             if queue is None:
                 raise _not_found("queue", name)
+            self._touch(queue)
             return queue
         if name.startswith("amq."):
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue name '{name}' "
@@ -311,7 +332,9 @@ class AmqpBroker:
                 if arguments.get(key) != queue.arguments.get(key):
                     raise _inequivalent("queue", name, key, _show(arguments.get(key)),
                                         _show(queue.arguments.get(key)))
+            self._touch(queue)
             return queue
+        args = parse_queue_args(name, arguments)
         if len(self.queues) >= self.config.max_queues:
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
                             f"declare queue '{name}': queue limit in vhost '/' "
@@ -324,9 +347,21 @@ class AmqpBroker:
             raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - queue name "
                             "is not valid UTF-8") from None
         queue = Queue(name, lmq, durable, exclusive, auto_delete, dict(arguments),
-                      owner if exclusive else None)
+                      owner if exclusive else None, args=args)
         self.queues[name] = queue
+        if args.max_length is not None:
+            self.limited[lmq] = queue
+        self._touch(queue)
         return queue
+
+    def _touch(self, queue: Queue) -> None:
+        if queue.args.expires is not None:
+            queue.touch()
+            self.policy.schedule_expiry(queue)
+
+    async def delete_expired(self, queue: Queue) -> None:
+        """x-expires passed with the queue unused: it goes."""
+        await self._drop_queue(queue)
 
     async def queue_delete(self, name: str, owner: int) -> int:
         queue = self.queues.get(name)
@@ -340,6 +375,8 @@ class AmqpBroker:
 
     async def _drop_queue(self, queue: Queue) -> None:
         self.queues.pop(queue.name, None)
+        self.limited.pop(queue.lmq, None)
+        queue.expires_at = None
         routes, queue.routes = queue.routes, set()
         for route in routes:
             await self.routes.remove_route(route)
@@ -362,8 +399,12 @@ class AmqpBroker:
 
     async def consumer_gone(self, queue: Queue) -> None:
         """An auto-delete queue goes with its last consumer (counted on this gateway)."""
-        if queue.auto_delete and queue.consumers <= 0 and self.queues.get(queue.name) is queue:
+        if queue.consumers > 0 or self.queues.get(queue.name) is not queue:
+            return
+        if queue.auto_delete:
             await self._drop_queue(queue)
+        else:
+            self._touch(queue)  # x-expires counts from the last consumer's going
 
     async def connection_ended(self, owner: int) -> None:
         """Exclusive queues die with their connection."""
@@ -372,7 +413,9 @@ class AmqpBroker:
 
     def consumable(self, name: str, owner: int) -> Queue:
         """The queue for consume/get: 404 if unknown, 405 if another's exclusive queue."""
-        return self._queue_for(name, owner)
+        queue = self._queue_for(name, owner)
+        self._touch(queue)  # x-expires: in use
+        return queue
 
     def _queue_for(self, name: str, owner: int) -> Queue:
         queue = self.queues.get(name)
@@ -437,6 +480,8 @@ class AmqpBroker:
             PROP_ROUTING_KEY: _quote(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
         }
+        if properties.expiration is not None:
+            props[PROP_TTL] = str(parse_expiration(properties.expiration))
         for attr, key in _READABLE:
             value = getattr(properties, attr)
             if value:

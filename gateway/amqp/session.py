@@ -65,6 +65,7 @@ from gateway.amqp.methods import (
     TxSelect,
     TxSelectOk,
 )
+from gateway.amqp.queue_args import parse_expiration
 
 __all__ = ["AmqpSession"]
 
@@ -259,7 +260,7 @@ class AmqpSession:
                 send(channel, BasicRecoverOk())
         elif kind is BasicGet:
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
-            await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)
+            await state.deliveries.get(broker.queue_pop(queue), queue, method.no_ack)
         elif kind is TxSelect:
             if state.confirm:
                 raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
@@ -307,12 +308,20 @@ class AmqpSession:
                             60, 40)
         broker = self.broker
         props = content.properties
+        if props.expiration is not None:
+            parse_expiration(props.expiration)  # 406 for a malformed one, as RabbitMQ
         lmqs = broker.route(method.exchange, method.routing_key, props.headers)
         entry: list | None = None
         if state.confirm:
             entry = [state.next_publish_tag, None]
             state.next_publish_tag += 1
             state.confirms.append(entry)
+        trim: list = []
+        rejected = False
+        if broker.limited and state.tx_pubs is None:
+            limited = [q for lmq in lmqs if (q := broker.limited.get(lmq)) is not None]
+            if limited:
+                lmqs, trim, rejected = await self._admit(method, content, lmqs, limited)
         if not lmqs:
             broker.stats["unroutable"] += 1
             if method.mandatory:
@@ -322,7 +331,7 @@ class AmqpSession:
                                          method.routing_key),
                     content.raw_properties, content.body, self.conn.frame_max))
             if entry is not None:
-                entry[1] = True
+                entry[1] = not rejected
                 self._confirm(channel, state)
             return
         pb = broker.stored_properties(method.exchange, method.routing_key, props,
@@ -334,7 +343,37 @@ class AmqpSession:
                                 "transaction larger than max_publish_backlog_bytes")
             state.tx_pubs.append((pb, content.body))
             return
+        if rejected and entry is not None:
+            entry.append("rejected")  # stored, but a queue refused it: Basic.Nack
         await self._enqueue([(pb, content.body, entry, channel, state)])
+        if trim:
+            while self._pub_bytes:  # stored first, then the oldest go
+                await self._pub_space.wait()
+            for queue in trim:
+                await broker.policy.trim(queue)
+
+    async def _admit(self, method: Any, content: Any, lmqs: list[str],
+                     limited: list) -> tuple[list[str], list, bool]:
+        """x-max-length: the LMQs the publish may reach, the drop-head queues to trim
+        after it is stored, and whether a reject-publish queue refused it."""
+        while self._pub_bytes:  # count with this connection's earlier publishes stored
+            await self._pub_space.wait()
+        policy = self.broker.policy
+        refused: set[str] = set()
+        trim = []
+        for queue in limited:
+            mode = queue.args.overflow
+            if mode == "drop-head":
+                trim.append(queue)
+            elif await policy.over_limit(queue):
+                refused.add(queue.lmq)
+                policy.stats["rejected"] += 1
+                if mode == "reject-publish-dlx":
+                    await policy.republish(queue, method.exchange, method.routing_key,
+                                           content.properties, content.body, "maxlen")
+        if refused:
+            lmqs = [lmq for lmq in lmqs if lmq not in refused]
+        return lmqs, trim, bool(refused)
 
     async def _enqueue(self, pubs: list[tuple]) -> None:
         """Hand publishes to the store loop (started on demand); back-pressure."""
@@ -408,7 +447,8 @@ class AmqpSession:
                 touched = {}
                 for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
                     if entry is not None:
-                        entry[1] = bool(stored)
+                        # A third item: a reject-publish queue refused it (Basic.Nack).
+                        entry[1] = bool(stored) and len(entry) == 2
                         touched[channel] = state
                 for channel, state in touched.items():
                     self._confirm(channel, state)
