@@ -91,6 +91,7 @@ class RequestCode(IntEnum):
     POP_HOLDER_REGISTER = 900001
     POP_HOLDER_RELEASE = 900002
     POP_DEAD_LETTER = 900003
+    POP_PURGE = 900004
 
 
 class ResponseCode(IntEnum):

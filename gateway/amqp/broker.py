@@ -85,6 +85,8 @@ class AmqpBrokerConfig:
     max_exchanges: int = 10_000
     #: Bindings of one queue.
     max_bindings_per_queue: int = 1_000
+    #: Exchange-to-exchange bindings one gateway process keeps.
+    max_exchange_bindings: int = 10_000
     #: POP invisibility of a delivery not yet acknowledged (RabbitMQ's consumer_timeout
     #: is 30 min); a gateway crash returns its deliveries at once (holder), not after this.
     invisible_ms: int = 30 * 60 * 1000
@@ -125,6 +127,8 @@ class Queue:
     expires_at: float | None = None
     #: x-single-active-consumer: consumers in the order they came; the first is active.
     waiting: list = field(default_factory=list)
+    #: Consumers of this queue on this gateway (told with Basic.Cancel when it is deleted).
+    subscribers: set = field(default_factory=set)
     active_changed: trio.Event = field(default_factory=trio.Event)
 
     def touch(self) -> None:
@@ -148,15 +152,17 @@ def _not_found(what: str, name: str) -> AmqpError:
 
 
 def _bind_route(exchange: Exchange, routing_key: str, arguments: Mapping[str, Any],
-                dest: str) -> Route:
+                dest: str, dest_exchange: bool = False) -> Route:
     kind = exchange.type
     try:
         if kind == "headers":
             x_match = arguments.get("x-match", "all")
             if isinstance(x_match, bytes):
                 x_match = x_match.decode("utf-8", "replace")
-            return Route.headers_route(exchange.name, arguments, dest, x_match=str(x_match))
-        return Route(kind, "" if kind == "fanout" else routing_key, dest, exchange.name)
+            return Route.headers_route(exchange.name, arguments, dest, x_match=str(x_match),
+                                       dest_exchange=dest_exchange)
+        return Route(kind, "" if kind == "fanout" else routing_key, dest, exchange.name,
+                     dest_exchange)
     except RouteError as exc:
         raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
                         f"binding: {exc}") from None
@@ -175,6 +181,8 @@ class AmqpBroker:
         self.exchanges: dict[str, Exchange] = {
             name: Exchange(name, kind) for name, kind in PREDEFINED.items()}
         self.queues: dict[str, Queue] = {}
+        #: Exchange-to-exchange bindings (routes whose destination is an exchange).
+        self.exchange_routes: set[Route] = set()
         #: Queues with x-max-length, by LMQ: a publish reaching one counts it first.
         self.limited: dict[str, Queue] = {}
         from gateway.amqp.dead_letter import QueuePolicy  # it imports this module
@@ -299,13 +307,38 @@ class AmqpBroker:
         if name not in self.exchanges:
             return  # RabbitMQ answers delete-ok for a missing exchange
         bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == name]
-        if if_unused and bound:
+        e2e = [r for r in self.exchange_routes if r.exchange == name]
+        if if_unused and (bound or e2e):
+            # RabbitMQ: in use = it is the source of a binding.
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange "
                             f"'{name}' in vhost '/' in use")
         del self.exchanges[name]
         for queue, route in bound:
             queue.routes.discard(route)
             await self.routes.remove_route(route)
+        for route in e2e + [r for r in self.exchange_routes if r.dest == name]:
+            self.exchange_routes.discard(route)
+            await self.routes.remove_route(route)
+
+    async def exchange_bind(self, destination: str, source: str, routing_key: str,
+                            arguments: Mapping[str, Any], bind: bool = True) -> None:
+        """Exchange.Bind / Unbind: messages reaching `source` also go through
+        `destination` (a route of the shared table whose destination is an exchange)."""
+        dest = self._exchange_for_bind(destination)
+        route = _bind_route(self._exchange_for_bind(source), routing_key, arguments,
+                            dest.name, dest_exchange=True)
+        if not bind:
+            self.exchange_routes.discard(route)
+            await self.routes.remove_route(route)
+            return
+        if route in self.exchange_routes:
+            return
+        if len(self.exchange_routes) >= self.config.max_exchange_bindings:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - "
+                            f"{len(self.exchange_routes)} exchange-to-exchange bindings "
+                            "(the limit)")
+        self.exchange_routes.add(route)
+        await self.routes.add_route(route)
 
     # ------------------------------------------------------------------ queues
     def queue_declare(self, name: str, *, passive: bool, durable: bool, exclusive: bool,
@@ -363,23 +396,50 @@ class AmqpBroker:
         """x-expires passed with the queue unused: it goes."""
         await self._drop_queue(queue)
 
-    async def queue_delete(self, name: str, owner: int) -> int:
+    async def queue_delete(self, name: str, owner: int, if_unused: bool = False,
+                           if_empty: bool = False) -> int:
+        """Queue.Delete: the number of messages deleted with it."""
         queue = self.queues.get(name)
         if queue is None:
             return 0  # RabbitMQ answers delete-ok for a missing queue
         if queue.exclusive and queue.owner != owner:
             raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
                             f"exclusive access to locked queue '{name}' in vhost '/'")
-        await self._drop_queue(queue)
-        return 0
+        if if_unused and queue.consumers > 0:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
+                            f"'{name}' in vhost '/' in use")
+        if if_empty and await self.message_count(queue) > 0:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
+                            f"'{name}' in vhost '/' is not empty")
+        return await self._drop_queue(queue)
 
-    async def _drop_queue(self, queue: Queue) -> None:
+    async def queue_purge(self, name: str, owner: int) -> int:
+        """Queue.Purge: drop the messages waiting for delivery (not the unacknowledged
+        ones, as RabbitMQ); how many."""
+        queue = self._queue_for(name, owner)
+        try:
+            return await self.queue_pop(queue).purge(queue.lmq)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - purge failed: "
+                            f"{exc}") from None
+
+    async def _drop_queue(self, queue: Queue) -> int:
+        """Forget the queue, remove its routes, cancel its consumers (Basic.Cancel) and
+        drop its messages in the broker; how many messages went."""
+        for consumer in list(queue.subscribers):
+            await consumer.deliveries.cancel_by_server(consumer.tag)
         self.queues.pop(queue.name, None)
         self.limited.pop(queue.lmq, None)
         queue.expires_at = None
         routes, queue.routes = queue.routes, set()
         for route in routes:
             await self.routes.remove_route(route)
+        try:
+            return await self.queue_pop(queue).purge(queue.lmq, everything=True)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            # Its messages stay in the LMQ; a queue declared again by that name sees them.
+            log.warning("AMQP purge of deleted queue %r failed: %r", queue.name, exc)
+            return 0
 
     async def message_count(self, queue: Queue) -> int:
         """Messages of the queue not yet acknowledged (Declare-Ok's message_count; unlike

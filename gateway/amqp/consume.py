@@ -27,7 +27,7 @@ from gateway.amqp.broker import PROP_TTL, AmqpBroker, Queue
 from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
 from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
-from gateway.amqp.methods import BasicGetEmpty, BasicGetOk
+from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -41,9 +41,11 @@ _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 
 
 class Consumer:
-    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled")
+    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries")
 
-    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool) -> None:
+    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
+                 deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
         self.tag = tag
         self.queue = queue
         self.queue_lmq = queue.lmq
@@ -86,8 +88,9 @@ class Deliveries:
         if queue.exclusive_consumer or (exclusive and queue.consumers):
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{queue.name}' in "
                             "vhost '/' in exclusive use")
-        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack)
+        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack, self)
         queue.consumers += 1
+        queue.subscribers.add(consumer)
         if queue.args.single_active:
             queue.waiting.append(consumer)
         queue.exclusive_consumer = exclusive
@@ -105,6 +108,7 @@ class Deliveries:
         queue = consumer.queue
         queue.consumers -= 1
         queue.exclusive_consumer = False
+        queue.subscribers.discard(consumer)
         if consumer in queue.waiting:
             # x-single-active-consumer: the next in line takes over (all waiters wake, so
             # this consumer's loop ends too).
@@ -113,6 +117,17 @@ class Deliveries:
             queue.active_changed = trio.Event()
         self._wake()
         return consumer
+
+    async def cancel_by_server(self, tag: str) -> None:
+        """The queue is gone: stop the consumer and tell the client (Basic.Cancel, the
+        `consumer_cancel_notify` capability)."""
+        if self.cancel(tag) is None or self.closed:
+            return
+        self.send(encode_method_frame(self.channel, BasicCancel(tag, True)))
+        try:
+            await self.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
 
     def _wake(self) -> None:
         self._room.set()

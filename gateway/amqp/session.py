@@ -46,16 +46,22 @@ from gateway.amqp.methods import (
     BasicReturn,
     ConfirmSelect,
     ConfirmSelectOk,
+    ExchangeBind,
+    ExchangeBindOk,
     ExchangeDeclare,
     ExchangeDeclareOk,
     ExchangeDelete,
     ExchangeDeleteOk,
+    ExchangeUnbind,
+    ExchangeUnbindOk,
     QueueBind,
     QueueBindOk,
     QueueDeclare,
     QueueDeclareOk,
     QueueDelete,
     QueueDeleteOk,
+    QueuePurge,
+    QueuePurgeOk,
     QueueUnbind,
     QueueUnbindOk,
     TxCommit,
@@ -224,9 +230,19 @@ class AmqpSession:
             if not method.nowait:
                 send(channel, ExchangeDeleteOk())
         elif kind is QueueDelete:
-            count = await broker.queue_delete(self._queue_name(state, method.queue), self.id)
+            count = await broker.queue_delete(self._queue_name(state, method.queue), self.id,
+                                              method.if_unused, method.if_empty)
             if not method.nowait:
                 send(channel, QueueDeleteOk(count))
+        elif kind is QueuePurge:
+            count = await broker.queue_purge(self._queue_name(state, method.queue), self.id)
+            if not method.nowait:
+                send(channel, QueuePurgeOk(count))
+        elif kind is ExchangeBind or kind is ExchangeUnbind:
+            await broker.exchange_bind(method.destination, method.source, method.routing_key,
+                                       method.arguments or {}, kind is ExchangeBind)
+            if not method.nowait:
+                send(channel, ExchangeBindOk() if kind is ExchangeBind else ExchangeUnbindOk())
         elif kind is BasicAck:
             await state.deliveries.ack(method.delivery_tag, method.multiple)
         elif kind is BasicNack:
