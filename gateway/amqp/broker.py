@@ -367,7 +367,7 @@ class AmqpBroker:
                                         _show(queue.arguments.get(key)))
             self._touch(queue)
             return queue
-        args = parse_queue_args(name, arguments)
+        args = parse_queue_args(name, arguments, durable, exclusive)
         if len(self.queues) >= self.config.max_queues:
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
                             f"declare queue '{name}': queue limit in vhost '/' "

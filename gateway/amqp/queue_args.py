@@ -25,8 +25,8 @@ from gateway.amqp.properties import BasicProperties, encode_properties
 __all__ = ["QueueArgs", "parse_queue_args", "parse_expiration", "dead_letter_properties",
            "is_cycle", "NO_ARGS", "UNSUPPORTED", "MAX_TTL_MS"]
 
-#: Largest TTL / expiry accepted (RabbitMQ's bound, about 49.7 days: 2^32 - 1 ms).
-MAX_TTL_MS = 2 ** 32 - 1
+#: Largest TTL / expiry / length accepted (a field table's signed 64-bit integer).
+MAX_TTL_MS = 2 ** 63 - 1
 #: Arguments refused because lmq-gateway does not implement them (listed in docs/amqp.md).
 UNSUPPORTED = {
     "x-max-priority": "priority queues are not supported",
@@ -70,21 +70,28 @@ def _invalid(name: str, arg: str, why: str) -> AmqpError:
 
 
 def _type_name(value: Any) -> str:
+    """RabbitMQ's name of a field-table value's type (widths as our encoder picks)."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "long"
+        return "signedint" if -2 ** 31 <= value < 2 ** 31 else "long"
     if isinstance(value, float):
         return "double"
-    if isinstance(value, (str, bytes)):
+    if isinstance(value, str):
         return "longstr"
-    return type(value).__name__
+    if isinstance(value, bytes):
+        return "binary"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return "void" if value is None else type(value).__name__
 
 
 def _int_arg(name: str, arg: str, value: Any, *, minimum: int,
              maximum: int = 2 ** 63 - 1) -> int:
     if type(value) is not int:  # bool is an int in Python; RabbitMQ refuses it here
-        raise _invalid(name, arg, f"{{unacceptable_type,{_type_name(value)}}}")
+        raise _invalid(name, arg, f'"expected integer, got {_type_name(value)}"')
     if value < minimum:
         what = "value_zero" if value == 0 else "value_negative"
         raise _invalid(name, arg, f"{{{what},{value}}}")
@@ -97,14 +104,16 @@ def _str_arg(name: str, arg: str, value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
     if not isinstance(value, str):
-        raise _invalid(name, arg, f"{{unacceptable_type,{_type_name(value)}}}")
+        raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid type "
+                        f"'{_type_name(value)}' for arg '{arg}' in queue '{name}' in vhost '/'")
     return value
 
 
-def parse_queue_args(name: str, arguments: Mapping[str, Any]) -> QueueArgs:
-    """Validate a Queue.Declare's arguments (406 PRECONDITION_FAILED as RabbitMQ; the
-    unsupported ones are refused with 406 and a reason). Unknown arguments are kept and
-    ignored, as RabbitMQ does."""
+def parse_queue_args(name: str, arguments: Mapping[str, Any],
+                     durable: bool = True, exclusive: bool = False) -> QueueArgs:
+    """Validate a Queue.Declare's arguments (406 PRECONDITION_FAILED with RabbitMQ 3.10's
+    texts; the unsupported ones are refused with 406 and a reason). Unknown arguments are
+    kept and ignored, as RabbitMQ does."""
     if not arguments:
         return NO_ARGS
     for arg, why in UNSUPPORTED.items():
@@ -119,6 +128,13 @@ def parse_queue_args(name: str, arguments: Mapping[str, Any]) -> QueueArgs:
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - argument "
                             f"'x-queue-type' of queue '{name}' is not supported: '{qtype}' "
                             "(classic and quorum only)")
+        quorum = qtype == "quorum"
+        for prop, bad in (("non-durable", not durable), ("exclusive", exclusive)):
+            if quorum and bad:
+                raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
+                                f"property '{prop}' for queue '{name}' in vhost '/'")
+    else:
+        quorum = False
     if (v := get("x-message-ttl")) is not None:
         kw["message_ttl"] = _int_arg(name, "x-message-ttl", v, minimum=0, maximum=MAX_TTL_MS)
     if (v := get("x-expires")) is not None:
@@ -128,11 +144,15 @@ def parse_queue_args(name: str, arguments: Mapping[str, Any]) -> QueueArgs:
     if (v := get("x-max-length-bytes")) is not None:
         kw["max_length_bytes"] = _int_arg(name, "x-max-length-bytes", v, minimum=0)
     if (v := get("x-delivery-limit")) is not None:
+        if not quorum:  # a quorum-queue argument: RabbitMQ refuses it on a classic queue
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid arg "
+                            f"'x-delivery-limit' for queue '{name}' in vhost '/' of queue "
+                            "type rabbit_classic_queue")
         kw["delivery_limit"] = _int_arg(name, "x-delivery-limit", v, minimum=0)
     if (v := get("x-overflow")) is not None:
         mode = _str_arg(name, "x-overflow", v)
         if mode not in OVERFLOW_MODES:
-            raise _invalid(name, "x-overflow", f"{{unknown_overflow_type,<<\"{mode}\">>}}")
+            raise _invalid(name, "x-overflow", "invalid_overflow")
         kw["overflow"] = mode
     if (v := get("x-dead-letter-exchange")) is not None:
         kw["dlx"] = _str_arg(name, "x-dead-letter-exchange", v)
@@ -154,10 +174,17 @@ def parse_expiration(value: str | None) -> int | None:
     channel."""
     if value is None:
         return None
-    if not value.isdigit() or not value.isascii() or len(value) > 10 or int(value) > MAX_TTL_MS:
-        raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
-                        f"expiration '{value}' for message")
-    return int(value)
+    digits = len(value) - len(value.lstrip("0123456789"))
+    if value.isascii() and digits == len(value) and 0 < digits <= 19:
+        return int(value)
+    if value[:1] == "-" and value[1:].isascii() and value[1:].isdigit():
+        why = f"{{value_negative,{value}}}"
+    elif digits and value.isascii():
+        why = f'{{leftover_string,"{value[digits:]}"}}'
+    else:
+        why = "no_integer"
+    raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
+                    f"expiration '{value}': {why}")
 
 
 def _death_table(entry: Any) -> dict | None:

@@ -44,6 +44,7 @@ def test_invalid_and_unsupported_arguments_are_refused_with_406(tmp_path):
                             ("overflow", {"x-overflow": "drop-tail"}),
                             ("dlrk without dlx", {"x-dead-letter-routing-key": "k"}),
                             ("sac not bool", {"x-single-active-consumer": 1}),
+                            ("limit on classic", {"x-delivery-limit": 1}),
                             ("priority", {"x-max-priority": 10}),
                             ("stream", {"x-queue-type": "stream"})):
             out[label] = _closed_with(
@@ -72,7 +73,8 @@ def test_invalid_and_unsupported_arguments_are_refused_with_406(tmp_path):
                                       "queue 'q-negative-ttl' in vhost '/': "
                                       "{value_negative,-1}")
     assert "not supported" in out["priority"][1]
-    assert "invalid expiration 'soon'" in out["expiration"][1]
+    assert out["expiration"][1] == "PRECONDITION_FAILED - invalid expiration 'soon': no_integer"
+    assert out["string ttl"][1].endswith("in vhost '/': \"expected integer, got longstr\"")
     assert alive
     assert declared == ["plain", "ttl"]  # nothing refused was declared
 
@@ -128,9 +130,9 @@ def test_rejected_and_past_delivery_limit_are_dead_lettered_with_the_dlx_key(tmp
         conn = pika.BlockingConnection(params(gw.port))
         ch = conn.channel()
         ch.queue_declare("parking")
-        ch.queue_declare("jobs", arguments={"x-dead-letter-exchange": "",
-                                            "x-dead-letter-routing-key": "parking",
-                                            "x-delivery-limit": 1})
+        ch.queue_declare("jobs", durable=True, arguments={
+            "x-queue-type": "quorum", "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "parking", "x-delivery-limit": 1})
         ch.basic_publish("amq.direct", "none", b"unroutable")
         ch.basic_publish("", "jobs", b"bad", pika.BasicProperties(expiration="600000"))
         ch.basic_publish("", "jobs", b"flaky")
