@@ -388,11 +388,16 @@ class PopService:
                 need = max_nums - batch.count - len(records)
                 if need > 0 and len(qs.inflight) < POP_MAX_INFLIGHT_PER_QUEUE:
                     need = min(need, POP_MAX_INFLIGHT_PER_QUEUE - len(qs.inflight))
-                    got = store.get(topic, qid, qs.next_offset, need, config.max_pull_bytes, filt)
+                    start = qs.next_offset
+                    got = store.get(topic, qid, start, need, config.max_pull_bytes, filt)
                     status = got.status.name
                     if status == "FOUND":
-                        for buf in got.buffers:
-                            offset = _queue_offset(buf, topic, is_lmq)
+                        # Unfiltered and as many records as offsets read: they are the
+                        # consecutive offsets from `start` (no need to parse an LMQ
+                        # record's properties for its offset).
+                        dense = filt is None and got.next_begin_offset - start == len(got.buffers)
+                        for i, buf in enumerate(got.buffers):
+                            offset = start + i if dense else _queue_offset(buf, topic, is_lmq)
                             entry = qs.hand_out(offset, pop_time, invisible_ms)
                             self._hold(entry, holder, group, topic, qid, offset)
                             records.append((offset, buf, 1))
