@@ -151,17 +151,18 @@ def _not_found(what: str, name: str) -> AmqpError:
     return AmqpError(errors.NOT_FOUND, f"NOT_FOUND - no {what} '{name}' in vhost '/'")
 
 
-def _bind_route(exchange: Exchange, routing_key: str, arguments: Mapping[str, Any],
-                dest: str, dest_exchange: bool = False) -> Route:
+def _bind_route(exchange: Exchange, source: str, routing_key: str,
+                arguments: Mapping[str, Any], dest: str, dest_exchange: bool = False) -> Route:
+    """The route of a binding; `source` is the exchange's name in the routing table."""
     kind = exchange.type
     try:
         if kind == "headers":
             x_match = arguments.get("x-match", "all")
             if isinstance(x_match, bytes):
                 x_match = x_match.decode("utf-8", "replace")
-            return Route.headers_route(exchange.name, arguments, dest, x_match=str(x_match),
+            return Route.headers_route(source, arguments, dest, x_match=str(x_match),
                                        dest_exchange=dest_exchange)
-        return Route(kind, "" if kind == "fanout" else routing_key, dest, exchange.name,
+        return Route(kind, "" if kind == "fanout" else routing_key, dest, source,
                      dest_exchange)
     except RouteError as exc:
         raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
@@ -172,7 +173,13 @@ class AmqpBroker:
     """Exchanges, queues, bindings and publishes of one gateway process."""
 
     def __init__(self, client: ClientInstance, broker_addr: str, broker_name: str,
-                 routes: RouteLog, config: AmqpBrokerConfig | None = None) -> None:
+                 routes: RouteLog, config: AmqpBrokerConfig | None = None,
+                 vhost: str = "/") -> None:
+        #: Names of this virtual host's exchanges (in routes) and queues (LMQs) carry the
+        #: vhost, except in "/" (so MQTT's amq.topic bridge and older data keep theirs).
+        self.vhost = vhost
+        self._ns = "" if vhost == "/" else f"\x00{vhost}\x00"
+        self._vhosts: dict[str, AmqpBroker] = {}
         self.client = client
         self.addr = broker_addr
         self.broker_name = broker_name
@@ -220,6 +227,34 @@ class AmqpBroker:
             nursery.start_soon(self.policy.expiry_loop)
             task_status.started()
             await trio.sleep_forever()
+
+    def for_vhost(self, vhost: str) -> AmqpBroker:
+        """The broker side of another virtual host: its own exchanges and queues, this
+        one's broker connection, POP clients, ack task and nursery."""
+        if vhost == self.vhost:
+            return self
+        child = self._vhosts.get(vhost)
+        if child is None:
+            if self.nursery is None:
+                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
+                                "running")
+            child = AmqpBroker(self.client, self.addr, self.broker_name, self.routes,
+                               self.config, vhost)
+            child.holder_id = self.holder_id
+            child._pop_clients = self._pop_clients
+            child.ack_later = self.ack_later  # type: ignore[method-assign]
+            child.nursery = self.nursery
+            self.nursery.start_soon(child.policy.expiry_loop)
+            self._vhosts[vhost] = child
+        return child
+
+    def qualified(self, name: str) -> str:
+        """An exchange's or queue's name in the routing table / LMQ name space."""
+        return self._ns + name
+
+    def plain(self, qualified: str) -> str:
+        ns = self._ns
+        return qualified[len(ns):] if ns and qualified.startswith(ns) else qualified
 
     def ack_later(self, pop: PopClient, message: Any) -> None:
         """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
@@ -306,8 +341,9 @@ class AmqpBroker:
                             f"permitted on exchange '{name}'")
         if name not in self.exchanges:
             return  # RabbitMQ answers delete-ok for a missing exchange
-        bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == name]
-        e2e = [r for r in self.exchange_routes if r.exchange == name]
+        qname = self.qualified(name)
+        bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == qname]
+        e2e = [r for r in self.exchange_routes if r.exchange == qname]
         if if_unused and (bound or e2e):
             # RabbitMQ: in use = it is the source of a binding.
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange "
@@ -316,7 +352,7 @@ class AmqpBroker:
         for queue, route in bound:
             queue.routes.discard(route)
             await self.routes.remove_route(route)
-        for route in e2e + [r for r in self.exchange_routes if r.dest == name]:
+        for route in e2e + [r for r in self.exchange_routes if r.dest == qname]:
             self.exchange_routes.discard(route)
             await self.routes.remove_route(route)
 
@@ -325,8 +361,9 @@ class AmqpBroker:
         """Exchange.Bind / Unbind: messages reaching `source` also go through
         `destination` (a route of the shared table whose destination is an exchange)."""
         dest = self._exchange_for_bind(destination)
-        route = _bind_route(self._exchange_for_bind(source), routing_key, arguments,
-                            dest.name, dest_exchange=True)
+        route = _bind_route(self._exchange_for_bind(source), self.qualified(source),
+                            routing_key, arguments, self.qualified(dest.name),
+                            dest_exchange=True)
         if not bind:
             self.exchange_routes.discard(route)
             await self.routes.remove_route(route)
@@ -375,7 +412,7 @@ class AmqpBroker:
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
         try:
-            lmq = lmq_names.encode(lmq_names.AMQP, name).topic
+            lmq = lmq_names.encode(lmq_names.AMQP, self.qualified(name)).topic
         except ValueError:  # not UTF-8 (the codec keeps raw octets as lone surrogates)
             raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - queue name "
                             "is not valid UTF-8") from None
@@ -498,8 +535,8 @@ class AmqpBroker:
     async def queue_bind(self, queue_name: str, exchange_name: str, routing_key: str,
                          arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
-                            arguments, queue.lmq)
+        route = _bind_route(self._exchange_for_bind(exchange_name),
+                            self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         if route in queue.routes:
             return
         if len(queue.routes) >= self.config.max_bindings_per_queue:
@@ -511,8 +548,8 @@ class AmqpBroker:
     async def queue_unbind(self, queue_name: str, exchange_name: str, routing_key: str,
                            arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
-                            arguments, queue.lmq)
+        route = _bind_route(self._exchange_for_bind(exchange_name),
+                            self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         queue.routes.discard(route)
         await self.routes.remove_route(route)
 
@@ -529,7 +566,8 @@ class AmqpBroker:
         if exchange.internal:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
                             f"internal exchange '{exchange_name}' in vhost '/'")
-        return sorted(self.routes.table.amqp_lmqs(exchange_name, routing_key, headers))
+        return sorted(self.routes.table.amqp_lmqs(self.qualified(exchange_name), routing_key,
+                                                  headers))
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:

@@ -113,7 +113,8 @@ class QueuePolicy:
         except AmqpError:  # the DLX is gone or internal: dropped, as RabbitMQ does
             lmqs = []
         deaths = new_props.headers["x-death"]
-        lmqs = [lmq for lmq in lmqs if not is_cycle(_queue_name(lmq) or "", deaths)]
+        lmqs = [lmq for lmq in lmqs
+                if not is_cycle(broker.plain(_queue_name(lmq) or ""), deaths)]
         if not lmqs:
             self.stats["dropped"] += 1
             return True

@@ -81,6 +81,8 @@ _NO_BARRIER = frozenset({BasicAck, BasicNack, BasicReject, BasicQos})
 log = logging.getLogger(__name__)
 
 _connection_ids = itertools.count(1)
+#: Permission answers one connection caches ((kind, resource) -> allowed).
+_ALLOWED_CACHE = 1024
 
 
 class _Channel:
@@ -119,6 +121,36 @@ class AmqpSession:
         self._storing = False
         self._ended = False
         self._stores_done = trio.Event()
+        self.username = ""
+        self.vhost = "/"
+        #: The user's permissions on the vhost (gateway/amqp/users.py); None: all allowed.
+        self.permissions: Any = None
+        self._allowed: dict[tuple[str, str, str], bool] = {}
+
+    def opened(self, username: str, vhost: str, permissions: Any) -> None:
+        """Connection.Open-Ok went out: the vhost's broker side and the user's rights."""
+        self.username, self.vhost, self.permissions = username, vhost, permissions
+        self.broker = self.broker.for_vhost(vhost)
+
+    def _allow(self, kind: str, what: str, name: str) -> None:
+        """403 ACCESS_REFUSED unless the user's `kind` pattern matches `name` (RabbitMQ's
+        check; answers cached per connection, at most `_ALLOWED_CACHE` of them)."""
+        perms = self.permissions
+        if perms is None:
+            return
+        if what == "exchange" and name == "":
+            name = "amq.default"
+        key = (kind, what, name)
+        ok = self._allowed.get(key)
+        if ok is None:
+            ok = perms.allows(kind, name)
+            if len(self._allowed) >= _ALLOWED_CACHE:
+                self._allowed.clear()
+            self._allowed[key] = ok
+        if not ok:
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - {kind} access to "
+                            f"{what} '{name}' in vhost '{self.vhost}' refused for user "
+                            f"'{self.username}'")
 
     async def handle(self, event: Any) -> None:
         kind = type(event)
@@ -150,6 +182,8 @@ class AmqpSession:
             raise
         except AmqpError as exc:
             exc.channel = channel
+            if self.vhost != "/":
+                exc.text = exc.text.replace("in vhost '/'", f"in vhost '{self.vhost}'")
             if exc.class_id == 0:
                 exc.class_id, exc.method_id = method.CLASS_ID, method.METHOD_ID
             if exc.connection_level:
@@ -200,25 +234,40 @@ class AmqpSession:
     async def _method(self, channel: int, state: _Channel, method: Any) -> None:
         broker, send = self.broker, self.conn.send
         kind = type(method)
+        allow = self._allow
         if kind is QueueDeclare:
+            if not method.passive and method.queue:
+                allow("configure", "queue", method.queue)
             queue = broker.queue_declare(
                 method.queue, passive=method.passive, durable=method.durable,
                 exclusive=method.exclusive, auto_delete=method.auto_delete,
                 arguments=method.arguments or {}, owner=self.id)
+            if not method.passive and not method.queue and self.permissions is not None:
+                try:  # RabbitMQ checks the server-generated name
+                    allow("configure", "queue", queue.name)
+                except AmqpError:
+                    await broker.queue_delete(queue.name, self.id)
+                    raise
             state.last_queue = queue.name
             if not method.nowait:
                 count = await broker.message_count(queue)
                 send(channel, QueueDeclareOk(queue.name, count, queue.consumers))
         elif kind is QueueBind:
+            allow("write", "queue", self._queue_name(state, method.queue))
+            allow("read", "exchange", method.exchange)
             await broker.queue_bind(self._queue_name(state, method.queue), method.exchange,
                                     method.routing_key, method.arguments or {}, self.id)
             if not method.nowait:
                 send(channel, QueueBindOk())
         elif kind is QueueUnbind:
+            allow("write", "queue", self._queue_name(state, method.queue))
+            allow("read", "exchange", method.exchange)
             await broker.queue_unbind(self._queue_name(state, method.queue), method.exchange,
                                       method.routing_key, method.arguments or {}, self.id)
             send(channel, QueueUnbindOk())
         elif kind is ExchangeDeclare:
+            if not method.passive:
+                allow("configure", "exchange", method.exchange)
             broker.exchange_declare(
                 method.exchange, method.exchange_type, passive=method.passive,
                 durable=method.durable, auto_delete=method.auto_delete,
@@ -226,19 +275,24 @@ class AmqpSession:
             if not method.nowait:
                 send(channel, ExchangeDeclareOk())
         elif kind is ExchangeDelete:
+            allow("configure", "exchange", method.exchange)
             await broker.exchange_delete(method.exchange, method.if_unused)
             if not method.nowait:
                 send(channel, ExchangeDeleteOk())
         elif kind is QueueDelete:
+            allow("configure", "queue", self._queue_name(state, method.queue))
             count = await broker.queue_delete(self._queue_name(state, method.queue), self.id,
                                               method.if_unused, method.if_empty)
             if not method.nowait:
                 send(channel, QueueDeleteOk(count))
         elif kind is QueuePurge:
+            allow("read", "queue", self._queue_name(state, method.queue))
             count = await broker.queue_purge(self._queue_name(state, method.queue), self.id)
             if not method.nowait:
                 send(channel, QueuePurgeOk(count))
         elif kind is ExchangeBind or kind is ExchangeUnbind:
+            allow("write", "exchange", method.destination)
+            allow("read", "exchange", method.source)
             await broker.exchange_bind(method.destination, method.source, method.routing_key,
                                        method.arguments or {}, kind is ExchangeBind)
             if not method.nowait:
@@ -255,6 +309,7 @@ class AmqpSession:
             state.deliveries.prefetch = method.prefetch_count
             send(channel, BasicQosOk())
         elif kind is BasicConsume:
+            allow("read", "queue", self._queue_name(state, method.queue))
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             tag = state.deliveries.consume(method.consumer_tag, queue,
                                            broker.queue_pop(queue), method.no_ack,
@@ -275,6 +330,7 @@ class AmqpSession:
             if kind is BasicRecover:
                 send(channel, BasicRecoverOk())
         elif kind is BasicGet:
+            allow("read", "queue", self._queue_name(state, method.queue))
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             await state.deliveries.get(broker.queue_pop(queue), queue, method.no_ack)
         elif kind is TxSelect:
@@ -323,6 +379,8 @@ class AmqpSession:
             raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 0,
                             60, 40)
         broker = self.broker
+        if self.permissions is not None:
+            self._allow("write", "exchange", method.exchange)
         props = content.properties
         if props.expiration is not None:
             parse_expiration(props.expiration)  # 406 for a malformed one, as RabbitMQ
