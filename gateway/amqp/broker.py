@@ -22,9 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import trio
 
@@ -36,10 +34,20 @@ from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.errors import AmqpError
-from gateway.amqp.queue_args import NO_ARGS, QueueArgs, parse_expiration, parse_queue_args
+from gateway.amqp.model import (
+    AmqpBrokerConfig,
+    Exchange,
+    Queue,
+    bind_route,
+    inequivalent,
+    not_found,
+    quote_text,
+    show,
+)
+from gateway.amqp.queue_args import parse_expiration, parse_queue_args
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
-from gateway.routing.route_table import Route, RouteError
+from gateway.routing.route_table import Route
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
            "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
@@ -66,107 +74,6 @@ MAX_BATCH_BYTES = 1024 * 1024
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
-_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII except % (quote keeps these)
-
-
-@dataclass
-class AmqpBrokerConfig:
-    """Settings of the AMQP broker side (defaults documented in docs/amqp.md)."""
-
-    store_topic: str = "LMQ_AMQP_STORE"
-    store_queues: int = 4
-    producer_group: str = "AMQP_GATEWAY"
-    send_timeout_s: float = 5.0
-    #: Octets of publishes of one connection received but not yet stored; past it the
-    #: connection's socket is not read until stores complete (back-pressure).
-    max_publish_backlog_bytes: int = 4 * 1024 * 1024
-    #: Queues and exchanges one gateway process keeps (a declare past it: 406 on the channel).
-    max_queues: int = 100_000
-    max_exchanges: int = 10_000
-    #: Bindings of one queue.
-    max_bindings_per_queue: int = 1_000
-    #: Exchange-to-exchange bindings one gateway process keeps.
-    max_exchange_bindings: int = 10_000
-    #: POP invisibility of a delivery not yet acknowledged (RabbitMQ's consumer_timeout
-    #: is 30 min); a gateway crash returns its deliveries at once (holder), not after this.
-    invisible_ms: int = 30 * 60 * 1000
-    #: How long one POP request waits for a message (a consumer's cancel waits for it).
-    poll_ms: int = 1000
-    #: Messages per POP request (the broker's POP_MAX_NUMS is 32).
-    pop_batch: int = 32
-    #: Prefix of the POP consumer group of a queue (group = prefix + the queue's LMQ).
-    group_prefix: str = "GID_AMQP"
-    #: POP holder id of this gateway process (default: random per process).
-    holder_id: str = ""
-
-
-@dataclass
-class Exchange:
-    name: str
-    type: str
-    durable: bool = True
-    auto_delete: bool = False
-    internal: bool = False
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Queue:
-    name: str
-    lmq: str
-    durable: bool = False
-    exclusive: bool = False
-    auto_delete: bool = False
-    arguments: dict[str, Any] = field(default_factory=dict)
-    owner: int | None = None  # connection id of an exclusive queue
-    routes: set[Route] = field(default_factory=set)
-    consumers: int = 0  # consumers on this gateway
-    exclusive_consumer: bool = False  # an exclusive consume holds it (on this gateway)
-    args: QueueArgs = NO_ARGS  # the parsed arguments (gateway/amqp/queue_args.py)
-    #: x-expires: trio time after which the unused queue is deleted (None: never).
-    expires_at: float | None = None
-    #: x-single-active-consumer: consumers in the order they came; the first is active.
-    waiting: list = field(default_factory=list)
-    #: Consumers of this queue on this gateway (told with Basic.Cancel when it is deleted).
-    subscribers: set = field(default_factory=set)
-    active_changed: trio.Event = field(default_factory=trio.Event)
-
-    def touch(self) -> None:
-        """Used (declared, consumed, got): x-expires counts from now."""
-        if self.args.expires is not None:
-            self.expires_at = trio.current_time() + self.args.expires / 1000
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _inequivalent(what: str, name: str, arg: str, received: Any, current: Any) -> AmqpError:
-    return AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - inequivalent arg "
-                     f"'{arg}' for {what} '{name}' in vhost '/': received {received} but "
-                     f"current is {current}")
-
-
-def _not_found(what: str, name: str) -> AmqpError:
-    return AmqpError(errors.NOT_FOUND, f"NOT_FOUND - no {what} '{name}' in vhost '/'")
-
-
-def _bind_route(exchange: Exchange, source: str, routing_key: str,
-                arguments: Mapping[str, Any], dest: str, dest_exchange: bool = False) -> Route:
-    """The route of a binding; `source` is the exchange's name in the routing table."""
-    kind = exchange.type
-    try:
-        if kind == "headers":
-            x_match = arguments.get("x-match", "all")
-            if isinstance(x_match, bytes):
-                x_match = x_match.decode("utf-8", "replace")
-            return Route.headers_route(source, arguments, dest, x_match=str(x_match),
-                                       dest_exchange=dest_exchange)
-        return Route(kind, "" if kind == "fanout" else routing_key, dest, source,
-                     dest_exchange)
-    except RouteError as exc:
-        raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
-                        f"binding: {exc}") from None
 
 
 class AmqpBroker:
@@ -308,7 +215,7 @@ class AmqpBroker:
                          auto_delete: bool, internal: bool, arguments: Mapping[str, Any]) -> None:
         if passive:
             if name not in self.exchanges:
-                raise _not_found("exchange", name)
+                raise not_found("exchange", name)
             return
         if name == "" or name.startswith("amq."):
             # RabbitMQ refuses every active declare of a reserved name, existing or not.
@@ -326,7 +233,7 @@ class AmqpBroker:
                                            ("auto_delete", auto_delete, old.auto_delete),
                                            ("internal", internal, old.internal)):
                 if received != current:
-                    raise _inequivalent("exchange", name, arg, _show(received), _show(current))
+                    raise inequivalent("exchange", name, arg, show(received), show(current))
             return
         if len(self.exchanges) >= self.config.max_exchanges + len(PREDEFINED):
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
@@ -361,7 +268,7 @@ class AmqpBroker:
         """Exchange.Bind / Unbind: messages reaching `source` also go through
         `destination` (a route of the shared table whose destination is an exchange)."""
         dest = self._exchange_for_bind(destination)
-        route = _bind_route(self._exchange_for_bind(source), self.qualified(source),
+        route = bind_route(self._exchange_for_bind(source), self.qualified(source),
                             routing_key, arguments, self.qualified(dest.name),
                             dest_exchange=True)
         if not bind:
@@ -386,7 +293,7 @@ class AmqpBroker:
                             f"exclusive access to locked queue '{name}' in vhost '/'")
         if passive:
             if queue is None:
-                raise _not_found("queue", name)
+                raise not_found("queue", name)
             self._touch(queue)
             return queue
         if name.startswith("amq."):
@@ -397,11 +304,11 @@ class AmqpBroker:
                                            ("exclusive", exclusive, queue.exclusive),
                                            ("auto_delete", auto_delete, queue.auto_delete)):
                 if received != current:
-                    raise _inequivalent("queue", name, arg, _show(received), _show(current))
+                    raise inequivalent("queue", name, arg, show(received), show(current))
             for key in set(arguments) | set(queue.arguments):
                 if arguments.get(key) != queue.arguments.get(key):
-                    raise _inequivalent("queue", name, key, _show(arguments.get(key)),
-                                        _show(queue.arguments.get(key)))
+                    raise inequivalent("queue", name, key, show(arguments.get(key)),
+                                        show(queue.arguments.get(key)))
             self._touch(queue)
             return queue
         args = parse_queue_args(name, arguments, durable, exclusive)
@@ -517,7 +424,7 @@ class AmqpBroker:
     def _queue_for(self, name: str, owner: int) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
-            raise _not_found("queue", name)
+            raise not_found("queue", name)
         if queue.exclusive and queue.owner != owner:
             raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
                             f"exclusive access to locked queue '{name}' in vhost '/'")
@@ -529,13 +436,13 @@ class AmqpBroker:
                             "permitted on the default exchange")
         exchange = self.exchanges.get(name)
         if exchange is None:
-            raise _not_found("exchange", name)
+            raise not_found("exchange", name)
         return exchange
 
     async def queue_bind(self, queue_name: str, exchange_name: str, routing_key: str,
                          arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name),
+        route = bind_route(self._exchange_for_bind(exchange_name),
                             self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         if route in queue.routes:
             return
@@ -548,7 +455,7 @@ class AmqpBroker:
     async def queue_unbind(self, queue_name: str, exchange_name: str, routing_key: str,
                            arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name),
+        route = bind_route(self._exchange_for_bind(exchange_name),
                             self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         queue.routes.discard(route)
         await self.routes.remove_route(route)
@@ -562,7 +469,7 @@ class AmqpBroker:
             return [queue.lmq] if queue is not None else []
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
-            raise _not_found("exchange", exchange_name)
+            raise not_found("exchange", exchange_name)
         if exchange.internal:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
                             f"internal exchange '{exchange_name}' in vhost '/'")
@@ -574,8 +481,8 @@ class AmqpBroker:
         """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
         props = {
             MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
-            PROP_EXCHANGE: _quote(exchange_name),
-            PROP_ROUTING_KEY: _quote(routing_key),
+            PROP_EXCHANGE: quote_text(exchange_name),
+            PROP_ROUTING_KEY: quote_text(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
         }
         if properties.expiration is not None:
@@ -583,7 +490,7 @@ class AmqpBroker:
         for attr, key in _READABLE:
             value = getattr(properties, attr)
             if value:
-                props[key] = _quote(value)
+                props[key] = quote_text(value)
         return encode_properties(props).encode()
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
@@ -630,16 +537,3 @@ class AmqpBroker:
             return False
         self.stats["stored"] += len(items)
         return result is not None
-
-
-def _quote(text: str) -> str:
-    # Octets that are not UTF-8 arrive as lone surrogates (surrogateescape): keep them.
-    return quote(text, safe=_SAFE, errors="surrogateescape")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"'{_flag(value)}'"
-    if value is None:
-        return "none"
-    return f"'{value}'"
