@@ -87,6 +87,8 @@ class AmqpBroker:
         self.vhost = vhost
         self._ns = "" if vhost == "/" else f"\x00{vhost}\x00"
         self._vhosts: dict[str, AmqpBroker] = {}
+        #: The declaration log shared with the cluster's other gateways (decl_log.py).
+        self.decl: Any = None
         self.client = client
         self.addr = broker_addr
         self.broker_name = broker_name
@@ -132,6 +134,11 @@ class AmqpBroker:
             self.nursery = nursery
             nursery.start_soon(self._ack_loop)
             nursery.start_soon(self.policy.expiry_loop)
+            if self.config.share_declarations:
+                from gateway.amqp.decl_log import DeclLog  # it imports this module
+
+                self.decl = DeclLog(self, self.holder_id)
+                await nursery.start(self.decl.run)  # replayed before we serve
             task_status.started()
             await trio.sleep_forever()
 
@@ -151,6 +158,7 @@ class AmqpBroker:
             child._pop_clients = self._pop_clients
             child.ack_later = self.ack_later  # type: ignore[method-assign]
             child.nursery = self.nursery
+            child.decl = self.decl
             self.nursery.start_soon(child.policy.expiry_loop)
             self._vhosts[vhost] = child
         return child
@@ -241,6 +249,9 @@ class AmqpBroker:
                             f"({self.config.max_exchanges}) is reached")
         self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
                                         dict(arguments))
+        if self.decl is not None:
+            self.decl.append("x+", self.vhost, name, t=kind, d=durable, ad=auto_delete,
+                             i=internal, a=dict(arguments))
 
     async def exchange_delete(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -255,13 +266,53 @@ class AmqpBroker:
             # RabbitMQ: in use = it is the source of a binding.
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange "
                             f"'{name}' in vhost '/' in use")
-        del self.exchanges[name]
-        for queue, route in bound:
-            queue.routes.discard(route)
-            await self.routes.remove_route(route)
-        for route in e2e + [r for r in self.exchange_routes if r.dest == qname]:
+        if self.decl is not None:
+            self.decl.append("x-", self.vhost, name)
+        await self.forget_exchange(name)
+
+    async def forget_exchange(self, name: str) -> None:
+        """Drop the exchange and the bindings this gateway made from or to it."""
+        if self.exchanges.pop(name, None) is None or name == "" or name.startswith("amq."):
+            return
+        qname = self.qualified(name)
+        for queue in self.queues.values():
+            for route in [r for r in queue.routes if r.exchange == qname]:
+                queue.routes.discard(route)
+                await self.routes.remove_route(route)
+        for route in [r for r in self.exchange_routes if qname in (r.exchange, r.dest)]:
             self.exchange_routes.discard(route)
             await self.routes.remove_route(route)
+
+    def adopt_exchange(self, name: str, kind: str, durable: bool, auto_delete: bool,
+                       internal: bool, arguments: Mapping[str, Any]) -> None:
+        """Another gateway declared it (decl_log.py)."""
+        if name not in self.exchanges and kind in EXCHANGE_TYPES:
+            self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
+                                            dict(arguments))
+
+    def adopt_queue(self, name: str, durable: bool, auto_delete: bool,
+                    arguments: Mapping[str, Any]) -> None:
+        """Another gateway declared it (decl_log.py); x-expires stays that gateway's."""
+        if name in self.queues:
+            return
+        try:
+            args = parse_queue_args(name, arguments, durable, False)
+            lmq = lmq_names.encode(lmq_names.AMQP, self.qualified(name)).topic
+        except (AmqpError, ValueError) as exc:
+            log.warning("AMQP shared declaration of queue %r skipped: %s", name, exc)
+            return
+        queue = Queue(name, lmq, durable, False, auto_delete, dict(arguments), None,
+                      args=args, adopted=True)
+        self.queues[name] = queue
+        if args.max_length is not None:
+            self.limited[lmq] = queue
+
+    async def forget_queue(self, name: str) -> None:
+        """Another gateway deleted it: cancel its consumers here, drop the bindings made
+        here (its messages are already gone)."""
+        queue = self.queues.get(name)
+        if queue is not None and not queue.exclusive:
+            await self._drop_queue(queue, share=False)
 
     async def exchange_bind(self, destination: str, source: str, routing_key: str,
                             arguments: Mapping[str, Any], bind: bool = True) -> None:
@@ -329,10 +380,13 @@ class AmqpBroker:
         if args.max_length is not None:
             self.limited[lmq] = queue
         self._touch(queue)
+        if self.decl is not None and not exclusive:
+            self.decl.append("q+", self.vhost, name, d=durable, ad=auto_delete,
+                             a=dict(arguments))
         return queue
 
     def _touch(self, queue: Queue) -> None:
-        if queue.args.expires is not None:
+        if queue.args.expires is not None and not queue.adopted:
             queue.touch()
             self.policy.schedule_expiry(queue)
 
@@ -367,17 +421,22 @@ class AmqpBroker:
             raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - purge failed: "
                             f"{exc}") from None
 
-    async def _drop_queue(self, queue: Queue) -> int:
+    async def _drop_queue(self, queue: Queue, share: bool = True) -> int:
         """Forget the queue, remove its routes, cancel its consumers (Basic.Cancel) and
-        drop its messages in the broker; how many messages went."""
-        for consumer in list(queue.subscribers):
-            await consumer.deliveries.cancel_by_server(consumer.tag)
+        drop its messages in the broker (unless `share` is False: another gateway did);
+        how many messages went."""
         self.queues.pop(queue.name, None)
         self.limited.pop(queue.lmq, None)
+        for consumer in list(queue.subscribers):
+            await consumer.deliveries.cancel_by_server(consumer.tag)
         queue.expires_at = None
         routes, queue.routes = queue.routes, set()
         for route in routes:
             await self.routes.remove_route(route)
+        if not share:
+            return 0
+        if self.decl is not None and not queue.exclusive:
+            self.decl.append("q-", self.vhost, queue.name)
         try:
             return await self.queue_pop(queue).purge(queue.lmq, everything=True)
         except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:

@@ -50,6 +50,9 @@ class AmqpBrokerConfig:
     group_prefix: str = "GID_AMQP"
     #: POP holder id of this gateway process (default: random per process).
     holder_id: str = ""
+    #: Share exchange and queue declarations with the cluster's other gateways
+    #: (the LMQ_AMQP_DECL log, gateway/amqp/decl_log.py).
+    share_declarations: bool = True
 
 
 @dataclass
@@ -82,6 +85,8 @@ class Queue:
     #: Consumers of this queue on this gateway (told with Basic.Cancel when it is deleted).
     subscribers: set = field(default_factory=set)
     active_changed: trio.Event = field(default_factory=trio.Event)
+    #: Declared by another gateway (decl_log.py): its x-expires timer runs there.
+    adopted: bool = False
 
     def touch(self) -> None:
         """Used (declared, consumed, got): x-expires counts from now."""
