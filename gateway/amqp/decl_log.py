@@ -134,7 +134,7 @@ class DeclLog:
             broker.adopt_exchange(name, str(r.get("t", "direct")), bool(r.get("d")),
                                   bool(r.get("ad")), bool(r.get("i")), r.get("a") or {})
         elif op == "x-":
-            broker.exchanges.pop(name, None)
+            await broker.forget_exchange(name)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Create the topic, replay the log to its end, then follow it."""
