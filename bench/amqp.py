@@ -24,8 +24,9 @@ queues10k      ``--declare-count`` queues declared (pipelined); resident memory 
                freshly started process; RabbitMQ as it is after the other phases)
 =============  ===========================================================================
 
-Beside each rate: the server's CPU seconds in the window (``srv_cpu_s``), so a figure can be
-read per server CPU-second, and the generator's busiest process. The backlog
+Beside each rate: the server's CPU seconds in the measured window (``srv_cpu_s``, its
+process tree) and deliveries per server CPU-second (``consumed_per_srv_cpu_s``: on a shared
+machine the server may not get its whole CPU), and the generator's busiest process. The backlog
 (``published - consumed``) says when a consumer fell behind a publisher.
 """
 
@@ -89,13 +90,17 @@ def _defaults(opts: argparse.Namespace) -> None:
             setattr(opts, name, short if opts.quick else full)
 
 
-def _spawn(ctx, cpus, jobs: list[tuple[str, tuple]], seconds: float) -> list[Window]:
-    """Run worker processes (role, args) for about `seconds` and collect their windows."""
+def _spawn(ctx, cpus, jobs: list[tuple[str, tuple]], seconds: float,
+           during=None) -> list[Window]:
+    """Run worker processes (role, args) for about `seconds` and collect their windows;
+    `during()` runs in this process meanwhile (it measures the server)."""
     out = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(cpus, role, args, out), daemon=True)
              for role, args in jobs]
     for p in procs:
         p.start()
+    if during is not None:
+        during()
     results: list[Window] = []
     deadline = time.monotonic() + seconds + _JOIN_SLACK_S
     for _ in procs:
@@ -145,7 +150,7 @@ def run_phase(phase: str, server, opts: argparse.Namespace, gen_cpus: tuple[int,
         c = RawClient(host, port)
         setup_fanout(c, c.channel(), exchange, queues)
         c.close()
-        sync = Sync(ctx, 2)
+        sync = Sync(ctx, 3)
         jobs = [("raw_consumer", (host, port, queues, opts.prefetch, sync, warm, dur)),
                 ("raw_publisher", (host, port, exchange, "bench.x", opts.size, False,
                                    opts.window, n, sync, warm, dur))]
@@ -155,7 +160,7 @@ def run_phase(phase: str, server, opts: argparse.Namespace, gen_cpus: tuple[int,
         c = RawClient(host, port)
         declare(c, c.channel(), queues[0], durable)
         c.close()
-        sync = Sync(ctx, 2)
+        sync = Sync(ctx, 3)
         if phase == "single_pika":
             jobs = [("pika_consumer", (host, port, queues[0], opts.prefetch, sync, warm, dur)),
                     ("pika_publisher", (host, port, queues[0], opts.size, opts.window, sync,
@@ -164,9 +169,18 @@ def run_phase(phase: str, server, opts: argparse.Namespace, gen_cpus: tuple[int,
             jobs = [("raw_consumer", (host, port, queues, opts.prefetch, sync, warm, dur)),
                     ("raw_publisher", (host, port, "", queues[0], opts.size, durable,
                                        opts.window, 1, sync, warm, dur))]
-    cpu0 = server_cpu_s(server)
-    windows = _spawn(ctx, gen_cpus, jobs, warm + dur + 60.0)
-    srv_cpu = server_cpu_s(server) - cpu0
+    cpu: list[float] = []
+
+    def measure() -> None:
+        """The server's CPU seconds over exactly the measured window."""
+        t0 = sync.start()
+        time.sleep(max(0.0, t0 + warm - time.monotonic()))
+        cpu.append(server_cpu_s(server))
+        time.sleep(max(0.0, t0 + warm + dur - time.monotonic()))
+        cpu.append(server_cpu_s(server))
+
+    windows = _spawn(ctx, gen_cpus, jobs, warm + dur + 60.0, measure)
+    srv_cpu = cpu[1] - cpu[0] if len(cpu) == 2 else 0.0
     _cleanup(server, queues, exchanges)
     errors = [w.error for w in windows if w.error]
     if errors:
@@ -179,6 +193,7 @@ def run_phase(phase: str, server, opts: argparse.Namespace, gen_cpus: tuple[int,
             "backlog": sum(w.total for w in pubs) * (len(queues) if phase.startswith("fanout")
                                                      else 1) - sum(w.total for w in cons),
             "srv_cpu_s": round(srv_cpu, 2),
+            "consumed_per_srv_cpu_s": round(consumed / srv_cpu) if srv_cpu > 0 else None,
             "gen_max_cpu_pct": round(max(100 * w.cpu_s / dur for w in windows), 1)}
 
 
