@@ -229,11 +229,13 @@ def run(opts: argparse.Namespace) -> int:
             for server in order:
                 for phase in phases:
                     if phase == "queues10k" and server.name == "lmq":
-                        # A fresh process: memory freed by earlier phases would hide
-                        # what the queues cost (RabbitMQ's VM is measured as it is).
+                        # A fresh process on fresh data: memory freed by earlier phases
+                        # (or by replaying their declarations) would hide what the queues
+                        # cost. RabbitMQ's VM is measured as it is.
                         i = servers.index(server)
                         stop_tree(server)
-                        server = servers[i] = start_lmq_amqp(tmp, srv_cpus)
+                        server = servers[i] = start_lmq_amqp(tempfile.mkdtemp(dir=tmp),
+                                                             srv_cpus)
                     res = run_phase(phase, server, opts, gen_cpus, ctx)
                     raw.setdefault(server.name, {}).setdefault(phase, []).append(res)
     finally:
