@@ -66,6 +66,8 @@ ADMIN_CODES = frozenset({
     # messages visible again, so only an admin account (a gateway's) may name holders.
     R.POP_HOLDER_REGISTER,
     R.POP_HOLDER_RELEASE,
+    # Purging drops every ready message of a queue for all its consumers (AMQP Queue.Purge).
+    R.POP_PURGE,
 })
 
 #: Name-server codes that change the registry (or a broker's liveness).
