@@ -316,7 +316,7 @@ def _servers(args):
     data = tempfile.mkdtemp(prefix="lmq-demo-iot-")
     ns, broker, mqtt = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmq", "serve", "--data-dir", data,
+        [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", data,
          "--host", "127.0.0.1", "--namesrv-port", str(ns),
          "--broker-port", str(broker), "--mqtt-port", str(mqtt), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C stops the demo, not it
