@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from core.acl import may_write_inner
 from core.broker.topic_config import TopicConfig
+from core.broker.transaction_batch import prepare_batch
 from core.common import names
 from core.common.codec import RecordError, decode_batch
 from core.common.message import InnerMessage, MessageBatch
@@ -427,7 +428,12 @@ class SendProcessor:
         limit = self.config.max_message_size
         if names.is_retry_topic(h.topic):
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "retry topic is not allowed for batch")
-        if MessageSysFlag.transaction_value(h.sys_flag) != MessageSysFlag.TRANSACTION_NOT_TYPE:
+        tran = MessageSysFlag.transaction_value(h.sys_flag)
+        if tran != MessageSysFlag.TRANSACTION_NOT_TYPE and (
+            # lmq extension: a prepared batch becomes half messages (transaction_batch.py)
+            tran != MessageSysFlag.TRANSACTION_PREPARED_TYPE
+            or self.broker.transaction_service is None
+        ):
             return error(
                 cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction"
             )
@@ -456,11 +462,15 @@ class SendProcessor:
             refused = self._check_batch_inner(cmd, h, batch_props, body)
             if refused is not None:
                 return refused
+        topic, store_qid = h.topic, queue_id
+        if tran == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
+            topic, store_qid, sys_flag = prepare_batch(
+                broker.transaction_service, h.topic, queue_id, batch_props, sys_flag)
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
             result = await broker.put_messages(MessageBatch(
-                h.topic, queue_id, body, encode_properties(batch_props), sys_flag,
+                topic, store_qid, body, encode_properties(batch_props), sys_flag,
                 h.born_timestamp, broker.encode_client_host(remote), broker.store_host,
                 h.reconsume_times,
             ))
@@ -486,9 +496,9 @@ class SendProcessor:
             props.update(batch_props)
             inners.append(
                 InnerMessage(
-                    topic=h.topic,
+                    topic=topic,
                     body=item.body,
-                    queue_id=queue_id,
+                    queue_id=store_qid,
                     flag=item.flag,
                     properties=props,
                     sys_flag=sys_flag,
