@@ -1,12 +1,13 @@
-"""Transactional plumbing of the sink: batched half messages sent by tasks, the commit record
-of a micro-batch, and the batched END_TRANSACTION of the driver (docs/spark.md, "Exactly
-once"; the broker side is core/broker/transaction_batch.py).
+"""Transactional plumbing of the sink: prepared batches sent by tasks, the commit record of a
+micro-batch, and END_TRANSACTION from the driver (docs/spark.md, "Exactly once"; the broker
+side is core/broker/transaction_batch.py).
 
-A task encodes its rows into chunks of at most `CHUNK_ROWS` rows (one topic, one queue) and
-sends each chunk as one prepared batch: the broker stores the rows as half messages with
-consecutive half offsets. The handle of a chunk (`Chunk`) is enough to end all its halves
-with one END_TRANSACTION carrying ``halfCount``, and to recognise its rows: row i's UNIQ_KEY
-is the chunk's 24-hex-digit prefix followed by i in 8 hex digits.
+A task encodes its rows into chunks of at most `CHUNK_ROWS` rows (one topic) and sends each
+chunk as one prepared batch, which the broker keeps as ONE half message; one
+END_TRANSACTION commits the whole chunk (one all-or-nothing append) or rolls it back. The
+handle of a chunk (`Chunk`) names that half and recognises its rows: row i's UNIQ_KEY is
+the chunk's 24-hex-digit prefix followed by i in 8 hex digits, the half's is the prefix
+followed by FFFFFFFF.
 
 The commit record of (query, batch) is one message on the commit topic (default
 ``SPARK_LMQ_COMMITS``, queue 0 of its first broker by name) with the key
@@ -37,9 +38,8 @@ from core.remoting.codes import RequestCode
 P_QUERY = "SPARK_QUERY"
 P_BATCH = "SPARK_BATCH"
 P_TASK = "SPARK_TASK"
-#: Rows per chunk: one batched half send and one batched END_TRANSACTION each (at most the
-#: broker's `transaction_end_batch_max`, 1024 by default).
-CHUNK_ROWS = 256
+#: Rows per chunk: one prepared batch send and one END_TRANSACTION each.
+CHUNK_ROWS = 1024
 #: Encoded bytes per chunk at most (the broker's message size limit is 4 MiB).
 CHUNK_BYTES = 1 << 20
 #: Chunks (sends or END_TRANSACTIONs) in flight per task or driver.
@@ -58,28 +58,27 @@ _I16 = INT16.pack
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Handle of one batched half send: `count` halves from half offset `half_offset`."""
+    """Handle of one chunk: its half message (offsets) and its rows (count, UNIQ_KEYs)."""
 
     broker: str
     topic: str
     queue_id: int
-    half_offset: int        # tranStateTableOffset of the first half
-    commitlog_offset: int   # commit-log offset of the first half
+    half_offset: int        # tranStateTableOffset of the half
+    commitlog_offset: int   # commit-log offset of the half
     count: int
     uniq_prefix: str        # row i's UNIQ_KEY = uniq_prefix + f"{i:08X}"
 
     def uniq(self, i: int) -> str:
+        """UNIQ_KEY of row i (as its committed message carries it)."""
         return f"{self.uniq_prefix}{i:08X}"
 
+    @property
+    def half_uniq(self) -> str:
+        """UNIQ_KEY of the chunk's half message (no row has it: rows < 2**32 - 1)."""
+        return f"{self.uniq_prefix}FFFFFFFF"
+
     def holds(self, uniq: str | None) -> bool:
-        if not uniq or len(uniq) != len(self.uniq_prefix) + 8:
-            return False
-        if not uniq.startswith(self.uniq_prefix):
-            return False
-        try:
-            return int(uniq[-8:], 16) < self.count
-        except ValueError:
-            return False
+        return uniq == self.half_uniq
 
 
 class ChunkBuilder:
@@ -139,20 +138,20 @@ async def send_chunk(producer, topic: str, body: bytes, count: int, prefix: str,
     props = dict(tag)
     props[MessageConst.WAIT_STORE_MSG_OK] = "true"
     props[MessageConst.PRODUCER_GROUP] = producer.group
+    props[MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = f"{prefix}FFFFFFFF"
     ext = {"a": producer.group, "b": mq.topic, "c": producer.create_topic_key,
            "d": str(producer.default_topic_queue_nums), "e": str(mq.queue_id),
            "f": str(MessageSysFlag.TRANSACTION_PREPARED_TYPE), "g": str(int(time.time() * 1000)),
            "h": "0", "i": encode_properties(props), "j": "0", "k": "false", "m": "true"}
     res = await instance.api.send_message(addr, mq, ext, body, batch=True,
-                                          uniq_id=f"{prefix}00000000", timeout=timeout)
-    first_id = res.offset_msg_id.split(",", 1)[0]
-    _, _, phys = decode_offset_msg_id(first_id)
+                                          uniq_id=f"{prefix}FFFFFFFF", timeout=timeout)
+    _, _, phys = decode_offset_msg_id(res.offset_msg_id)
     return Chunk(mq.broker_name, mq.topic, mq.queue_id, res.queue_offset, phys, count, prefix)
 
 
 async def end_chunks(instance, group: str, chunks: list[Chunk], commit: bool) -> None:
-    """One batched END_TRANSACTION (answered) per chunk, WINDOW in flight; raises on any
-    failure."""
+    """One END_TRANSACTION (answered, not one-way) per chunk, WINDOW in flight; raises on
+    any failure."""
     decision = (MessageSysFlag.TRANSACTION_COMMIT_TYPE if commit
                 else MessageSysFlag.TRANSACTION_ROLLBACK_TYPE)
     limiter = trio.CapacityLimiter(WINDOW)
@@ -165,9 +164,7 @@ async def end_chunks(instance, group: str, chunks: list[Chunk], commit: bool) ->
             ext = {"producerGroup": group, "tranStateTableOffset": str(c.half_offset),
                    "commitLogOffset": str(c.commitlog_offset),
                    "commitOrRollback": str(decision), "fromTransactionCheck": "false",
-                   "msgId": c.uniq(0), "transactionId": c.uniq(0)}
-            if c.count > 1:
-                ext["halfCount"] = str(c.count)
+                   "msgId": c.half_uniq, "transactionId": c.half_uniq}
             await instance.api.call(addrs[(c.topic, c.broker)], RequestCode.END_TRANSACTION, ext)
 
     async with trio.open_nursery() as nursery:

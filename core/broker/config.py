@@ -140,7 +140,6 @@ class BrokerConfig(RemotingListenerConfig):
     schedule_poll_interval_s: float = 5.0  # safety re-scan of the delay queues
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
-    transaction_end_batch_max: int = 1024  # halves one batched END_TRANSACTION may end
 
     # access control (docs/acl.md)
     acl_enable: bool = False  # aclEnable: every request is signed and checked

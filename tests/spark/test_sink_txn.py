@@ -116,6 +116,6 @@ def test_back_check_answers_from_the_commit_record(lmq_cluster):
             "SPARK_QUERY": "q-check", "SPARK_BATCH": str(batch), "UNIQ_KEY": uniq})
         return client.call(_check_half, client.instance, w.opts, msg)
 
-    assert ask(listed.chunks[0].uniq(0), 7) is S.COMMIT_MESSAGE
+    assert ask(listed.chunks[0].half_uniq, 7) is S.COMMIT_MESSAGE
     assert ask("0A0000000000000000000000000000FF", 7) is S.ROLLBACK_MESSAGE
-    assert ask(listed.chunks[0].uniq(0), 8) is S.UNKNOW
+    assert ask(listed.chunks[0].half_uniq, 8) is S.UNKNOW

@@ -1,9 +1,6 @@
 """END_TRANSACTION (37): a producer commits or rolls back a half message (protocol doc
 §5.12, §9.4); the work is done by `broker.transaction_service`.
 
-With the header field ``halfCount`` (an lmq extension, core/broker/transaction_batch.py) it
-ends that many consecutive half messages of a batched half send in one request.
-
 Producers send it one-way. Java answers nothing for an "unknown" (0) state and nothing at
 all to a one-way request; the C++ client's one-way frames arrive without the one-way bit
 (§1.5), so they get an answer, which that client drops.
@@ -14,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from core.broker.transaction_batch import end_batch
 from core.common.sysflag import MessageSysFlag
 from core.remoting import ProcessorTable, RemotingCommand, RequestCode, ResponseCode
 
@@ -53,14 +49,6 @@ async def end_transaction(broker, cmd: RemotingCommand) -> RemotingCommand | Non
         if cmd.ext_bool("fromTransactionCheck", False):
             log.debug("producer %s: transaction at %s still unknown", group, commit_log_offset)
         return None
-    count = cmd.ext_int("halfCount")
-    if count is not None and count > 1:
-        # lmq extension: end `count` consecutive half messages at once (transaction_batch.py)
-        code, remark = await end_batch(
-            broker.transaction_service, producer_group=group,
-            tran_state_table_offset=table_offset, commit_log_offset=commit_log_offset,
-            count=count, commit_or_rollback=decision)
-        return cmd.make_response(code, remark)
     code, remark = await broker.transaction_service.end_transaction(
         producer_group=group,
         tran_state_table_offset=table_offset,

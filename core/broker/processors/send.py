@@ -430,7 +430,7 @@ class SendProcessor:
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "retry topic is not allowed for batch")
         tran = MessageSysFlag.transaction_value(h.sys_flag)
         if tran != MessageSysFlag.TRANSACTION_NOT_TYPE and (
-            # lmq extension: a prepared batch becomes half messages (transaction_batch.py)
+            # lmq extension: a prepared batch becomes one half message (transaction_batch.py)
             tran != MessageSysFlag.TRANSACTION_PREPARED_TYPE
             or self.broker.transaction_service is None
         ):
@@ -462,15 +462,17 @@ class SendProcessor:
             refused = self._check_batch_inner(cmd, h, batch_props, body)
             if refused is not None:
                 return refused
-        topic, store_qid = h.topic, queue_id
         if tran == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
-            topic, store_qid, sys_flag = prepare_batch(
-                broker.transaction_service, h.topic, queue_id, batch_props, sys_flag)
+            half = prepare_batch(broker.transaction_service, h, queue_id, body, batch_props,
+                                 sys_flag, broker.encode_client_host(remote), broker.store_host)
+            if isinstance(half, str):
+                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, half)
+            return self._response(cmd, await broker.put_message(half), queue_id)
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
             result = await broker.put_messages(MessageBatch(
-                topic, store_qid, body, encode_properties(batch_props), sys_flag,
+                h.topic, queue_id, body, encode_properties(batch_props), sys_flag,
                 h.born_timestamp, broker.encode_client_host(remote), broker.store_host,
                 h.reconsume_times,
             ))
@@ -496,9 +498,9 @@ class SendProcessor:
             props.update(batch_props)
             inners.append(
                 InnerMessage(
-                    topic=topic,
+                    topic=h.topic,
                     body=item.body,
-                    queue_id=store_qid,
+                    queue_id=queue_id,
                     flag=item.flag,
                     properties=props,
                     sys_flag=sys_flag,
