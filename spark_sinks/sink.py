@@ -1,6 +1,7 @@
 """`df.write.format("lmq")` and `df.writeStream.format("lmq")` (docs/spark.md).
 
-Tasks send every row as a transactional half message (invisible to consumers) and hand
+Tasks send their rows in chunks, each one prepared batch kept by the broker as one half
+message (invisible to consumers; spark_sinks/txn.py), and hand
 the handles to the driver. Batch writes: the driver's commit commits them all, abort rolls
 them back. Streaming (exactly once): the driver's ``commit(messages, batchId)`` first
 looks for the commit record of (query id, batch id); when there is none it stores the
