@@ -23,7 +23,7 @@ SOURCE_OPTIONS = (
 #: Options the sink understands.
 SINK_OPTIONS = (
     "lmq.namesrv", "topic", "lmq.producerGroup", "lmq.commitTopic", "lmq.requestTimeout",
-    "lmq.queryId",
+    "lmq.queryId", "lmq.mqttStoreTopic",
 )
 #: Spark sets these itself on streaming queries.
 _SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid", "queryname"})

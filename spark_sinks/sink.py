@@ -27,10 +27,18 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegralType,
+    MapType,
+    StringType,
+    StructType,
+)
 
 from core.client.transaction import LocalTransactionState
 from spark_sinks.conn import client_for
+from spark_sinks.mqtt_out import DEFAULT_STORE_TOPIC, mqtt_properties, routes_for
 from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known
 from spark_sinks.txn import (
     P_BATCH,
@@ -52,7 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GROUP = "SPARK_LMQ_SINK"
 DEFAULT_COMMIT_TOPIC = "SPARK_LMQ_COMMITS"
 
-_COLUMNS = {"value", "key", "topic", "tags", "properties"}
+_COLUMNS = {"value", "key", "topic", "tags", "properties", "mqttTopic", "qos", "retain"}
 
 
 @dataclass(slots=True)
@@ -64,6 +72,7 @@ class SinkOptions:
     request_timeout: float = 10.0
     query_id: str | None = None
     checkpoint: str | None = None
+    mqtt_store_topic: str = DEFAULT_STORE_TOPIC
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -80,7 +89,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                        group=opts.get("lmq.producergroup", DEFAULT_GROUP),
                        commit_topic=opts.get("lmq.committopic", DEFAULT_COMMIT_TOPIC),
                        request_timeout=timeout, query_id=opts.get("lmq.queryid"),
-                       checkpoint=low.get("checkpointlocation"))
+                       checkpoint=low.get("checkpointlocation"),
+                       mqtt_store_topic=opts.get("lmq.mqttstoretopic") or DEFAULT_STORE_TOPIC)
 
 
 def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
@@ -92,14 +102,21 @@ def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
                                  f"its columns: {', '.join(sorted(_COLUMNS))}")
         if f.name == "value" and not isinstance(f.dataType, (BinaryType, StringType)):
             raise LmqOptionError("column 'value' must be binary or string")
-        if f.name in ("key", "topic", "tags") and not isinstance(f.dataType, StringType):
+        if f.name in ("key", "topic", "tags", "mqttTopic") \
+                and not isinstance(f.dataType, StringType):
             raise LmqOptionError(f"column {f.name!r} must be a string")
+        if f.name == "qos" and not isinstance(f.dataType, IntegralType):
+            raise LmqOptionError("column 'qos' must be an integer (0, 1 or 2)")
+        if f.name == "retain" and not isinstance(f.dataType, BooleanType):
+            raise LmqOptionError("column 'retain' must be a boolean")
         if f.name == "properties" and not isinstance(f.dataType, MapType):
             raise LmqOptionError("column 'properties' must be a map<string,string>")
         idx[f.name] = i
     if "value" not in idx:
         raise LmqOptionError("the lmq sink needs a 'value' column")
-    if "topic" not in idx and not opts.topic:
+    if ("qos" in idx or "retain" in idx) and "mqttTopic" not in idx:
+        raise LmqOptionError("columns 'qos' and 'retain' need an 'mqttTopic' column")
+    if "topic" not in idx and not opts.topic and "mqttTopic" not in idx:
         raise LmqOptionError("give the option 'topic' or a 'topic' column")
     return idx
 
@@ -176,6 +193,7 @@ def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, quer
     out = LmqCommitMessage(task)
     builders: dict[str, ChunkBuilder] = {}
     inflight: deque = deque()
+    routes = None
 
     def flush(b: ChunkBuilder) -> None:
         topic, body, count, prefix = b.take()
@@ -191,19 +209,29 @@ def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, quer
             keys = _column(rb, idx, "key")
             tags = _column(rb, idx, "tags")
             props = _column(rb, idx, "properties")
+            mqtt = _column(rb, idx, "mqttTopic")
+            qos, retain = _column(rb, idx, "qos"), _column(rb, idx, "retain")
             for i, v in enumerate(values):
                 if v is None:
                     raise ValueError("the lmq sink cannot write a null 'value'")
                 if type(v) is str:
                     v = v.encode()
-                topic = topics[i] or opts.topic
+                extra = None
+                if mqtt[i] is not None:  # MQTT traffic (mqtt_out.py)
+                    if routes is None:
+                        routes = routes_for(opts.namesrv, opts.request_timeout)
+                    extra = mqtt_properties(mqtt[i], qos[i], retain[i],
+                                            routes.table.mqtt_lmqs(mqtt[i]))
+                    topic = opts.mqtt_store_topic
+                else:
+                    topic = topics[i] or opts.topic
                 b = builders.get(topic)
                 if b is None:
                     if not topic:
                         raise ValueError("a row has no topic (null 'topic' column and no "
                                          "'topic' option)")
                     b = builders[topic] = ChunkBuilder(topic)
-                b.add(v, keys[i], tags[i], props[i])
+                b.add(v, keys[i], tags[i], props[i], extra)
                 if b.full():
                     flush(b)
         for b in builders.values():

@@ -93,7 +93,8 @@ class ChunkBuilder:
         self.count = 0
         self.prefix = uuid.uuid4().hex[:24].upper()
 
-    def add(self, value: bytes, key: str | None, tags: str | None, props) -> None:
+    def add(self, value: bytes, key: str | None, tags: str | None, props,
+            extra: dict[str, str] | None = None) -> None:
         if not value:
             raise ValueError("the lmq sink cannot write an empty 'value'")
         p = f"{_UNIQ}{self.prefix}{self.count:08X}"
@@ -102,10 +103,12 @@ class ChunkBuilder:
         if tags:
             p += _TAGS + tags
         if props:
-            extra = encode_properties({str(k): str(v) for k, v in props
-                                       if k is not None and v is not None})
-            if extra:
-                p += _SEP_PAIR + extra
+            user = encode_properties({str(k): str(v) for k, v in props
+                                      if k is not None and v is not None})
+            if user:
+                p += _SEP_PAIR + user
+        if extra:
+            p += _SEP_PAIR + encode_properties(extra)
         pb = p.encode()
         blen = len(value)
         total = 22 + blen + len(pb)
