@@ -94,8 +94,10 @@ class AlertSubscriber:
                 self._sock.sendall(b"\xe0\x00")            # DISCONNECT
                 self._sock.close()
 
-    def latencies_ms(self) -> list[int]:
-        return sorted(lat for _t, _a, lat in self.received if lat >= 0)
+    def latencies_ms(self, since_ms: int = 0) -> list[int]:
+        """Latencies of the alerts whose reading was published at or after `since_ms`."""
+        return sorted(lat for _t, a, lat in self.received
+                      if lat >= 0 and int(a.get("ts", 0)) >= since_ms)
 
 
 def percentile(sorted_values: list[int], q: float) -> int | None:
