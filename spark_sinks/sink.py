@@ -19,7 +19,6 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import (
@@ -37,7 +36,7 @@ from pyspark.sql.types import (
 )
 
 from core.client.transaction import LocalTransactionState
-from spark_sinks.conn import client_for
+from spark_sinks.conn import client_for, request_pool
 from spark_sinks.mqtt_out import DEFAULT_STORE_TOPIC, mqtt_properties, routes_for
 from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known
 from spark_sinks.txn import (
@@ -131,7 +130,6 @@ class LmqCommitMessage(WriterCommitMessage):
 
 _producers: dict[tuple[str, str], object] = {}
 _plock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
 
 
 def _producer(opts: SinkOptions):
@@ -151,16 +149,6 @@ def _producer(opts: SinkOptions):
             p.start()
             _producers[key] = p
         return p
-
-
-def _sender_pool() -> ThreadPoolExecutor:
-    """Threads that hand chunks to the client thread, so a task encodes the next chunk while
-    WINDOW chunks are on their way (one pool per process)."""
-    global _pool
-    with _plock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(WINDOW, thread_name_prefix="lmq-sink")
-        return _pool
 
 
 async def _check_half(instance, opts: SinkOptions, msg) -> LocalTransactionState:
@@ -187,7 +175,7 @@ def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, quer
     """Send the rows of Arrow record batches as chunks of half messages (txn.py)."""
     producer = _producer(opts).target
     client = client_for(opts.namesrv, opts.request_timeout)
-    pool = _sender_pool()
+    pool = request_pool()  # a task encodes the next chunk while WINDOW are on their way
     task = uuid.uuid4().hex
     tag = {P_QUERY: query, P_BATCH: str(batch), P_TASK: task}
     out = LmqCommitMessage(task)

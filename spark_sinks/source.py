@@ -10,6 +10,7 @@ Offsets, in the offset log and in ``startingOffsets`` / ``endingOffsets``, are J
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from core.common.names import (
     is_retry_topic,
     is_system_topic,
 )
-from spark_sinks.conn import client_for
+from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
 
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: Consumer group named in pull requests (nothing is committed under it).
 READER_GROUP = "SPARK_LMQ_READER"
+#: Pulls a partition reader keeps in flight (_Prefetch).
+PULL_WINDOW = 4
 
 Key = tuple[str, str, int]  # (topic, broker name, queue id)
 
@@ -202,6 +205,30 @@ def _data_loss(opts: SourceOptions, what: str) -> None:
     log.warning("lmq source skips lost messages: %s", what)
 
 
+class _Prefetch:
+    """Pulls of a range kept PULL_WINDOW in flight: while the task converts one pull's
+    messages, the next pulls (at the offsets that follow if every pull returns all it asked
+    for, as it does on a dense queue) are on their way. A pull at another offset than
+    predicted (a short answer, a gap) drops the predictions and starts again there."""
+
+    def __init__(self, pc, mq: MessageQueue, batch: int, end: int) -> None:
+        self.pc, self.mq, self.batch, self.end = pc, mq, batch, end
+        self.pool = request_pool()
+        self.inflight: deque = deque()
+        self.next = -1
+
+    def pull(self, offset: int):
+        q = self.inflight
+        if not q or q[0][0] != offset:
+            q.clear()  # answers of dropped predictions are ignored
+            self.next = offset
+        while len(q) < PULL_WINDOW and self.next < self.end:
+            n = min(self.batch, self.end - self.next)
+            q.append((self.next, self.pool.submit(self.pc.pull, self.mq, None, self.next, n)))
+            self.next += n
+        return q.popleft()[1].result()
+
+
 def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     """Arrow record batches of the messages in `part` (filtered by `mqttTopic` if set)."""
     client = client_for(opts.namesrv, opts.request_timeout)
@@ -216,8 +243,9 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     flt = opts.mqtt_filter
     if flt is not None:
         from spark_sinks.mqtt import topic_matches
+    ahead = _Prefetch(pc, mq, opts.pull_batch, end)
     while offset < end:
-        res = pc.pull(mq, None, offset, min(opts.pull_batch, end - offset))
+        res = ahead.pull(offset)
         if res.status is PullStatus.FOUND and res.messages:
             msgs = res.messages
             first = msgs[0].queue_offset
