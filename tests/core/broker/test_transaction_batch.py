@@ -108,3 +108,28 @@ async def test_bad_or_other_transactional_batches_are_refused():
         resp = await send_prepared(client, "TxB", 0, [b"x"], "E", body=delayed)
         assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "delay" in resp.remark
         assert c.brokers[0].store.max_offset(TRANS_HALF_TOPIC, 0) == 0
+
+
+@trio_test
+async def test_a_client_cannot_mark_a_single_half_as_a_batch():
+    """LMQ_TRAN_BATCH is the broker's: on a single prepared message it is dropped, so its
+    body is committed as one message, never split as a batch."""
+    async with cluster() as c, ClientInstance(namesrv_addr=c.namesrv_addr) as client:
+        await client.api.create_topic(c.broker_addrs[0], "TxB", 1, 1)
+        mq = MessageQueue("TxB", "broker-a", 0)
+        addr = await broker_addr_for(client, mq)
+        body = encode_batch([BatchItem(0, b"a", ""), BatchItem(0, b"b", "")])
+        props = {MessageConst.PRODUCER_GROUP: GROUP, MessageConst.TRANSACTION_PREPARED: "true",
+                 UNIQ: "F" * 32, BATCH_HALF: "2"}
+        ext = {"a": GROUP, "b": "TxB", "c": "TBW102", "d": "4", "e": "0",
+               "f": str(MessageSysFlag.TRANSACTION_PREPARED_TYPE),
+               "g": str(int(time.time() * 1000)), "h": "0", "j": "0", "k": "false",
+               "m": "false", "i": encode_properties(props)}
+        resp = await client.api.invoke(addr, client.api._request(RequestCode.SEND_MESSAGE_V2,
+                                                                 ext, body))
+        assert resp.code == ResponseCode.SUCCESS
+        phys = decode_offset_msg_id(resp.ext_str("msgId"))[2]
+        assert (await end(client, resp.ext_int("queueOffset"), phys, True)).code \
+            == ResponseCode.SUCCESS
+        got = await pull_all(client, "TxB")
+        assert [m.body for m in got] == [body] and BATCH_HALF not in got[0].properties
