@@ -31,6 +31,7 @@ from core.common.names import (
     is_retry_topic,
     is_system_topic,
 )
+from core.common.properties import MessageConst
 from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
@@ -64,11 +65,25 @@ class QueueRange(InputPartition):
 # -- driver side: queue discovery and offset resolution ---------------------------------
 
 
+async def _pin_brokers(instance) -> dict[str, str]:
+    """Learn every master broker (an LMQ has no route to find them by); name -> address."""
+    info = await instance.api.get_cluster_info()
+    masters = info.master_addrs()
+    instance.pin_brokers({name: info.brokers[name].broker_addrs for name in masters})
+    return masters
+
+
 async def _bounds(instance, topics: list[str]) -> dict[Key, tuple[int, int]]:
-    """(min offset, max offset) of every readable queue of `topics`."""
+    """(min offset, max offset) of every readable queue of `topics`; an LMQ (amqpQueue) has
+    one queue, 0, on every master broker."""
     pc = PullConsumer(instance, READER_GROUP)
     out: dict[Key, tuple[int, int]] = {}
     for topic in topics:
+        if is_lmq(topic):
+            for name, addr in sorted((await _pin_brokers(instance)).items()):
+                out[(topic, name, 0)] = (await instance.api.get_min_offset(addr, topic, 0),
+                                         await instance.api.get_max_offset(addr, topic, 0))
+            continue
         route = await instance.update_route(topic)
         if route is None:
             continue  # no such topic yet: no queues, nothing to read
@@ -229,11 +244,32 @@ class _Prefetch:
         return q.popleft()[1].result()
 
 
+def _as_lmq(msgs: list, lmq: str, first: int) -> list:
+    """Messages pulled from an LMQ, as rows of it: topic = the LMQ, queue 0, queueOffset =
+    the message's offset in the LMQ (from INNER_MULTI_QUEUE_OFFSET; else counted from the
+    pull's offset)."""
+    for i, m in enumerate(msgs):
+        off = first + i
+        names = m.properties.get(MessageConst.INNER_MULTI_DISPATCH)
+        offsets = m.properties.get(MessageConst.INNER_MULTI_QUEUE_OFFSET)
+        if names and offsets:
+            sep = MessageConst.MULTI_DISPATCH_SEPARATOR
+            for name, o in zip(names.split(sep), offsets.split(sep), strict=False):
+                if name == lmq and o.isdigit():
+                    off = int(o)
+                    break
+        m.topic, m.queue_id, m.queue_offset = lmq, 0, off
+    return msgs
+
+
 def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     """Arrow record batches of the messages in `part` (filtered by `mqttTopic` if set)."""
     client = client_for(opts.namesrv, opts.request_timeout)
     pc = client.pull_consumer(READER_GROUP)
     mq = MessageQueue(part.topic, part.broker, part.queue_id)
+    lmq = is_lmq(part.topic)
+    if lmq and client.instance.find_subscribe_addr(part.broker) is None:
+        client.call(_pin_brokers, client.instance)
     offset, end = part.start, part.end
     if offset == EARLIEST:
         offset = min(pc.min_offset(mq), end)
@@ -247,7 +283,7 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     while offset < end:
         res = ahead.pull(offset)
         if res.status is PullStatus.FOUND and res.messages:
-            msgs = res.messages
+            msgs = _as_lmq(res.messages, part.topic, offset) if lmq else res.messages
             first = msgs[0].queue_offset
             if first > offset:
                 _data_loss(opts, f"{mq}: offsets {offset}..{first - 1} are gone")
