@@ -1,13 +1,14 @@
 """`df.write.format("lmq")` and `df.writeStream.format("lmq")` (docs/spark.md).
 
-Tasks send their rows in chunks, each one prepared batch kept by the broker as one half
-message (invisible to consumers; spark_sinks/txn.py), and hand
-the handles to the driver. Batch writes: the driver's commit commits them all, abort rolls
-them back. Streaming (exactly once): the driver's ``commit(messages, batchId)`` first
-looks for the commit record of (query id, batch id); when there is none it stores the
-record (listing the halves) and then commits the halves; when there is one, the batch is
-a replay: its new halves are rolled back, and the halves of the record that are not in
-their topic yet (a crash between the record and the commits) are committed.
+Tasks (Arrow writers) encode their rows into chunks and send each as one prepared batch,
+which the broker keeps as one half message, invisible to consumers (txn.py); they hand
+the chunks' handles to the driver. Batch writes: the driver's commit commits every chunk,
+abort rolls them back. Streaming (exactly once): the driver's ``commit(messages,
+batchId)`` first looks for the commit record of (query id, batch id); when there is none
+it stores the record (listing the chunks) and then commits the chunks; when there is one,
+the batch is a replay: its new chunks are rolled back, and the recorded chunks not in
+their topic yet (a crash between the record and the commits) are committed. Rows with an
+`mqttTopic` are MQTT traffic (mqtt_out.py).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 * `prepare(inner)` turns a `TRAN_MSG=true` send into a half message: topic
   `RMQ_SYS_TRANS_HALF_TOPIC` queue 0, real destination in `REAL_TOPIC`/`REAL_QID`,
   transaction bits of the sysflag cleared. Consumers never see it.
+* A prepared *batch* send is kept as one half message holding the whole batch, and its
+  commit appends all of the batch's messages at once (an lmq extension,
+  core/broker/transaction_batch.py).
 * `end_transaction(...)` commits (re-stores the half message under its real topic, sysflag
   COMMIT, PREPARED TRANSACTION OFFSET = half offset) or rolls back (nothing stored); both
   then write an op record to `RMQ_SYS_TRANS_OP_HALF_TOPIC` (same queue id, tag `d`, body =
