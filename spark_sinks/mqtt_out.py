@@ -16,6 +16,7 @@ row, so every route added before the task started is applied.
 from __future__ import annotations
 
 import threading
+import uuid
 
 from core.client.errors import MQClientError
 from core.common.properties import MessageConst
@@ -67,8 +68,13 @@ async def _make_reader(instance) -> RouteReader:
     if not masters:
         raise MQClientError("no broker to read MQTT routes from")
     name = sorted(masters)[0]
-    reader = RouteReader(instance, masters[name], name, "spark-reader", RouteLogConfig())
+    # Joining the route log's member group as a "writer-" tells the MQTT gateways that LMQs
+    # get entries they did not write, so they read them by long polls from then on instead
+    # of predicting their tails (gateway/mqtt/server.py, FOREIGN_WRITER_PREFIXES).
+    writer_id = f"writer-spark-{uuid.uuid4().hex[:12]}"
+    reader = RouteReader(instance, masters[name], name, writer_id, RouteLogConfig())
     reader._loaded = False
+    await reader.join()
     return reader
 
 
