@@ -270,18 +270,25 @@ class PopClient:
 
     async def batch_ack(self, messages: list[PopMessage]) -> None:
         """BATCH_ACK_MESSAGE: one entry per (topic, queue, pop time)."""
-        groups: dict[tuple, list[PopMessage]] = {}
+        # Grouped by the handle without its offset (one string slice per message, the
+        # fields parsed once per group).
+        by_prefix: dict[tuple[str, str], list[PopMessage]] = {}
         for m in messages:
-            f = m.handle.split(" ")
-            groups.setdefault((m.topic, m.queue_id, int(f[0]), int(f[1]), int(f[2]),
-                               int(f[3])), []).append(m)
+            h = m.handle
+            by_prefix.setdefault((m.topic, h[:h.rindex(" ")]), []).append(m)
+        groups: dict[tuple, list[PopMessage]] = {}
+        for (topic, prefix), ms in by_prefix.items():
+            f = prefix.split(" ")
+            groups.setdefault((topic, ms[0].queue_id, int(f[0]), int(f[1]), int(f[2]),
+                               int(f[3])), []).extend(ms)
         acks = []
         for (topic, qid, start, pop_time, invisible, rq), ms in groups.items():
-            start = min(start, *(m.queue_offset for m in ms))
-            bits = bytearray((max(m.queue_offset for m in ms) - start) // 8 + 1)
-            for m in ms:
-                i = m.queue_offset - start
-                bits[i // 8] |= 1 << (i % 8)
+            offsets = [m.queue_offset for m in ms]
+            start = min(start, *offsets)
+            bits = bytearray((max(offsets) - start) // 8 + 1)
+            for i in offsets:
+                i -= start
+                bits[i >> 3] |= 1 << (i & 7)
             acks.append({"c": self.group, "t": topic, "r": "0", "so": start, "q": qid,
                          "rq": rq, "pt": pop_time, "it": invisible,
                          "b": base64.b64encode(bytes(bits)).decode("ascii")})
