@@ -16,18 +16,28 @@ import base64
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import trio
 
 from core.client.errors import MQClientError
-from core.client.pop_consumer import PopClient, PopMessage, PopStatus
+from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
+from core.common.properties import find_property
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
-from gateway.amqp.broker import PROP_TTL, AmqpBroker, Queue
+from gateway.amqp.broker import (
+    PROP_EXCHANGE,
+    PROP_PROPERTIES,
+    PROP_ROUTING_KEY,
+    PROP_TTL,
+    AmqpBroker,
+    Queue,
+)
 from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
 from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
+from gateway.amqp.properties import EMPTY_PROPERTIES
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -38,6 +48,34 @@ RETRY_DELAY_S = 0.5
 #: Expired messages one Basic.Get skips (dead-letters) before it answers Get-Empty.
 MAX_GET_SKIPS = 64
 _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
+_EX_MARK = PROP_EXCHANGE.encode() + b"\x01"
+_RK_MARK = PROP_ROUTING_KEY.encode() + b"\x01"
+_P_MARK = PROP_PROPERTIES.encode() + b"\x01"
+_TTL_MARK = PROP_TTL.encode() + b"\x01"
+
+
+def _text(raw: bytes | None) -> str:
+    return unquote(raw.decode("utf-8", "replace"), errors="surrogateescape") if raw else ""
+
+
+def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
+    """`dead_letter.envelope`, reading the three values out of a light record's encoded
+    properties instead of decoding them all."""
+    rec = m.message
+    if type(rec) is not PopRecord:
+        return envelope(m)
+    raw = rec.raw_properties
+    props = find_property(raw, _P_MARK)
+    return (_text(find_property(raw, _EX_MARK)), _text(find_property(raw, _RK_MARK)),
+            base64.b64decode(props) if props else EMPTY_PROPERTIES)
+
+
+def _may_expire(m: PopMessage) -> bool:
+    """Whether the message may carry its own expiration (a cheap test first)."""
+    rec = m.message
+    if type(rec) is PopRecord:
+        return _TTL_MARK in rec.raw_properties
+    return PROP_TTL in rec.properties
 
 
 class Consumer:
@@ -182,14 +220,14 @@ class Deliveries:
                 return
             now = now_ms()
             for m in result.messages:
-                if checks or PROP_TTL in m.message.properties:
+                if checks or _may_expire(m):
                     fault = delivery_fault(queue, m, now)
                     if fault is not None:
                         await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
                         continue
                 tag = self.next_tag
                 self.next_tag += 1
-                exchange, key, raw = envelope(m)
+                exchange, key, raw = _envelope(m)
                 if not consumer.no_ack:
                     self.unacked[tag] = (consumer.pop, m, queue)
                 self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
@@ -215,7 +253,7 @@ class Deliveries:
             if result.status is not PopStatus.FOUND or not result.messages:
                 break
             m = result.messages[0]
-            if checks or PROP_TTL in m.message.properties:
+            if checks or _may_expire(m):
                 fault = delivery_fault(queue, m, now_ms())
                 if fault is not None:  # expired: the next one (bounded)
                     await self.broker.policy.dead_letter(queue, pop, m, fault)
@@ -232,7 +270,7 @@ class Deliveries:
             await self._settle(pop.ack, m)
         else:
             self.unacked[tag] = (pop, m, queue)
-        exchange, key, raw = envelope(m)
+        exchange, key, raw = _envelope(m)
         self.send(encode_content(self.channel, BasicGetOk(tag, m.redelivered, exchange, key,
                                                           result.rest_num),
                                  raw, m.body, self.frame_max))

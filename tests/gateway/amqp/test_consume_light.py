@@ -1,0 +1,41 @@
+"""The consumer's light path (PopRecord): exchange, routing key and AMQP properties read
+out of the encoded properties agree with the full decode (`dead_letter.envelope`)."""
+
+from __future__ import annotations
+
+import base64
+
+from core.client.pop_consumer import PopMessage, PopRecord
+from core.common.properties import decode_properties_bytes, encode_properties
+from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY, PROP_TTL
+from gateway.amqp.consume import _envelope, _may_expire
+from gateway.amqp.dead_letter import envelope
+from gateway.amqp.model import quote_text
+
+
+def light(props: dict) -> PopMessage:
+    raw = encode_properties(props).encode()
+    return PopMessage(PopRecord(b"body", raw, 5, 0, 0), "%LMQ%q", 0, 1, "h")
+
+
+def test_light_envelope_agrees_with_the_full_decode():
+    cases = [
+        {PROP_EXCHANGE: quote_text("amq.topic"), PROP_ROUTING_KEY: quote_text("a.b"),
+         PROP_PROPERTIES: base64.b64encode(b"\x80\x00\x01x").decode()},
+        {PROP_EXCHANGE: quote_text("ex with space/é%"),
+         PROP_ROUTING_KEY: quote_text("k\udcff\x7f;=&"), "XAMQP_RK": "decoy"},
+        {"OTHER": f"{PROP_EXCHANGE}\x01".replace("\x01", "") + "v"},
+        {},
+    ]
+    for props in cases:
+        m = light(props)
+        got = _envelope(m)
+        m.message._props = None
+        assert got == envelope(m)
+        assert m.message.properties == decode_properties_bytes(m.message.raw_properties)
+    assert _envelope(light({}))[2] == b"\x00\x00"
+
+
+def test_may_expire_only_with_the_ttl_property():
+    assert _may_expire(light({PROP_TTL: "100"}))
+    assert not _may_expire(light({PROP_EXCHANGE: "x"}))
