@@ -22,7 +22,6 @@ import trio
 
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
-from core.common.properties import find_property
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.broker import (
@@ -48,34 +47,53 @@ RETRY_DELAY_S = 0.5
 #: Expired messages one Basic.Get skips (dead-letters) before it answers Get-Empty.
 MAX_GET_SKIPS = 64
 _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
-_EX_MARK = PROP_EXCHANGE.encode() + b"\x01"
-_RK_MARK = PROP_ROUTING_KEY.encode() + b"\x01"
-_P_MARK = PROP_PROPERTIES.encode() + b"\x01"
-_TTL_MARK = PROP_TTL.encode() + b"\x01"
+_EX = PROP_EXCHANGE.encode()
+_RK = PROP_ROUTING_KEY.encode()
+_P = PROP_PROPERTIES.encode()
+_TTL = PROP_TTL.encode()
+_OURS = b"AMQP_"
+_OUR_PAIR = b"\x02" + _OURS
+
+
+def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
+    """The pairs of encoded properties whose names start with AMQP_, in one pass (a
+    fanned-out record's properties list every queue it went to: scanned once, not per
+    value); the last non-empty value of a name wins, as in `decode_properties`."""
+    out: dict[bytes, bytes] = {}
+    if raw.startswith(_OURS):
+        i = 0
+    else:
+        i = raw.find(_OUR_PAIR)
+        if i < 0:
+            return out
+        i += 1
+    while True:
+        k = raw.find(b"\x02", i)
+        name, sep, value = (raw[i:] if k < 0 else raw[i:k]).partition(b"\x01")
+        if sep and value:
+            out[name] = value
+        if k < 0:
+            return out
+        i = raw.find(_OUR_PAIR, k)
+        if i < 0:
+            return out
+        i += 1
 
 
 def _text(raw: bytes | None) -> str:
     return unquote(raw.decode("utf-8", "replace"), errors="surrogateescape") if raw else ""
 
 
-def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
-    """`dead_letter.envelope`, reading the three values out of a light record's encoded
-    properties instead of decoding them all."""
+def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
+    """`dead_letter.envelope` plus whether the message may carry its own expiration,
+    read out of a light record's encoded properties instead of decoding them all."""
     rec = m.message
     if type(rec) is not PopRecord:
-        return envelope(m)
-    raw = rec.raw_properties
-    props = find_property(raw, _P_MARK)
-    return (_text(find_property(raw, _EX_MARK)), _text(find_property(raw, _RK_MARK)),
-            base64.b64decode(props) if props else EMPTY_PROPERTIES)
-
-
-def _may_expire(m: PopMessage) -> bool:
-    """Whether the message may carry its own expiration (a cheap test first)."""
-    rec = m.message
-    if type(rec) is PopRecord:
-        return _TTL_MARK in rec.raw_properties
-    return PROP_TTL in rec.properties
+        return (*envelope(m), PROP_TTL in rec.properties)
+    pairs = _our_pairs(rec.raw_properties)
+    props = pairs.get(_P)
+    return (_text(pairs.get(_EX)), _text(pairs.get(_RK)),
+            base64.b64decode(props) if props else EMPTY_PROPERTIES, _TTL in pairs)
 
 
 class Consumer:
@@ -220,14 +238,14 @@ class Deliveries:
                 return
             now = now_ms()
             for m in result.messages:
-                if checks or _may_expire(m):
+                exchange, key, raw, own_ttl = _envelope(m)
+                if checks or own_ttl:
                     fault = delivery_fault(queue, m, now)
                     if fault is not None:
                         await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
                         continue
                 tag = self.next_tag
                 self.next_tag += 1
-                exchange, key, raw = _envelope(m)
                 if not consumer.no_ack:
                     self.unacked[tag] = (consumer.pop, m, queue)
                 self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
@@ -253,7 +271,8 @@ class Deliveries:
             if result.status is not PopStatus.FOUND or not result.messages:
                 break
             m = result.messages[0]
-            if checks or _may_expire(m):
+            exchange, key, raw, own_ttl = _envelope(m)
+            if checks or own_ttl:
                 fault = delivery_fault(queue, m, now_ms())
                 if fault is not None:  # expired: the next one (bounded)
                     await self.broker.policy.dead_letter(queue, pop, m, fault)
@@ -270,7 +289,6 @@ class Deliveries:
             await self._settle(pop.ack, m)
         else:
             self.unacked[tag] = (pop, m, queue)
-        exchange, key, raw = _envelope(m)
         self.send(encode_content(self.channel, BasicGetOk(tag, m.redelivered, exchange, key,
                                                           result.rest_num),
                                  raw, m.body, self.frame_max))
