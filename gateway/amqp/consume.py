@@ -52,32 +52,28 @@ _RK = PROP_ROUTING_KEY.encode()
 _P = PROP_PROPERTIES.encode()
 _TTL = PROP_TTL.encode()
 _OURS = b"AMQP_"
-_OUR_PAIR = b"\x02" + _OURS
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
-    """The pairs of encoded properties whose names start with AMQP_, in one pass (a
-    fanned-out record's properties list every queue it went to: scanned once, not per
-    value); the last non-empty value of a name wins, as in `decode_properties`."""
+    """The pairs of encoded properties whose names start with AMQP_, hopping from
+    separator to separator (a fanned-out record's properties list every queue it went
+    to: a substring search per value would scan them each time); the last non-empty value
+    of a name wins, as in `decode_properties`."""
     out: dict[bytes, bytes] = {}
-    if raw.startswith(_OURS):
-        i = 0
-    else:
-        i = raw.find(_OUR_PAIR)
-        if i < 0:
-            return out
-        i += 1
-    while True:
-        k = raw.find(b"\x02", i)
-        name, sep, value = (raw[i:] if k < 0 else raw[i:k]).partition(b"\x01")
-        if sep and value:
-            out[name] = value
+    n = len(raw)
+    find = raw.find
+    starts = raw.startswith
+    i = 0
+    while i < n:
+        k = find(b"\x02", i)
         if k < 0:
-            return out
-        i = raw.find(_OUR_PAIR, k)
-        if i < 0:
-            return out
-        i += 1
+            k = n
+        if starts(_OURS, i):
+            name, sep, value = raw[i:k].partition(b"\x01")
+            if sep and value:
+                out[name] = value
+        i = k + 1
+    return out
 
 
 def _text(raw: bytes | None) -> str:
