@@ -15,7 +15,8 @@ Docker"):
   their text rewritten like the arguments.
 
 Services start in `depends_on` order, each after its dependencies pass their health check
-(compose does that only with `condition: service_healthy`, which the file uses).
+(compose does that only with `condition: service_healthy`, which the file uses) or, for a
+one-shot (`condition: service_completed_successfully`), after it exited with status 0.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def start_order(services: dict) -> list[str]:
     for name in services:
         visit(name)
     return order
+
+
+def one_shots(services: dict) -> set[str]:
+    """Services others wait for with `condition: service_completed_successfully`."""
+    return {dep for svc in services.values() if isinstance(svc.get("depends_on"), dict)
+            for dep, cond in svc["depends_on"].items()
+            if (cond or {}).get("condition") == "service_completed_successfully"}
 
 
 def _free_port() -> int:
@@ -246,9 +254,17 @@ class Stack:
         self.svc = {name: Service(self, name, spec) for name, spec in self.services.items()}
 
     def up(self, names: list[str] | None = None, timeout: float = 120.0) -> Stack:
+        waited_for_exit = one_shots(self.services)
         for name in start_order(self.services):
-            if names is None or name in names:
-                self.svc[name].start().wait_healthy(timeout)
+            if names is not None and name not in names:
+                continue
+            svc = self.svc[name].start()
+            if name in waited_for_exit:
+                code = svc.proc.wait(timeout)
+                if code != 0:
+                    raise RuntimeError(f"{name} exited with {code}: {svc.log_tail()}")
+            else:
+                svc.wait_healthy(timeout)
         return self
 
     def down(self) -> None:
