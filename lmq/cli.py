@@ -53,6 +53,11 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+# Added apart from the tuple above so that other additions to it merge cleanly.
+SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
+SERVER_COMMANDS += ("proxy",)  # --log-format / --log-file too
+
+
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None):
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and name in action.choices:

@@ -7,6 +7,8 @@
     lmq serve --no-mqtt
     lmq serve --amqp-port 5673 --amqp-config amqp.toml
     lmq serve --no-amqp
+    lmq serve --grpc-port 8082                      # RocketMQ 5 gRPC (default 8081)
+    lmq serve --no-grpc
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_broker_options(parser, namesrv_port=True)
     add_mqtt_options(parser, embedded=True)
     add_amqp_options(parser)
+    add_grpc_options(parser)
     add_metrics_options(parser)
     parser.set_defaults(func=run)
 
@@ -45,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from core.cluster import EmbeddedServer, build_configs
     from gateway.amqp.embedded import AmqpService
+    from gateway.grpc5.embedded import GrpcService
 
     setup_logging(args.log_level)
     namesrv_overrides = {
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad AMQP configuration: %s", exc)
         return 2
+    services = grpc_services(args) + services
     lock, problem = lock_data_dir(broker_config.data_dir)
     if problem:
         log.error("%s", problem)
@@ -90,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     listeners = [("name server", namesrv_config.host, namesrv_config.port),
                  ("broker", broker_config.host, broker_config.port)]
     for service in services:
+        if isinstance(service, GrpcService):
+            listeners.append(("gRPC", service.config.host, service.config.port))
+            continue
         if isinstance(service, AmqpService):
             listeners.append(("AMQP", service.config.host, service.config.port))
             continue
@@ -134,3 +142,26 @@ def amqp_services(args: argparse.Namespace) -> list:
     if problem:
         raise ValueError(problem)
     return [AmqpService(AmqpServerConfig(**server_kw), AmqpBrokerConfig(**broker_kw))]
+
+
+def add_grpc_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-port", type=int, default=8081,
+                        help="RocketMQ 5 gRPC port for the official 5.x clients (default "
+                             "%(default)s; 0 picks a free one; docs/grpc.md)")
+    parser.add_argument("--no-grpc", action="store_true",
+                        help="do not run the RocketMQ 5 gRPC front end")
+    parser.add_argument("--grpc-tls-certfile", metavar="PEM",
+                        help="serve gRPC over TLS with this certificate chain")
+    parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
+
+
+def grpc_services(args: argparse.Namespace) -> list:
+    """The gRPC `EmbeddedServer` service (none with --no-grpc), on --host / --grpc-port."""
+    if args.no_grpc:
+        return []
+    from gateway.grpc5.config import GrpcConfig
+    from gateway.grpc5.embedded import GrpcService
+
+    return [GrpcService(GrpcConfig(host=args.host or "127.0.0.1", port=args.grpc_port,
+                                   tls_certfile=args.grpc_tls_certfile or "",
+                                   tls_keyfile=args.grpc_tls_keyfile or ""))]
