@@ -5,7 +5,7 @@ interpolation), from the repository, with these mappings (docs/deploy.md, "Teste
 Docker"):
 
 - every container port a service listens on (`expose` and the container side of `ports`)
-  gets a free port on 127.0.0.1; a service with `network_mode: service:X` shares X's;
+  gets a free port on 127.0.0.1 (below the ephemeral range); a service with `network_mode: service:X` shares X's;
 - in arguments and environment values: `<service>:<port>` becomes `127.0.0.1:<its port>`,
   `0.0.0.0` and a service name after a `--...host` flag become `127.0.0.1`, a token equal to a port the
   service listens on becomes the local port, and a path under a volume's container path
@@ -22,6 +22,7 @@ one-shot (`condition: service_completed_successfully`), after it exited with sta
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -97,10 +98,26 @@ def one_shots(services: dict) -> set[str]:
             if (cond or {}).get("condition") == "service_completed_successfully"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(taken: set[int]) -> int:
+    """A free port below the kernel's ephemeral range: the ports are chosen before the
+    services start, and one from the ephemeral range (port 0) could meanwhile become the
+    local end of some outgoing connection."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    while True:
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
 
 
 class Service:
@@ -248,9 +265,10 @@ class Stack:
         self.config = load(compose_path, env)
         self.services: dict = self.config["services"]
         self.ports: dict[str, dict[int, int]] = {}
+        taken: set[int] = set()
         for name, spec in self.services.items():
             if not str(spec.get("network_mode", "")).startswith("service:"):
-                self.ports[name] = {p: _free_port() for p in container_ports(spec)}
+                self.ports[name] = {p: _free_port(taken) for p in container_ports(spec)}
         self.svc = {name: Service(self, name, spec) for name, spec in self.services.items()}
 
     def up(self, names: list[str] | None = None, timeout: float = 120.0) -> Stack:
