@@ -77,7 +77,7 @@ def test_every_service_is_health_checked_and_published_on_loopback_only():
     # the whole product: 2 name servers, 2 broker groups of master + slave, MQTT and AMQP
     # gateways, the device simulator + Spark job
     assert sorted(c[1] for c in commands.values()) == sorted(
-        ["namesrv"] * 2 + ["broker"] * 4 + ["mqtt", "amqp", "demo", "admin"])
+        ["namesrv"] * 2 + ["broker"] * 4 + ["mqtt", "mqtt", "amqp", "demo", "admin"])
     once = one_shots(services)
     assert {services[n]["command"][1] for n in once} == {"admin"}
     roles = sorted(s["command"][s["command"].index("--broker-role") + 1]
@@ -102,11 +102,11 @@ def test_every_service_is_health_checked_and_published_on_loopback_only():
             data = svc["command"][svc["command"].index("--data-dir") + 1]
             assert any(not str(v).startswith(".") and str(v).endswith(":" + data)
                        for v in svc.get("volumes", [])), f"{name}: data not on a volume"
-    assert {1883, 5672, 9876, 9100} <= set(published)
+    assert {1883, 1884, 5672, 9876, 9100} <= set(published)
     assert published[1883] == "mqtt" and published[5672] == "amqp"
     ready = [n for n, s in services.items()
              if n not in once and "/readyz" in " ".join(s["healthcheck"]["test"])]
-    assert len(ready) >= 7, ready  # every server with a metrics port probes /readyz
+    assert len(ready) >= 8, ready  # every server with a metrics port probes /readyz
 
 
 def test_dockerfile_is_multistage_non_root_and_exposes_every_listener():
@@ -177,6 +177,31 @@ class TelemetryConsumer:
         self.client.__exit__(None, None, None)
 
 
+class Subscriber:
+    """An MQTT client on a gateway, subscribed to the devices' telemetry (QoS 1)."""
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.seen: set[tuple[str, int]] = set()
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="compose-sub")
+        self.client.on_connect = lambda c, *_: c.subscribe("devices/+/telemetry", qos=1)
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        assert self.subscribed.wait(30)
+
+    def _on_message(self, _client, _userdata, msg) -> None:
+        r = msgpack.unpackb(msg.payload)
+        self.seen.add((r["device"], r["ts"]))
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
 def _wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
@@ -230,11 +255,16 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
         stack.up(timeout=180)
         namesrv = stack.svc["broker-a1"].map_token("namesrv1:9876;namesrv2:9876")
         consumer = TelemetryConsumer(namesrv)
+        subscriber = Subscriber(stack.svc["mqtt2"].port(1883))
         try:
             # devices -> MQTT gateway -> brokers: every reading a device had acknowledged
             # (PUBACK) reaches a native consumer of the gateway's topic
-            _wait(lambda: len(_readings(stack)) >= 40, 120, "40 acknowledged readings")
+            start = len(_readings(stack))
+            _wait(lambda: len(_readings(stack)) >= start + 40, 120, "40 acknowledged readings")
             _wait(lambda: not consumer.missing(_readings(stack)), 60, "the telemetry")
+            # ... and an MQTT subscriber on the other gateway, from its subscription on
+            later = {(r["device"], r["ts"]) for r in _readings(stack)[start + 10:]}
+            _wait(lambda: later <= subscriber.seen, 60, "telemetry on the second gateway")
             # -> Spark -> alerts written back to the brokers
             _wait(lambda: _alerts_stored(namesrv) > 0, 180, "Spark's first alerts")
             # the AMQP gateway serves clients against the same brokers
@@ -245,6 +275,7 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
             assert hot > 0
             assert _alerts_stored(namesrv) == hot   # the sink: exactly once
         finally:
+            subscriber.close()
             consumer.close()
 
 
