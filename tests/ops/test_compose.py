@@ -20,8 +20,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -128,6 +130,32 @@ def test_dockerfile_is_multistage_non_root_and_exposes_every_listener():
     targets = {svc["build"]["target"] for svc in load(COMPOSE_FILE)["services"].values()
                if "build" in svc}
     assert targets <= {m.group(1) for s in stages if (m := re.search(r" AS (\w+)$", s))}
+
+
+def test_runner_maps_every_service_onto_this_machine(tmp_path):
+    stack = Stack(tmp_path)
+    services = stack.services
+    local = [p for ports in stack.ports.values() for p in ports.values()]
+    assert len(local) == len(set(local))            # one local port per container port
+    for name, svc in stack.svc.items():
+        argv = svc.argv(svc.spec["command"])
+        text = " ".join(argv)
+        assert argv[:3] == [sys.executable, "-m", "lmq"], name
+        assert "0.0.0.0" not in text and "/data" not in text and "/etc/lmq" not in text, text
+        for other in services:                      # no container host name left
+            assert not re.search(rf"(?<![\w-]){re.escape(other)}:\d", text), (name, text)
+        for flag in ("--port", "--broker-port", "--ha-port", "--metrics-port", "--mqtt-port",
+                     "--amqp-port"):
+            if flag in argv:
+                assert int(argv[argv.index(flag) + 1]) in local, (name, flag)
+        if "--config" in argv:
+            assert Path(argv[argv.index("--config") + 1]).is_file(), name
+    # a slave's master HA address is its master's local HA port
+    a2 = stack.svc["broker-a2"].argv(services["broker-a2"]["command"])
+    ha = a2[a2.index("--ha-master-address") + 1]
+    assert ha == f"127.0.0.1:{stack.svc['broker-a1'].port(10912)}"
+    # a service sharing another's network reaches it on 127.0.0.1 at its ports
+    assert stack.svc["iot"].port(1883) == stack.svc["mqtt"].port(1883)
 
 
 # -- the stack as local processes (slow) -----------------------------------------------
