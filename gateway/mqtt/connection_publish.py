@@ -114,7 +114,7 @@ class PublishHandler:
             self.inbound += 1
             self.qos2_pending.add(pid)
             link.submit(msg, lambda code: self._stored(pid, 2, code))
-        if link.backlog >= link.dispatch_bound:
+        if link.backlog_full:
             await link.wait_for_space()
         elif not link.backlog % PUBLISHES_PER_STEP:
             # One socket read can hold hundreds of PUBLISHes: let other tasks (PINGREQs,
