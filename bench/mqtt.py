@@ -70,6 +70,7 @@ from bench._mqtt_open import (
     pin_cpus,
     run_open_phase,
 )
+from bench._mqtt_ping import Pinger
 from bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
 from bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
 from bench._mqtt_sink import sink_main
@@ -246,19 +247,24 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
     for j in jobs_pub + jobs_sub:
         j.pub_slots, j.sub_slots, j.fanout = pub_slots, sub_slots, fanout
         j.cpus = getattr(opts, "generator_cpu_set", ())
+    pinger = None
     try:
         sh.ctl[0] = WAIT
         if jobs_sub:
             _spawn(sh, jobs_sub)
         _spawn(sh, jobs_pub)
         sh.ctl[0] = GO
+        pinger = Pinger(host, port, getattr(opts, "generator_cpu_set", ()))
         time.sleep(opts.warmup)
+        pinger.start()
         s1 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[0] = s1[2]
         sh.ctl[1] = 1
         peak_anon = _sleep_sampling(pid, opts.duration)
         sh.ctl[1] = 0
+        pinger.stop()
+        pinging = pinger.figures()
         s2 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[1] = s2[2]
@@ -279,6 +285,8 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
             time.sleep(0.1)
         sent, received = _sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots)
     finally:
+        if pinger is not None:
+            pinger.stop()
         reports = _finish(sh)
     errors = [r for r in reports if r[0] == "error"]
     if errors:
@@ -298,6 +306,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         # Deliveries still missing after the drain (QoS 0: dropped; QoS 1: in flight).
         "missing": max(0, sent * fanout - received) if fanout else 0,
     }
+    result.update(pinging)
     if rss_end is not None:
         result["server_rss_mb"] = round(rss_end / 2**20, 1)
     if anon_end is not None:
