@@ -11,6 +11,7 @@ maximum or a Receive Maximum overrun is a v5 DISCONNECT (0x9B / 0x93), a 3.1.1 c
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: PUBLISHes handled in one go before the reader lets other tasks run.
 PUBLISHES_PER_STEP = 64
+
+_PUBACK_V3 = struct.Struct(">BBH")  # type 4, remaining length 2, packet id
 
 _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
                "subscription_identifiers": ()}
@@ -149,7 +152,10 @@ class PublishHandler:
             pass
         if qos == 1:
             self.inbound = max(0, self.inbound - 1)
-            self.send(Puback(pid, code))
+            if self.version != 5:
+                self.queue(_PUBACK_V3.pack(0x40, 2, pid))  # the whole 3.x PUBACK, no codec
+            else:
+                self.send(Puback(pid, code))
         else:
             self.qos2_pending.discard(pid)
             if code < 0x80:

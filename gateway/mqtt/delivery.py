@@ -97,8 +97,13 @@ class Pump:
         try:
             await self.retransmit()
             limit = self.gw.config.max_out_buffer
+            woken = False
             while not conn.closed:
-                await trio.lowlevel.checkpoint()  # fairness: a busy session yields
+                if not woken:
+                    await trio.lowlevel.checkpoint()  # fairness: a busy session yields
+                # (just woken from a wait, it has yielded already: a lone message goes
+                # out without one more pass of the scheduler)
+                woken = False
                 # In-process pulls do not yield: read and encode several batches per turn
                 # (the publishers' tasks each handle a whole socket read per turn too).
                 progress = False
@@ -130,6 +135,8 @@ class Pump:
                 gate.set_behind(self, acks and self._behind())
                 if acks:
                     self.held_since = trio.current_time()
+                # Session.wait returns at once (no yield) when woken meanwhile
+                woken = not sess._woken
                 with trio.move_on_at(self._next_retry()):
                     await sess.wait()
                 self.held_since = 0.0
