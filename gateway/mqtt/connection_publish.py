@@ -44,6 +44,9 @@ class PublishHandler:
     #: set by the first PUBLISH: from then on the connection's reads pass the delivery
     #: gate (flow.py); connections that only subscribe always read.
     publishing = False
+    #: the last topic this connection published to that passed the topic, $SYS and ACL
+    #: checks (devices repeat their topic: those checks run once, not per PUBLISH)
+    _topic_ok: str | None = None
 
     async def wait_gate(self: Connection) -> None:
         """Wait while the delivery gate is closed (flow.py). The time the gateway does not
@@ -78,17 +81,21 @@ class PublishHandler:
             return
         topic = p.topic
         code = 0
-        try:
-            validate_topic_name(topic, max_length=cfg.max_topic_length,
-                                max_levels=cfg.max_topic_levels)
-        except MqttProtocolError as exc:
-            code, why = 0x90, exc.message
+        if topic != self._topic_ok:
+            try:
+                validate_topic_name(topic, max_length=cfg.max_topic_length,
+                                    max_levels=cfg.max_topic_levels)
+            except MqttProtocolError as exc:
+                code, why = 0x90, exc.message
+            if not code:
+                if topic.startswith("$SYS"):
+                    code, why = 0x87, "clients may not publish to $SYS"
+                elif not gw.auth.can_publish(self.username, self.client_id, topic):
+                    code, why = 0x87, "denied by the ACL"
+                else:
+                    self._topic_ok = topic
         if not code:
-            if topic.startswith("$SYS"):
-                code, why = 0x87, "clients may not publish to $SYS"
-            elif not gw.auth.can_publish(self.username, self.client_id, topic):
-                code, why = 0x87, "denied by the ACL"
-            elif p.retain and gw.retained.would_refuse(topic, len(p.payload)):
+            if p.retain and gw.retained.would_refuse(topic, len(p.payload)):
                 code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
             elif p.properties.payload_format_indicator == 1 and not _utf8(p.payload):
                 code, why = 0x99, "payload is not UTF-8 as its format indicator says"
