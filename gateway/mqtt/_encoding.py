@@ -50,6 +50,7 @@ __all__ = ["encode_packet", "publish_size", "publish_v3"]
 
 _U16 = struct.Struct(">H")
 _HEAD_SHORT = struct.Struct(">BBH")  # first byte, 1-byte remaining length, topic length
+_HEAD_2 = struct.Struct(">BBBH")  # first byte, 2-byte remaining length, topic length
 _CONNECT, _CONNACK, _PUBLISH, _SUBSCRIBE, _SUBACK = 1, 2, 3, 8, 9
 _UNSUBSCRIBE, _UNSUBACK, _DISCONNECT, _AUTH = 10, 11, 14, 15
 
@@ -129,13 +130,19 @@ def publish_v3(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
             raise ValueError("QoS 1/2 PUBLISH needs QoS <= 2 and packet id 1..65535")
         length += 2
         if length < 0x80:
-            return b"".join((_HEAD_SHORT.pack(first, length, len(t)), t,
-                             _U16.pack(packet_id), payload))
-        return b"".join((bytes((first,)), encode_varint(length), _U16.pack(len(t)), t,
-                         _U16.pack(packet_id), payload))
+            head = _HEAD_SHORT.pack(first, length, len(t))
+        elif length < 0x4000:
+            head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
+        else:
+            head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
+        return b"".join((head, t, _U16.pack(packet_id), payload))
     if length < 0x80:
-        return b"".join((_HEAD_SHORT.pack(first, length, len(t)), t, payload))
-    return b"".join((bytes((first,)), encode_varint(length), _U16.pack(len(t)), t, payload))
+        head = _HEAD_SHORT.pack(first, length, len(t))
+    elif length < 0x4000:
+        head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
+    else:
+        head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
+    return b"".join((head, t, payload))
 
 
 def _publish(p: Publish, version: int) -> bytes:

@@ -26,7 +26,7 @@ def test_filter_matcher_agrees_with_topic_matches(topic_filter):
 @pytest.mark.parametrize("version", [3, 4])
 @pytest.mark.parametrize("qos, pid, dup", [(0, None, False), (1, 7, False), (1, 65535, True),
                                            (2, 300, False)])
-@pytest.mark.parametrize("size", [0, 10, 120, 200, 20_000, 3_000_000])
+@pytest.mark.parametrize("size", [0, 10, 120, 200, 16_370, 16_380, 20_000, 3_000_000])
 @pytest.mark.parametrize("retain", [False, True])
 def test_publish_v3_is_the_codec_encoding(version, qos, pid, dup, size, retain):
     topic = "t/\u00e9/x"
