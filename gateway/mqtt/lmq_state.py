@@ -27,14 +27,33 @@ RECENT_BYTES = 2 * 1024 * 1024
 
 class RecentBudget:
     """Payload bytes held in the recent entries of all the LMQs of one gateway, and the
-    most they may hold (`max_recent_bytes`). Past it, an LMQ that records one more entry
-    forgets its oldest first (down to one entry each): readers behind then pull."""
+    most they may hold (`max_recent_bytes`). Past it, the oldest entries of the LMQ
+    written longest ago go first (an idle LMQ does not keep its entries at the expense of
+    busy ones); the LMQ being written keeps at least its newest. Readers behind pull."""
 
-    __slots__ = ("used", "limit")
+    __slots__ = ("used", "limit", "order")
 
     def __init__(self, limit: int) -> None:
         self.used = 0
         self.limit = limit
+        #: LMQ states holding entries, least recently written first
+        self.order: OrderedDict[LmqState, None] = OrderedDict()
+
+    def trim(self, keep: LmqState) -> None:
+        """Forget entries until within the limit (`keep`, just written, goes last)."""
+        order = self.order
+        while self.used > self.limit and order:
+            st = next(iter(order))
+            recent = st.recent
+            floor = 1 if st is keep else 0
+            while len(recent) > floor and self.used > self.limit:
+                gone = len(recent.popitem(last=False)[1].payload)
+                st._recent_bytes -= gone
+                self.used -= gone
+            if st is keep:
+                return
+            if not recent:
+                del order[st]
 
 
 class MessageCache(OrderedDict):
@@ -123,18 +142,25 @@ class LmqState:
         budget = self.budget
         own = self._recent_bytes + size
         used = budget.used + size
-        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES
-                                   or used > budget.limit):
+        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES):
             gone = len(recent.popitem(last=False)[1].payload)
             own -= gone
             used -= gone
         self._recent_bytes = own
         budget.used = used
+        order = budget.order
+        try:
+            order.move_to_end(self)
+        except KeyError:
+            order[self] = None
+        if used > budget.limit:
+            budget.trim(self)
 
     def forget_recent(self) -> None:
         """Drop the recent entries (a state released, a foreign writer found)."""
         self.recent.clear()
         self.recent_bytes = 0
+        self.budget.order.pop(self, None)
 
     def pull_covers(self, offset: int, batch: int) -> bool:
         """Will the pull in flight bring the entry at `offset`? (The caller waits.)"""

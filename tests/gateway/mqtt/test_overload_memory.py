@@ -83,3 +83,25 @@ def test_message_cache_bounded_by_entries_and_bytes(entries, limit):
     assert len(cache) <= entries and cache.bytes <= limit
     assert cache.bytes == sum(len(m.payload) for m in cache.values())
     assert ("b", 49) in cache  # the newest stay
+
+
+class _Msg:
+    def __init__(self, size: int) -> None:
+        self.payload = b"x" * size
+
+
+def test_recent_budget_takes_from_the_lmq_written_longest_ago():
+    """Past `max_recent_bytes`, an idle LMQ's entries go before a busy one's: the busy
+    LMQ's readers keep reading from memory instead of pulling."""
+    budget = lmq_state.RecentBudget(10_000)
+    idle = lmq_state.LmqState("b", "%LMQ%idle", budget)
+    busy = lmq_state.LmqState("b", "%LMQ%busy", budget)
+    for i in range(9):
+        idle.remember(i, _Msg(1000))
+    for i in range(50):
+        busy.remember(i, _Msg(1000))
+    assert budget.used <= 10_000
+    assert not idle.recent and list(busy.recent) == list(range(40, 50))
+    assert budget.used == busy.recent_bytes + idle.recent_bytes
+    busy.forget_recent()
+    assert budget.used == 0 and not budget.order
