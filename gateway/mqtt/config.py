@@ -122,7 +122,8 @@ class MqttConfig:
     #: count alone would hold 10 000 x max_packet_size).
     max_pending_bytes: int = 16 * 1024 * 1024
     #: Payload bytes of stored messages kept in memory for the readers of all LMQs (their
-    #: recent entries); past it each LMQ keeps fewer and readers behind pull.
+    #: recent entries); past it the LMQ written longest ago gives up its entries first and
+    #: readers behind pull.
     max_recent_bytes: int = 64 * 1024 * 1024
 
     # -- security -------------------------------------------------------------------
