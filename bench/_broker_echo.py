@@ -34,7 +34,7 @@ __all__ = ["echo_table", "main", "serve_raw"]
 _INT = struct.Struct(">i")
 _PREFIX = struct.Struct(">iI")
 
-# What a send response carries (protocol doc §5.1), so the echo answer costs what the
+# What a send response carries (docs/protocol.md §5.1), so the echo answer costs what the
 # broker's answer costs to encode and decode.
 _SEND_EXT = {
     "msgId": "7F00000100002A9F0000000000000000",

@@ -128,7 +128,7 @@ def _header_field(buf: bytearray | bytes, key: bytes, start: int, end: int) -> i
 
 
 def _count_records(buf: bytearray, start: int, end: int) -> int:
-    """Stored records in a pull body (§7.1: each starts with its int32 TOTALSIZE)."""
+    """Stored records in a pull body (docs/protocol.md §7.1: each starts with its int32 TOTALSIZE)."""
     n = 0
     pos = start
     while end - pos >= 4:

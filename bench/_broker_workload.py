@@ -1,8 +1,8 @@
 """The requests `lmq bench broker` sends: what a Java 4.x producer and pull consumer send.
 
-Single sends are SEND_MESSAGE_V2 (310, one-letter header names, protocol doc §5.1),
-batches SEND_BATCH_MESSAGE (320, body of §7.7 built by `core.common.codec.encode_batch`),
-pulls PULL_MESSAGE (11, §5.2) with the SUBSCRIPTION bit and `*`, as the C++ pull consumer
+Single sends are SEND_MESSAGE_V2 (310, one-letter header names, docs/protocol.md §5.1),
+batches SEND_BATCH_MESSAGE (320, body of docs/protocol.md §7.7 built by `core.common.codec.encode_batch`),
+pulls PULL_MESSAGE (11, docs/protocol.md §5.2) with the SUBSCRIPTION bit and `*`, as the C++ pull consumer
 does (so no heartbeat is needed). Every message has its own UNIQ_KEY, as real producers
 give them; the pools are cycled, so keys repeat only after `pool` requests.
 """
@@ -35,7 +35,7 @@ TOPIC = "BenchBroker"
 QUEUES = 8
 PRODUCER_GROUP = "PID_BENCH_BROKER"
 CONSUMER_GROUP = "CID_BENCH_BROKER"
-# PullSysFlag SUBSCRIPTION (§5.2): use the request's expression, no heartbeat needed.
+# PullSysFlag SUBSCRIPTION (docs/protocol.md §5.2): use the request's expression, no heartbeat needed.
 _PULL_SYS_FLAG = "4"
 _PREFIX = f"7F000001{os.getpid() & 0xFFFF:04X}"
 
@@ -138,7 +138,7 @@ def pull_commands(
 
 
 async def create_topic(client: RemotingClient, addr: str, topic: str = TOPIC) -> None:
-    """UPDATE_AND_CREATE_TOPIC (§5.18) with QUEUES read and write queues."""
+    """UPDATE_AND_CREATE_TOPIC (docs/protocol.md §5.18) with QUEUES read and write queues."""
     ext = {
         "topic": topic,
         "defaultTopic": "TBW102",
@@ -157,7 +157,7 @@ async def create_topic(client: RemotingClient, addr: str, topic: str = TOPIC) ->
 async def queue_ranges(
     client: RemotingClient, addr: str, topic: str = TOPIC
 ) -> dict[int, tuple[int, int]]:
-    """(GET_MIN_OFFSET, GET_MAX_OFFSET) (§5.8) of every queue of the topic."""
+    """(GET_MIN_OFFSET, GET_MAX_OFFSET) (docs/protocol.md §5.8) of every queue of the topic."""
     out = {}
     for q in range(QUEUES):
         bounds = []

@@ -1,5 +1,5 @@
-"""The C++ client of the `rocketmq` wheel (0.4.4, rocketmq-client-cpp 1.2.3, protocol doc
-§0) as the comparison load of `lmq bench produce|consume --compare-cpp`.
+"""The C++ client of the `rocketmq` wheel (0.4.4, rocketmq-client-cpp 1.2.3,
+docs/protocol.md §0) as the comparison load of `lmq bench produce|consume --compare-cpp`.
 
 What it measures is the Apache C++ client driven from Python: the wheel's Python classes
 calling the C++ library through ctypes, from Python threads. Every send or consumed message
@@ -79,7 +79,7 @@ async def cpp_produce(namesrv: str, topic: str, size: int, threads: int,
 async def cpp_consume(namesrv: str, topic: str, messages: int, threads: int,
                       timeout: float) -> dict[str, Any]:
     """A fresh clustering PushConsumer group reads `messages` messages of `topic` (from the
-    first offset: a new group on a queue whose min offset is 0 starts at 0, §5.3).
+    first offset: a new group on a queue whose min offset is 0 starts at 0, docs/protocol.md §5.3).
 
     Returns msgs_per_s, messages, seconds (start() to the last callback) and first_msg_s."""
     return await _run_child(

@@ -10,7 +10,7 @@ on a 2-core machine, its own core:
 * ``bench._broker_echo --mode remoting``: our RemotingServer answering every request at
   once. Its round trips per second are **the baseline**: every figure is printed as
   ``figure / baseline``, i.e. how the broker compares with a server that does nothing
-  but the remoting layer (architecture.md §6);
+  but the remoting layer (docs/architecture.md §6);
 * ``bench._broker_echo --mode raw``: canned answers without the remoting layer; what the
   generator reaches against it is the generator's own ceiling (it must sit well above
   everything else, or the generator would be what is measured).

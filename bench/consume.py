@@ -101,7 +101,7 @@ async def _main(args, namesrv: str) -> dict[str, Any]:
         cpp_error = None
         for _ in range(args.runs):
             # Every consumer of every run is a fresh group reading the same messages from
-            # offset 0 (a new group starts at 0 while the queue's min offset is 0, §5.3).
+            # offset 0 (a new group starts at 0 while the queue's min offset is 0, docs/protocol.md §5.3).
             one: dict[str, Any] = {}
             if not args.no_baseline:
                 one["baseline_msgs_per_s"] = round(await _baseline(client, topic, args), 1)

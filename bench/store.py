@@ -39,6 +39,7 @@ import zlib
 from core.common.codec import HEADER, INT16, MAGIC_V1
 from core.common.message import InnerMessage
 from core.store import MessageStore, StoreConfig
+from lmq import progress
 
 HOST = b"\x7f\0\0\1\0\0\0\0"
 # Measurements, not a disk-pressure test: no retention or refusal because the machine's
@@ -321,10 +322,14 @@ def rss_figure(directory: str, n: int) -> dict:
 def measure(directory: str, quick: bool, lmq_1m: bool = True) -> dict:
     sizes = QUICK if quick else FULL
     out: dict = {"quick": quick, "rounds": ROUNDS, "statistic": "median"}
+    progress.phase("raw record packing (the ceiling)")
     out["raw_pack_msgs_per_s"] = raw_pack(sizes["raw"], 256, directory)
     out["raw_pack_mb_per_s_4k"] = raw_pack(sizes["raw"] // 8, 4096, directory) * 4096 / 1e6
+    progress.phase("puts and gets")
     out.update(put_figures(directory, sizes, lmq_1m))
+    progress.phase("restart after kill -9")
     out.update(recovery_figure(directory, sizes["recovery_bytes"]))
+    progress.phase("RSS of many LMQs")
     out.update(rss_figure(directory, sizes["rss_lmqs"]))
     ceiling = out["raw_pack_msgs_per_s"]
     for key in ("put_msgs_per_s_1cq", "put_batch_msgs_per_s_1cq", "put_msgs_per_s_4lmq",

@@ -8,7 +8,7 @@
  * reference, and the fallback where this module was not built); tests check that both
  * give the same bytes.
  *
- * Formats: protocol doc section 7.1 (record), 7.7 (batch body); kv.py (LMQ unit keys).
+ * Formats: docs/protocol.md §7.1 (record), §7.7 (batch body); kv.py (LMQ unit keys).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -274,7 +274,7 @@ done:
     return out;
 }
 
-/* One v1 record (protocol doc 7.1) at p: header, body, topic tail, properties. */
+/* One v1 record (docs/protocol.md §7.1) at p: header, body, topic tail, properties. */
 static void pack_record(unsigned char *p, long long total, uint32_t crc, long long qid,
                         long long flag, long long qoff, long long phys, long long sys_flag,
                         long long born_ts, const char *born, long long store_ms,

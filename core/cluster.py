@@ -80,7 +80,7 @@ def _check_fields(cls: type, kwargs: dict[str, Any]) -> None:
 
 
 class EmbeddedServer:
-    """Name server + broker (+ later gateways) in one process (architecture.md §5).
+    """Name server + broker (+ later gateways) in one process (docs/architecture.md §5).
 
     `namesrv_config=None` runs the broker alone against `broker_config.namesrv_addrs`.
     Start with ``await nursery.start(server.serve)``; `stop()` shuts down cleanly.

@@ -15,6 +15,8 @@ import sys
 
 # Order is the order shown in `lmq --help`.
 SUBCOMMAND_MODULES = ("serve", "namesrv", "broker", "mqtt", "amqp", "admin", "bench", "demo")
+# Commands that run a server: they take --log-format / --log-file (lmq.commands._startup).
+SERVER_COMMANDS = ("serve", "namesrv", "broker", "mqtt", "amqp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    from lmq.commands._startup import add_log_options
+
+    for name in SERVER_COMMANDS:
+        sub = subparsers.choices.get(name)
+        if sub is not None:
+            add_log_options(sub)
     return parser
 
 
@@ -43,6 +51,11 @@ def version() -> str:
         return dist_version("lmq-gateway")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+# Added apart from the tuple above so that other additions to it merge cleanly.
+SUBCOMMAND_MODULES += ("proxy",)  # the RocketMQ 5 gRPC proxy (docs/grpc.md)
+SERVER_COMMANDS += ("proxy",)  # --log-format / --log-file too
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str | None):
@@ -93,6 +106,16 @@ def _main(argv: list[str] | None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    if args.command in SERVER_COMMANDS and hasattr(args, "log_format"):
+        from lmq.commands._startup import configure_logging
+
+        try:
+            configure_logging(getattr(args, "log_level", "INFO"), args.log_format,
+                              args.log_file)
+        except OSError as exc:
+            print(f"lmq {args.command}: cannot write the log file {args.log_file}: "
+                  f"{exc.strerror} (choose another --log-file)", file=sys.stderr)
+            return 1
     return int(func(args) or 0)
 
 

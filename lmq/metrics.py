@@ -8,10 +8,11 @@ only per-scrape cost that grows with the data is the consumer-group lag, capped 
 (`generate_latest`), which also supplies the process (RSS, CPU, fds) and GC collectors.
 
 Paths: `GET /metrics` (text format 0.0.4), `GET /healthz` (200 while the process runs),
-`GET /readyz` (200 "ready", or 503 with a one-line reason). Anything else: 404.
+`GET /readyz` (200 "ready", or 503 with a one-line reason); `/dashboard/` and `/api/...`
+go to the web dashboard (`lmq.dashboard`, off with --no-dashboard). Anything else: 404.
 The port binds loopback unless `--metrics-host` says otherwise. Limits (docs/operations.md):
-request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it, `MAX_CONNECTIONS` at once,
-a lingering close of `LINGER_S` / `LINGER_BYTES`.
+request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it (and a POST body of at most
+`MAX_BODY_BYTES`), `MAX_CONNECTIONS` at once, a lingering close of `LINGER_S` / `LINGER_BYTES`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ["Exporter", "DEFAULT_MAX_LAG_SERIES", "add_metrics_options", "exporte
 MAX_REQUEST_BYTES = 8192  # request line + headers; larger: 431 and close
 REQUEST_TIMEOUT_S = 5.0  # to send the request head
 MAX_CONNECTIONS = 16  # concurrent scrapes; more are closed at once
+MAX_BODY_BYTES = 16384  # a dashboard action's JSON body; larger: 413
 DEFAULT_MAX_LAG_SERIES = 1000  # consumer-group lag series per scrape
 LINGER_S = 1.0  # after answering, how long unread request bytes are drained
 LINGER_BYTES = 65536  # and how many at most
@@ -48,6 +50,23 @@ def add_metrics_options(parser) -> None:
     parser.add_argument("--metrics-max-lag-series", type=_count, default=DEFAULT_MAX_LAG_SERIES,
                         metavar="N", help="at most N consumer-lag series per scrape "
                         "(default %(default)s)")
+    parser.add_argument("--no-dashboard", action="store_true",
+                        help="do not serve the web dashboard (/dashboard/) on the metrics port")
+    parser.add_argument("--dashboard-interval", type=_seconds, default=5.0, metavar="SECONDS",
+                        help="how often the dashboard samples its rate charts; it keeps 120 "
+                        "samples (default %(default)s: the last 10 minutes)")
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds in 0.1..3600, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -66,7 +85,9 @@ def exporter_from_args(args, **sources) -> Exporter | None:
     if getattr(args, "metrics_port", None) is None:
         return None
     return Exporter(args.metrics_host, args.metrics_port,
-                    max_lag_series=args.metrics_max_lag_series, **sources)
+                    max_lag_series=args.metrics_max_lag_series,
+                    dashboard=not getattr(args, "no_dashboard", False),
+                    dashboard_interval_s=getattr(args, "dashboard_interval", 5.0), **sources)
 
 
 class Exporter:
@@ -79,7 +100,8 @@ class Exporter:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, server=None, broker=None,
-                 namesrv=None, mqtt=None, max_lag_series: int = DEFAULT_MAX_LAG_SERIES) -> None:
+                 namesrv=None, mqtt=None, max_lag_series: int = DEFAULT_MAX_LAG_SERIES,
+                 dashboard: bool = False, dashboard_interval_s: float = 5.0) -> None:
         self.host = host
         self.port = port
         self.server = server
@@ -97,6 +119,11 @@ class Exporter:
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.registry.register(_Collector(self))
+        self.dashboard = None
+        if dashboard:
+            from lmq.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self, host, dashboard_interval_s)
 
     # -- sources ------------------------------------------------------------------------
     def current_broker(self):
@@ -162,6 +189,9 @@ class Exporter:
             if self._stopped:
                 nursery.cancel_scope.cancel()
             nursery.start_soon(self._loop_lag_probe)
+            if self.dashboard is not None:
+                nursery.start_soon(self.dashboard.run_sampler)
+                log.info("dashboard on http://%s:%d/dashboard/", self.host, self.port)
             task_status.started(self.port)
             await trio.serve_listeners(self._handle, listeners)
 
@@ -190,35 +220,91 @@ class Exporter:
         try:
             with trio.move_on_after(REQUEST_TIMEOUT_S) as scope:
                 head = await _read_head(stream)
+                request = _parse_head(head) if head is not None else None
+                if request is not None and request.method == "POST":
+                    request.body = await _read_body(stream, head, request)
             if scope.cancelled_caught or head is None:
                 return
-            if len(head) > MAX_REQUEST_BYTES:
+            if request is None or len(head) > MAX_REQUEST_BYTES:
                 await _send(stream, 431, b"request header too large\n")
                 return
-            parts = head.split(b"\r\n", 1)[0].split()
-            method = parts[0] if parts else b""
-            path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
-            if method not in (b"GET", b"HEAD"):
-                await _send(stream, 405, b"method not allowed\n")
-            elif path == b"/metrics":
-                body = generate_latest(self.registry)
-                await _send(stream, 200, body, CONTENT_TYPE_LATEST, head_only=method == b"HEAD")
-            elif path == b"/healthz":
-                await _send(stream, 200, b"ok\n", head_only=method == b"HEAD")
-            elif path == b"/readyz":
-                reason = self.not_ready_reason()
-                if reason is None:
-                    await _send(stream, 200, b"ready\n", head_only=method == b"HEAD")
-                else:
-                    await _send(stream, 503, reason.encode() + b"\n",
-                                head_only=method == b"HEAD")
-            else:
-                await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz\n")
+            if request.body is None:
+                await _send(stream, 413, b"request body too large\n")
+                return
+            await self._answer(stream, request)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
             self._connections -= 1
             await _linger_close(stream)
+
+    async def _answer(self, stream: trio.SocketStream, request) -> None:
+        method, path = request.method, request.path
+        head_only = method == "HEAD"
+        if self.dashboard is not None and (path == "/" or path.startswith(("/dashboard",
+                                                                           "/api/"))):
+            answer = await self.dashboard.handle(request)
+            await _send(stream, answer.status, answer.body, answer.ctype,
+                        head_only=head_only, headers=answer.headers)
+        elif method not in ("GET", "HEAD"):
+            await _send(stream, 405, b"method not allowed\n")
+        elif path == "/metrics":
+            body = generate_latest(self.registry)
+            await _send(stream, 200, body, CONTENT_TYPE_LATEST, head_only=head_only)
+        elif path == "/healthz":
+            await _send(stream, 200, b"ok\n", head_only=head_only)
+        elif path == "/readyz":
+            reason = self.not_ready_reason()
+            if reason is None:
+                await _send(stream, 200, b"ready\n", head_only=head_only)
+            else:
+                await _send(stream, 503, reason.encode() + b"\n", head_only=head_only)
+        else:
+            await _send(stream, 404, b"not found: try /metrics, /healthz, /readyz"
+                        + (b", /dashboard/" if self.dashboard is not None else b"") + b"\n")
+
+
+def _parse_head(head: bytes):
+    """The request line and headers as a dashboard `Request` (body not read yet), or None
+    when the head is cut (over MAX_REQUEST_BYTES)."""
+    from urllib.parse import parse_qsl, unquote
+
+    from lmq.dashboard import Request
+
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        end = head.find(b"\n\n")
+    if end < 0:
+        return None
+    lines = head[:end].decode("latin-1").splitlines()
+    parts = lines[0].split() if lines else []
+    target = parts[1] if len(parts) > 1 else ""
+    path, _, query = target.partition("?")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return Request(parts[0] if parts else "", unquote(path),
+                   dict(parse_qsl(query, max_num_fields=32)), headers)
+
+
+async def _read_body(stream: trio.SocketStream, head: bytes, request) -> bytes | None:
+    """The POST body (Content-Length bytes, at most MAX_BODY_BYTES), or None when larger."""
+    try:
+        length = int(request.headers.get("content-length", "0"))
+    except ValueError:
+        return None
+    if not 0 <= length <= MAX_BODY_BYTES:
+        return None
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in head else b"\n\n"
+    buf = bytearray(head.split(sep, 1)[1])
+    while len(buf) < length:
+        chunk = await stream.receive_some(length - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf[:length])
 
 
 async def _read_head(stream: trio.SocketStream) -> bytes | None:
@@ -251,14 +337,18 @@ async def _linger_close(stream: trio.SocketStream) -> None:
         await trio.aclose_forcefully(stream)
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 302: "Found", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+            413: "Content Too Large", 415: "Unsupported Media Type", 429: "Too Many Requests",
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
 async def _send(stream, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
-                *, head_only: bool = False) -> None:
-    head = (f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+                *, head_only: bool = False, headers: dict[str, str] | None = None) -> None:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    head = (f"HTTP/1.0 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+            f"X-Content-Type-Options: nosniff\r\n{extra}Connection: close\r\n\r\n").encode()
     await stream.send_all(head if head_only else head + body)
 
 

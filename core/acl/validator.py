@@ -37,6 +37,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+REFUSAL_LOG_INTERVAL_S = 1.0  # at most one "ACL refused" line per second (docs/acl.md)
+
 #: Bodies larger than this are hashed in a worker thread (hashlib releases the GIL), so a
 #: big signed send never holds the event loop.
 THREAD_HASH_BYTES = 256 * 1024
@@ -89,6 +91,8 @@ class PlainAclGuard:
         self.config = config
         self.trust_in_process = trust_in_process
         self.refused = 0
+        self._refusal_logged_at = float("-inf")
+        self._refusals_unlogged = 0
 
     @property
     def config(self) -> AclConfig:
@@ -109,8 +113,22 @@ class PlainAclGuard:
             principal = await self.validate(ctx.remote_addr, cmd)
         except AclError as exc:
             self.refused += 1
+            self._log_refusal(ctx.remote_addr, cmd.code, str(exc))
             return cmd.make_response(ResponseCode.SYSTEM_ERROR, _EXCEPTION + str(exc))
         return ctx.with_principal(principal)
+
+    def _log_refusal(self, remote_addr: str, code: int, why: str) -> None:
+        """One line per refused request, at most one per REFUSAL_LOG_INTERVAL_S: a client
+        sending refused requests in a loop cannot fill the log (the line says how many
+        were left out). The reason may quote what the client sent: cut to 200 characters."""
+        now = trio.current_time()
+        if now - self._refusal_logged_at < REFUSAL_LOG_INTERVAL_S:
+            self._refusals_unlogged += 1
+            return
+        self._refusal_logged_at = now
+        skipped, self._refusals_unlogged = self._refusals_unlogged, 0
+        log.info("ACL refused request code %d from %s: %s%s", code, remote_addr, why[:200],
+                 f" ({skipped} more refused since the last line)" if skipped else "")
 
     async def validate(self, remote_addr: str, cmd: RemotingCommand) -> Principal:
         """The request's principal; AclError says why it is refused."""

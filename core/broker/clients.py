@@ -1,10 +1,10 @@
-"""Live producer and consumer channels of the broker (protocol doc §5.5–§5.7).
+"""Live producer and consumer channels of the broker (docs/protocol.md §5.5–§5.7).
 
 A client registers its groups with HEART_BEAT on one connection; a channel is dropped when
 its connection closes, when it unregisters, or after `client_channel_expiry_s` (Java:
 120 s) without a heartbeat. Any change of a consumer group's membership or subscriptions
 calls `on_consumer_change(group, connections)` so the broker can send
-NOTIFY_CONSUMER_IDS_CHANGED to every remaining member (§5.14).
+NOTIFY_CONSUMER_IDS_CHANGED to every remaining member (docs/protocol.md §5.14).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CONSUME_FROM_WHERE = (
 
 
 def enum_name(value: Any, names: tuple[str, ...], default: str) -> str:
-    """Heartbeat enums arrive as ordinals from C++ and as names from Java (§6.2)."""
+    """Heartbeat enums arrive as ordinals from C++ and as names from Java (docs/protocol.md §6.2)."""
     if isinstance(value, bool):
         return default
     if isinstance(value, int):
@@ -67,7 +67,7 @@ def check_expression_length(
 
 def parse_tags(sub_string: str | None) -> tuple[list[str], frozenset[int]] | None:
     """`"TagA || TagB"` -> (tags, Java hash codes); None means "every tag" (`*` or blank).
-    Hashes are computed here: the C++ heartbeat's codeSet is `atoi(tag)` garbage (§6.2)."""
+    Hashes are computed here: the C++ heartbeat's codeSet is `atoi(tag)` garbage (docs/protocol.md §6.2)."""
     parsed = parse_tag_expression(sub_string)
     if parsed.match_all:
         return None
@@ -103,7 +103,7 @@ class SubscriptionData:
     def from_heartbeat(
         cls, raw: dict[str, Any], limits: FilterLimits = DEFAULT_FILTER_LIMITS
     ) -> SubscriptionData:
-        """Parse one `subscriptionDataSet` entry (C++ or Java form, §6.2). ValueError for
+        """Parse one `subscriptionDataSet` entry (C++ or Java form, docs/protocol.md §6.2). ValueError for
         an unusable entry; FilterParseError (a ValueError) for an expression over the
         limits, before it is parsed."""
         topic = raw.get("topic")
@@ -174,7 +174,7 @@ class ConsumerGroupInfo:
 
     def client_ids(self) -> list[str]:
         """Sorted ids of the live members: every member allocates queues over the same
-        list (§5.7)."""
+        list (docs/protocol.md §5.7)."""
         return sorted({c.client_id for c in self.channels.values()})
 
     def connections(self) -> list[Any]:
@@ -193,7 +193,7 @@ class ConsumerGroupInfo:
 
 
 class ConsumerManager:
-    """Consumer groups by name (§5.5)."""
+    """Consumer groups by name (docs/protocol.md §5.5)."""
 
     def __init__(
         self,

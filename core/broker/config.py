@@ -1,4 +1,4 @@
-"""Broker configuration (defaults follow Java 4.9.7, protocol doc §9.6) and TOML loading.
+"""Broker configuration (defaults follow Java 4.9.7, docs/protocol.md §9.6) and TOML loading.
 
 Every limit the broker enforces is a field here, with its default, so `lmq broker
 --config FILE` can change it. Field names are the TOML keys (`broker_name = "broker-b"`).
@@ -29,11 +29,11 @@ class BrokerConfig(RemotingListenerConfig):
     host: str = "127.0.0.1"  # loopback unless told otherwise (docs/remoting.md)
     port: int = 10911
     # Address written into STOREHOST and registered with the name servers; clients
-    # (the C++ consumer's send-back) connect to it (§5.1 step 5). None = derived from host.
+    # (the C++ consumer's send-back) connect to it (docs/protocol.md §5.1 step 5). None = derived from host.
     advertise_host: str | None = None
     namesrv_addrs: list[str] = field(default_factory=list)
     data_dir: str = "./data"
-    broker_permission: int = 6  # PermName READ|WRITE (§9.5)
+    broker_permission: int = 6  # PermName READ|WRITE (docs/protocol.md §9.5)
 
     # store and durability
     flush: str = "async"  # "async" (ASYNC_FLUSH) | "sync" (SYNC_FLUSH, group commit)
@@ -90,7 +90,7 @@ class BrokerConfig(RemotingListenerConfig):
     # consumers and pulls
     long_polling: bool = True  # longPollingEnable
     short_polling_ms: int = 1000  # shortPollingTimeMills (long polling off)
-    # Cap of a held pull: clients time out after 30 s (§5.2), so answer well before.
+    # Cap of a held pull: clients time out after 30 s (docs/protocol.md §5.2), so answer well before.
     max_suspend_ms: int = 25000
     max_pull_msg_nums: int = 32  # maxTransferCountOnMessageInMemory
     max_pull_bytes: int = 256 * 1024  # maxTransferBytesOnMessageInMemory
@@ -205,7 +205,7 @@ class BrokerConfig(RemotingListenerConfig):
 @functools.lru_cache(maxsize=16)
 def resolve_ipv4(host: str) -> str:
     """A host name as the IPv4 address clients reach. Stored records carry STOREHOST as a
-    4-byte IPv4 address (protocol doc §7.1) and the C++ consumer sends retries there, so a
+    4-byte IPv4 address (docs/protocol.md §7.1) and the C++ consumer sends retries there, so a
     name (docker-compose service names) is resolved once here; an unresolvable name is
     kept for the routes and stored as 127.0.0.1."""
     try:

@@ -1,5 +1,5 @@
 """`BrokerController`: one broker — store, metadata managers, processors, timers, and
-registration with the name servers (protocol doc §4.2, §5; architecture.md §3).
+registration with the name servers (docs/protocol.md §4.2, §5; docs/architecture.md §3).
 
 Lifetime (trio style, everything owned by `serve`'s nursery):
 
@@ -208,7 +208,7 @@ class BrokerController:
                 log.exception("dispatch listener %r failed", fn)
 
     def encode_client_host(self, remote_addr: str) -> bytes:
-        """BORNHOST of a client connection (IPv4 + port; §7.1)."""
+        """BORNHOST of a client connection (IPv4 + port; docs/protocol.md §7.1)."""
         return encode_host(remote_addr)
 
     # ------------------------------------------------------------------ writes
@@ -250,7 +250,7 @@ class BrokerController:
 
     # ------------------------------------------------------------------ clients
     def watch_connection(self, conn) -> None:
-        """Drop the connection's producer/consumer channels when it closes (§5.5)."""
+        """Drop the connection's producer/consumer channels when it closes (docs/protocol.md §5.5)."""
         attributes = getattr(conn, "attributes", None)
         if attributes is None or attributes.get(_WATCHED):
             return
@@ -272,7 +272,7 @@ class BrokerController:
                 return
 
     async def _notify_ids_changed(self, conn, group: str) -> None:
-        """NOTIFY_CONSUMER_IDS_CHANGED, one-way (§5.14); a slow peer never blocks us."""
+        """NOTIFY_CONSUMER_IDS_CHANGED, one-way (docs/protocol.md §5.14); a slow peer never blocks us."""
         cmd = RemotingCommand.request(
             RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}
         )

@@ -1,4 +1,4 @@
-"""Queue locks of orderly consumers (protocol doc §5.11).
+"""Queue locks of orderly consumers (docs/protocol.md §5.11).
 
 An orderly push consumer locks each queue it was allocated before pulling it, so that two
 members of a group never consume one queue at the same time during a rebalance. A lock
@@ -23,7 +23,7 @@ DEFAULT_LOCK_MAX_LIVE_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class MessageQueue:
-    """A queue as clients name it: `{"topic", "brokerName", "queueId"}` (§6.4)."""
+    """A queue as clients name it: `{"topic", "brokerName", "queueId"}` (docs/protocol.md §6.4)."""
 
     topic: str
     broker_name: str

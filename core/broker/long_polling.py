@@ -1,4 +1,4 @@
-"""Held pulls (long polling, protocol doc §5.2).
+"""Held pulls (long polling, docs/protocol.md §5.2).
 
 A pull that finds no new message (code 19) and carries the SUSPEND bit waits here until
 the store dispatches a message to that (topic, queue) or the suspend time is up; then the

@@ -1,7 +1,7 @@
 """Helpers for the broker services that re-store messages: build an `InnerMessage` from a
 stored record or a `MessageExt`, and edit its properties.
 
-The delay service (§9.2), send-back (§5.10) and transactions (§9.4) all read a stored
+The delay service (docs/protocol.md §9.2), send-back (docs/protocol.md §5.10) and transactions (docs/protocol.md §9.4) all read a stored
 message and append a changed copy as a new record. The copy keeps the body exactly as
 stored (compressed bytes and the COMPRESSED sysflag bit included), flag, sysflag, born
 timestamp/host, reconsume times and every property; the caller then changes topic, queue
@@ -35,7 +35,7 @@ def inner_from_ext(
 
     Properties are copied into a new dict, so edits do not touch `msg`. `store_host`
     (8-byte encoding) defaults to the host stored in `msg`; the broker passes its own
-    advertised address so STOREHOST stays reachable (§5.1 step 5). `tags_code` is left
+    advertised address so STOREHOST stays reachable (docs/protocol.md §5.1 step 5). `tags_code` is left
     None (the store hashes TAGS); the delay service sets it to the delivery time.
     """
     return InnerMessage(

@@ -1,13 +1,13 @@
 """Consumer offsets: `<data_dir>/config/consumerOffset.json`, written atomically every
 `flush_consumer_offset_interval_s` (Java: 5 s) and at shutdown.
 
-Two tables, as Java's LmqConsumerOffsetManager keeps them (protocol doc §10.2):
+Two tables, as Java's LmqConsumerOffsetManager keeps them (docs/protocol.md §10.2):
 
 * `offsetTable`: `"<topic>@<group>" -> {queueId: offset}` for ordinary groups;
 * `lmqOffsetTable`: `"<topic>@<group>" -> offset` for groups starting with `%LMQ%`
   (an LMQ has one queue, id 0, so one number is enough).
 
-An offset is "the next message to consume" (last consumed queue offset + 1, §5.4).
+An offset is "the next message to consume" (last consumed queue offset + 1, docs/protocol.md §5.4).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Scheduled (delayed) messages: `SCHEDULE_TOPIC_XXXX`, one queue per delay level
-(protocol doc §9.1, §9.2).
+(docs/protocol.md §9.1, §9.2).
 
 A message with `DELAY=n` is stored in queue n-1 of `SCHEDULE_TOPIC_XXXX` with its real
 destination in `REAL_TOPIC`/`REAL_QID`; the consume-queue tag slot holds its delivery time
@@ -78,7 +78,7 @@ _TRANSIENT = frozenset({"SERVICE_NOT_AVAILABLE", "UNKNOWN_ERROR"})
 def parse_delay_levels(text: str) -> list[int]:
     """`"1s 5s 10s ... 2h"` -> delay of each level in ms (index 0 = level 1).
 
-    Units s, m, h, d as in Java's `messageDelayLevel` (§9.1). Raises ValueError on an
+    Units s, m, h, d as in Java's `messageDelayLevel` (docs/protocol.md §9.1). Raises ValueError on an
     empty list or a malformed entry, so a bad config fails at startup.
     """
     delays: list[int] = []
@@ -97,7 +97,7 @@ def _now_ms() -> int:
 
 
 class ScheduleMessageService:
-    """Delay levels, diverting scheduled messages, and their timely delivery (§9.2)."""
+    """Delay levels, diverting scheduled messages, and their timely delivery (docs/protocol.md §9.2)."""
 
     FILE_NAME = "delayOffset.json"
 
@@ -127,7 +127,7 @@ class ScheduleMessageService:
         self.delivered = 0  # counters for runtime info
         self.skipped = 0
         # Recovery re-dispatches lost CQ units from the CommitLog; our units must get the
-        # delivery time back in their tag slot, not the TAGS hash (§7.10).
+        # delivery time back in their tag slot, not the TAGS hash (docs/protocol.md §7.10).
         store = getattr(broker, "store", None)
         if store is not None and getattr(store, "tags_code_resolver", None) is None:
             store.tags_code_resolver = self.recovered_tags_code
@@ -173,7 +173,7 @@ class ScheduleMessageService:
 
     # ------------------------------------------------------------------ send path
     def divert(self, inner: InnerMessage) -> None:
-        """Rewrite a message with DELAY>0 into `SCHEDULE_TOPIC_XXXX` (§9.2), in place.
+        """Rewrite a message with DELAY>0 into `SCHEDULE_TOPIC_XXXX` (docs/protocol.md §9.2), in place.
 
         Levels above the maximum are clamped (and DELAY rewritten). The caller then puts
         `inner` as usual; the response to the producer describes the scheduled record.

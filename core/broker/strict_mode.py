@@ -6,7 +6,7 @@ broker prove that a client (the gateways above all) would also run in front of A
 
 `APACHE_5_CODES` is the one table of allowed codes: the codes of `RequestCode` whose name
 and number Apache's RequestCode.java has in every 5.x release (docs/stateless-gateways.md
-§4 lists them with the release that has each). Codes outside it that our broker serves
+docs/protocol.md §4 lists them with the release that has each). Codes outside it that our broker serves
 (the private 900000 range of docs/pop.md, anything added later) are refused; a code no
 processor serves is refused by the table's default handler as before.
 """

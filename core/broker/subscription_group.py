@@ -1,4 +1,4 @@
-"""Consumer-group configurations (SubscriptionGroupConfig, protocol doc §9.3), persisted in
+"""Consumer-group configurations (SubscriptionGroupConfig, docs/protocol.md §9.3), persisted in
 `<data_dir>/config/subscriptionGroup.json`."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _JSON_NAMES = {
 
 @dataclass
 class SubscriptionGroupConfig:
-    """Per-group settings; defaults are Java's (§9.3)."""
+    """Per-group settings; defaults are Java's (docs/protocol.md §9.3)."""
 
     group_name: str
     consume_enable: bool = True
@@ -65,8 +65,8 @@ class SubscriptionGroupConfig:
 
 
 class SubscriptionGroupManager:
-    """Group table with auto-creation (`autoCreateSubscriptionGroup`, §9.3). Groups named
-    `%LMQ%…` are always accepted and never stored (§10.2).
+    """Group table with auto-creation (`autoCreateSubscriptionGroup`, docs/protocol.md §9.3). Groups named
+    `%LMQ%…` are always accepted and never stored (docs/protocol.md §10.2).
 
     Groups created because a client named them (heartbeat, pull, send-back) rather than
     by an administrator are remembered in `auto_created` (persisted as

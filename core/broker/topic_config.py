@@ -1,8 +1,8 @@
 """Topic configurations of one broker, persisted in `<data_dir>/config/topics.json`.
 
-The file holds a TopicConfigSerializeWrapper (protocol doc §6.5): `topicConfigTable` plus
+The file holds a TopicConfigSerializeWrapper (docs/protocol.md §6.5): `topicConfigTable` plus
 a `dataVersion` that changes with every edit, the same JSON the broker sends to the name
-servers in REGISTER_BROKER (§4.2), and our own `autoCreatedTopics`: the names created by
+servers in REGISTER_BROKER (docs/protocol.md §4.2), and our own `autoCreatedTopics`: the names created by
 a send rather than by an administrator, which count against `max_auto_created_topics`.
 """
 
@@ -29,7 +29,7 @@ MULTI_TAG = "MULTI_TAG"
 
 @dataclass
 class TopicConfig:
-    """One topic's queues and permissions on this broker (§6.5)."""
+    """One topic's queues and permissions on this broker (docs/protocol.md §6.5)."""
 
     topic_name: str
     read_queue_nums: int = 16
@@ -70,7 +70,7 @@ class TopicConfig:
 
 @dataclass
 class DataVersion:
-    """Version stamp of the topic table; name servers compare it (§4.5 QUERY_DATA_VERSION)."""
+    """Version stamp of the topic table; name servers compare it (docs/protocol.md §4.5 QUERY_DATA_VERSION)."""
 
     timestamp: int = 0
     counter: int = 0
@@ -84,7 +84,7 @@ class DataVersion:
 
 
 class TopicConfigManager:
-    """Holds and persists the topic table; fabricates configs for `%LMQ%` topics (§10.2).
+    """Holds and persists the topic table; fabricates configs for `%LMQ%` topics (docs/protocol.md §10.2).
 
     `on_change` (set by the controller) is called after every creation, update or
     deletion so the broker re-registers with the name servers right away, as Java does.
@@ -159,7 +159,7 @@ class TopicConfigManager:
         self._dirty = False
 
     def wrapper_json(self) -> dict[str, Any]:
-        """TopicConfigSerializeWrapper (§6.5) of every configured topic."""
+        """TopicConfigSerializeWrapper (docs/protocol.md §6.5) of every configured topic."""
         return {
             "topicConfigTable": {n: tc.to_json() for n, tc in self.table.items()},
             "dataVersion": self.data_version.to_json(),
@@ -173,7 +173,7 @@ class TopicConfigManager:
         rw = PermName.READ | PermName.WRITE
         ensure(names.SELF_TEST_TOPIC, 1, rw)
         if self._auto_create:
-            # The auto-creation template: its INHERIT bit is what allows creation (§5.1).
+            # The auto-creation template: its INHERIT bit is what allows creation (docs/protocol.md §5.1).
             ensure(
                 names.AUTO_CREATE_TOPIC_KEY_TOPIC,
                 self._default_queue_nums,
@@ -184,12 +184,12 @@ class TopicConfigManager:
         if self._broker_topic:
             ensure(self._broker_name, 1, rw | PermName.INHERIT)
         ensure(names.OFFSET_MOVED_EVENT, 1, rw)
-        # One queue per delay level (§9.2).
+        # One queue per delay level (docs/protocol.md §9.2).
         ensure(names.SCHEDULE_TOPIC, self._schedule_queue_nums, rw)
 
     # ------------------------------------------------------------------ queries
     def get(self, topic: str) -> TopicConfig | None:
-        """The topic's config; for an LMQ name a fabricated 1-queue config (§10.2)."""
+        """The topic's config; for an LMQ name a fabricated 1-queue config (docs/protocol.md §10.2)."""
         tc = self.table.get(topic)
         if tc is None and self._enable_lmq and names.is_lmq(topic):
             return TopicConfig(topic, 1, 1, PermName.READ | PermName.WRITE)
@@ -222,7 +222,7 @@ class TopicConfigManager:
     def create_topic_in_send_message_method(
         self, topic: str, default_topic: str, queue_nums: int, topic_sys_flag: int = 0
     ) -> TopicConfig | None:
-        """Auto-create `topic` from template `default_topic` (§5.1 step 2); None when
+        """Auto-create `topic` from template `default_topic` (docs/protocol.md §5.1 step 2); None when
         auto-creation is off, the cap is reached, or the template is missing or lacks
         the INHERIT bit."""
         existing = self.table.get(topic)
@@ -263,7 +263,7 @@ class TopicConfigManager:
     def create_topic_in_send_back_method(
         self, topic: str, queue_nums: int, perm: int, topic_sys_flag: int = 0
     ) -> TopicConfig:
-        """Create (or return) an internal topic: %RETRY%/%DLQ%/half topics (§9.3)."""
+        """Create (or return) an internal topic: %RETRY%/%DLQ%/half topics (docs/protocol.md §9.3)."""
         existing = self.table.get(topic)
         if existing is not None:
             return existing
@@ -273,7 +273,7 @@ class TopicConfigManager:
         return tc
 
     def update(self, tc: TopicConfig) -> None:
-        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC, §5.18)."""
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC, docs/protocol.md §5.18)."""
         # Configured by an administrator now: no longer counts as auto-created.
         adopted = tc.topic_name in self.auto_created
         self.auto_created.discard(tc.topic_name)

@@ -1,5 +1,5 @@
 """Transactional messages: half messages, END_TRANSACTION, and the back-check loop
-(protocol doc §9.4, §5.12, §5.13).
+(docs/protocol.md §9.4, §5.12, §5.13).
 
 * `prepare(inner)` turns a `TRAN_MSG=true` send into a half message: topic
   `RMQ_SYS_TRANS_HALF_TOPIC` queue 0, real destination in `REAL_TOPIC`/`REAL_QID`,
@@ -90,7 +90,7 @@ def _status_name(result) -> str:
 
 
 class TransactionalMessageService:
-    """Half/op topics, END_TRANSACTION semantics and the back-check loop (§9.4)."""
+    """Half/op topics, END_TRANSACTION semantics and the back-check loop (docs/protocol.md §9.4)."""
 
     FILE_NAME = "transactionCheckOffset.json"
 
@@ -150,7 +150,7 @@ class TransactionalMessageService:
 
     # ------------------------------------------------------------------ send path
     def prepare(self, inner: InnerMessage) -> None:
-        """Rewrite a `TRAN_MSG=true` message into a half message, in place (§9.4)."""
+        """Rewrite a `TRAN_MSG=true` message into a half message, in place (docs/protocol.md §9.4)."""
         put_property(inner, MessageConst.REAL_TOPIC, inner.topic)
         put_property(inner, MessageConst.REAL_QUEUE_ID, inner.queue_id)
         inner.sys_flag = MessageSysFlag.reset_transaction_value(
@@ -174,7 +174,7 @@ class TransactionalMessageService:
         commit_log_offset: int,
         commit_or_rollback: int,
     ) -> tuple[int, str | None]:
-        """Commit or roll back the half message at `commit_log_offset` (§5.12).
+        """Commit or roll back the half message at `commit_log_offset` (docs/protocol.md §5.12).
 
         Returns (response code, remark). `commit_or_rollback` must be
         TRANSACTION_COMMIT_TYPE (8) or TRANSACTION_ROLLBACK_TYPE (12).
@@ -231,7 +231,7 @@ class TransactionalMessageService:
         )
         inner.prepared_transaction_offset = half.commitlog_offset
         if delay_level(inner.properties) > 0:
-            # Java's CommitLog delays committed transactional messages too (§9.2).
+            # Java's CommitLog delays committed transactional messages too (docs/protocol.md §9.2).
             self.broker.schedule_service.divert(inner)
         return inner
 
@@ -462,7 +462,7 @@ class TransactionalMessageService:
         return "moved"
 
     async def _send_check(self, conn, half: MessageExt) -> None:
-        """CHECK_TRANSACTION_STATE (§5.13) about `half` to one producer connection."""
+        """CHECK_TRANSACTION_STATE (docs/protocol.md §5.13) about `half` to one producer connection."""
         uniq = half.properties.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
         ext = {
             "tranStateTableOffset": str(half.queue_offset),
@@ -482,7 +482,7 @@ class TransactionalMessageService:
 
 
 def check_body(half: MessageExt) -> bytes:
-    """The half message as a stored record with its real topic and queue (§5.13)."""
+    """The half message as a stored record with its real topic and queue (docs/protocol.md §5.13)."""
     topic, queue_id = real_destination(half.properties) or (half.topic, half.queue_id)
     return encode_record(
         topic=topic.encode("utf-8"),

@@ -1,4 +1,4 @@
-"""One async method per RocketMQ request the client makes (protocol doc §4, §5).
+"""One async method per RocketMQ request the client makes (docs/protocol.md §4, §5).
 
 `MQClientAPI` turns arguments into `RemotingCommand`s, invokes them through the shared
 `RemotingClient`, and turns responses into values or `MQBrokerError`s. It holds no state
@@ -36,7 +36,7 @@ from core.remoting.inflate import inflate_async
 R = RequestCode
 C = ResponseCode
 
-#: Send response codes that mean "stored" (§2.2), with the status a caller sees.
+#: Send response codes that mean "stored" (docs/protocol.md §2.2), with the status a caller sees.
 _SEND_OK = {
     C.SUCCESS: SendStatus.SEND_OK,
     C.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
@@ -149,7 +149,7 @@ class MQClientAPI:
     async def send_message(self, addr: str, mq: MessageQueue, ext: dict, body: bytes, *,
                            batch: bool, uniq_id: str, timeout: float | None = None,
                            oneway: bool = False) -> SendResult | None:
-        """SEND_MESSAGE_V2 (310) or SEND_BATCH_MESSAGE (320) with one-letter names (§5.1)."""
+        """SEND_MESSAGE_V2 (310) or SEND_BATCH_MESSAGE (320) with one-letter names (docs/protocol.md §5.1)."""
         code = R.SEND_BATCH_MESSAGE if batch else R.SEND_MESSAGE_V2
         if oneway:
             await self.oneway(addr, code, ext, body)
@@ -169,7 +169,7 @@ class MQClientAPI:
         )
 
     async def end_transaction(self, addr: str, ext: dict, remark: str | None = None) -> None:
-        """END_TRANSACTION (37), one-way as Java sends it (§5.12)."""
+        """END_TRANSACTION (37), one-way as Java sends it (docs/protocol.md §5.12)."""
         cmd = self._request(R.END_TRANSACTION, ext)
         cmd.remark = remark
         await self.remoting.invoke_oneway(addr, cmd)
@@ -177,7 +177,7 @@ class MQClientAPI:
     # -- pulling and offsets --------------------------------------------------------
 
     async def pull_message(self, addr: str, ext: dict, timeout: float) -> PullResult:
-        """PULL_MESSAGE (11); messages are decoded with bodies inflated (§5.2)."""
+        """PULL_MESSAGE (11); messages are decoded with bodies inflated (docs/protocol.md §5.2)."""
         resp = await self.invoke(addr, self._request(R.PULL_MESSAGE, ext), timeout)
         status = _PULL_STATUS.get(resp.code)
         if status is None:
@@ -196,7 +196,7 @@ class MQClientAPI:
         )
 
     async def query_consumer_offset(self, addr: str, group: str, topic: str, queue_id: int) -> int:
-        """Stored offset, or -1 when the broker has none (QUERY_NOT_FOUND, §5.3)."""
+        """Stored offset, or -1 when the broker has none (QUERY_NOT_FOUND, docs/protocol.md §5.3)."""
         # setZeroIfNotFound=false (RocketMQ 5 header): "no offset" must stay distinguishable
         # from offset 0, or consume_from_where could never apply to a new group.
         resp = await self.invoke(addr, self._request(
@@ -259,7 +259,7 @@ class MQClientAPI:
 
     async def lock_batch_mq(self, addr: str, group: str, client_id: str,
                             mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
-        """LOCK_BATCH_MQ (41): the subset of `mqs` this client now holds (§5.11)."""
+        """LOCK_BATCH_MQ (41): the subset of `mqs` this client now holds (docs/protocol.md §5.11)."""
         body = json.dumps({"consumerGroup": group, "clientId": client_id,
                            "mqSet": [mq.to_json() for mq in mqs]}).encode()
         resp = await self.call(addr, R.LOCK_BATCH_MQ, None, body)
@@ -297,7 +297,7 @@ class MQClientAPI:
     async def query_message(self, addr: str, topic: str, key: str, max_num: int = 32,
                             begin_ms: int = 0, end_ms: int | None = None,
                             unique: bool = False) -> list[MessageExt]:
-        """QUERY_MESSAGE (12) by KEYS entry or, with `unique`, by UNIQ_KEY (§5.17)."""
+        """QUERY_MESSAGE (12) by KEYS entry or, with `unique`, by UNIQ_KEY (docs/protocol.md §5.17)."""
         ext = {"topic": topic, "key": key, "maxNum": str(max_num), "beginTimestamp": str(begin_ms),
                "endTimestamp": str(end_ms if end_ms is not None else int(time.time() * 1000) + 60_000)}
         if unique:

@@ -1,6 +1,6 @@
 """Settings of a client instance (the part shared by all producers and consumers of it).
 
-Defaults follow the Java 4.x client (protocol doc §8.7): route polling and heartbeats every
+Defaults follow the Java 4.x client (docs/protocol.md §8.7): route polling and heartbeats every
 30 s, consumer offsets persisted every 5 s, rebalance every 20 s.
 """
 
@@ -67,7 +67,7 @@ class ClientConfig:
     offset_store_dir: str = field(
         default_factory=lambda: os.path.join(os.path.expanduser("~"), ".lmq_offsets")
     )
-    #: `language` of our request headers (protocol doc §1.2).
+    #: `language` of our request headers (docs/protocol.md §1.2).
     language: str = "PYTHON"
     #: ACL credentials (docs/acl.md): when set, every request is signed as RocketMQ's
     #: AclClientRPCHook signs it. Both or neither.
@@ -99,5 +99,5 @@ class ClientConfig:
 
     @property
     def client_id(self) -> str:
-        """Java 4.9 form `<ip>@<instanceName>` (protocol doc §6.2); opaque to brokers."""
+        """Java 4.9 form `<ip>@<instanceName>` (docs/protocol.md §6.2); opaque to brokers."""
         return f"{self.client_ip}@{self.instance_name}"

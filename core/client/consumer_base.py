@@ -125,7 +125,7 @@ class ConsumerBase:
         if not self.subs:
             raise MQClientError(f"consumer {self.group!r} has no subscription (call subscribe())")
         if self.clustering and self.consume_type is ConsumeType.CONSUME_PASSIVELY:
-            # Messages sent back for retry come from %RETRY%<group> (§5.10).
+            # Messages sent back for retry come from %RETRY%<group> (docs/protocol.md §5.10).
             rt = retry_topic(self.group)
             self.subs.setdefault(rt, SubscriptionData.build(rt, "*"))
         await self.offset_store.load()

@@ -2,7 +2,7 @@
 
 `MQClientError` is a local failure (bad argument, no route, client state); `MQBrokerError`
 carries a broker's response code and remark, so callers can branch on the protocol's own
-code (protocol doc §2.2). Transport failures surface as `core.remoting.errors`
+code (docs/protocol.md §2.2). Transport failures surface as `core.remoting.errors`
 exceptions wrapped in `MQClientError` only when every retry has failed.
 """
 

@@ -7,7 +7,7 @@ address tables, and one nursery in which every client task runs:
 * route refresh from the name servers every 30 s (topics of every producer and consumer);
 * heartbeats to every master broker every 30 s;
 * consumer offsets persisted every 5 s;
-* rebalance every 20 s, and at once on NOTIFY_CONSUMER_IDS_CHANGED (§5.14).
+* rebalance every 20 s, and at once on NOTIFY_CONSUMER_IDS_CHANGED (docs/protocol.md §5.14).
 
 Leaving ``async with ClientInstance(...)`` shuts every producer and consumer down cleanly
 (offsets persisted, queue locks released, UNREGISTER_CLIENT sent) and cancels the rest.
@@ -175,7 +175,7 @@ class ClientInstance:
         self.consumers[consumer.group] = consumer
 
     async def unregister(self, producer_group: str = "", consumer_group: str = "") -> None:
-        """Forget a group locally and send UNREGISTER_CLIENT to every master (§5.6)."""
+        """Forget a group locally and send UNREGISTER_CLIENT to every master (docs/protocol.md §5.6)."""
         if producer_group:
             self.producers.pop(producer_group, None)
         if consumer_group:
@@ -219,7 +219,7 @@ class ClientInstance:
         return random.choice(candidates) if candidates else None
 
     def pin_brokers(self, brokers: dict[str, dict[int, str]]) -> None:
-        """Brokers known from cluster info rather than a route (LMQs have no route, §10.2)."""
+        """Brokers known from cluster info rather than a route (LMQs have no route, docs/protocol.md §10.2)."""
         self.pinned_brokers = dict(brokers)
         for name, addrs in brokers.items():
             self.broker_addrs.setdefault(name, dict(addrs))
@@ -281,7 +281,7 @@ class ClientInstance:
     # -- heartbeats -----------------------------------------------------------------
 
     def heartbeat_data(self) -> dict:
-        """HeartbeatData in Java's form (enum names, sets always present, §6.2)."""
+        """HeartbeatData in Java's form (enum names, sets always present, docs/protocol.md §6.2)."""
         consumers = []
         for consumer in self.consumers.values():
             data = consumer.heartbeat_data()
@@ -294,7 +294,7 @@ class ClientInstance:
         }
 
     async def send_heartbeats(self) -> None:
-        """HEART_BEAT to every master broker (§5.5); failures only logged."""
+        """HEART_BEAT to every master broker (docs/protocol.md §5.5); failures only logged."""
         data = self.heartbeat_data()
         if not data["producerDataSet"] and not data["consumerDataSet"]:
             return
@@ -351,7 +351,7 @@ class ClientInstance:
             except Exception:
                 log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
 
-    # -- requests from brokers (§1.5) -------------------------------------------------
+    # -- requests from brokers (docs/protocol.md §1.5) -------------------------------------------------
 
     def _register_processors(self) -> None:
         p = self.processors
@@ -367,7 +367,7 @@ class ClientInstance:
         return None
 
     async def _on_check_transaction(self, ctx: RequestContext, cmd: RemotingCommand):
-        # The body is the half message with its real topic restored (§5.13).
+        # The body is the half message with its real topic restored (docs/protocol.md §5.13).
         try:
             msg = decode_record(cmd.body_bytes(), decompress=True)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""`LmqConsumer`: reads one light message queue (`%LMQ%…`, protocol doc §10) everywhere.
+"""`LmqConsumer`: reads one light message queue (`%LMQ%…`, docs/protocol.md §10) everywhere.
 
 An LMQ has one queue (id 0) on every broker and no name-server route, so the broker list
 comes from GET_BROKER_CLUSTER_INFO (refreshed every route-poll interval) and each broker's

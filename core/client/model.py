@@ -1,6 +1,6 @@
 """Value types of the client: queues, routes, subscriptions, send and pull results.
 
-JSON shapes follow protocol doc §4.1 (TopicRouteData), §4.4 (ClusterInfo), §6.2
+JSON shapes follow docs/protocol.md §4.1 (TopicRouteData), docs/protocol.md §4.4 (ClusterInfo), docs/protocol.md §6.2
 (HeartbeatData's SubscriptionData) and §6.4 (MessageQueue).
 """
 
@@ -19,7 +19,7 @@ from core.common.taghash import java_string_hash
 
 MASTER_ID = 0
 
-# fastjson writes map keys that are numbers unquoted (`{0:"1.2.3.4:10911"}`, §1.4 rule 7).
+# fastjson writes map keys that are numbers unquoted (`{0:"1.2.3.4:10911"}`, docs/protocol.md §1.4 rule 7).
 _UNQUOTED_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
 
 
@@ -72,7 +72,7 @@ class BrokerData:
 
 @dataclass(slots=True)
 class TopicRouteData:
-    """A topic's route as the name server answers GET_ROUTEINFO_BY_TOPIC (§4.1)."""
+    """A topic's route as the name server answers GET_ROUTEINFO_BY_TOPIC (docs/protocol.md §4.1)."""
 
     queue_datas: list[QueueData] = field(default_factory=list)
     broker_datas: list[BrokerData] = field(default_factory=list)
@@ -137,7 +137,7 @@ class TopicRouteData:
         )
 
     def publish_queues(self, topic: str) -> list[MessageQueue]:
-        """Writable queues on brokers that have a master (§4.1 "How clients use it").
+        """Writable queues on brokers that have a master (docs/protocol.md §4.1 "How clients use it").
 
         An `orderTopicConf` ("brokerA:8;brokerB:8") overrides the queue datas, as in Java.
         """
@@ -168,7 +168,7 @@ class TopicRouteData:
 
 @dataclass(slots=True)
 class ClusterInfo:
-    """GET_BROKER_CLUSTER_INFO answer (§4.4)."""
+    """GET_BROKER_CLUSTER_INFO answer (docs/protocol.md §4.4)."""
 
     brokers: dict[str, BrokerData]
     clusters: dict[str, list[str]]
@@ -215,7 +215,7 @@ SUB_ALL = "*"
 
 @dataclass(slots=True)
 class SubscriptionData:
-    """One topic subscription (HeartbeatData's subscriptionDataSet element, §6.2)."""
+    """One topic subscription (HeartbeatData's subscriptionDataSet element, docs/protocol.md §6.2)."""
 
     topic: str
     sub_string: str = SUB_ALL
@@ -249,7 +249,7 @@ class SubscriptionData:
         return self.expression_type == ExpressionType.TAG.value and bool(self.tags_set)
 
     def matches(self, msg: MessageExt) -> bool:
-        """Client-side exact tag check (the broker filtered by tag hash only, §5.2)."""
+        """Client-side exact tag check (the broker filtered by tag hash only, docs/protocol.md §5.2)."""
         if not self.is_tag_filter:
             return True
         return msg.properties.get(MessageConst.TAGS) in self.tags_set
@@ -271,7 +271,7 @@ class SubscriptionData:
 
 
 class SendStatus(IntEnum):
-    """As Java's SendStatus; the broker's codes 0/10/12/11 map to these (§2.2)."""
+    """As Java's SendStatus; the broker's codes 0/10/12/11 map to these (docs/protocol.md §2.2)."""
 
     SEND_OK = 0
     FLUSH_DISK_TIMEOUT = 1
@@ -282,7 +282,7 @@ class SendStatus(IntEnum):
 @dataclass(slots=True)
 class SendResult:
     """Outcome of a send. `msg_id` is the UNIQ_KEY (comma-joined for a batch), as clients
-    show it (§5.1); `offset_msg_id` is the broker's offset id."""
+    show it (docs/protocol.md §5.1); `offset_msg_id` is the broker's offset id."""
 
     status: SendStatus
     msg_id: str
@@ -307,7 +307,7 @@ class PullStatus(IntEnum):
 
 @dataclass(slots=True)
 class PullResult:
-    """Outcome of one PULL_MESSAGE (§5.2)."""
+    """Outcome of one PULL_MESSAGE (docs/protocol.md §5.2)."""
 
     status: PullStatus
     next_begin_offset: int
@@ -318,7 +318,7 @@ class PullResult:
 
 
 class MessageModel(IntEnum):
-    """Ordinals are the C++ integers; names are what Java sends (§6.2)."""
+    """Ordinals are the C++ integers; names are what Java sends (docs/protocol.md §6.2)."""
 
     BROADCASTING = 0
     CLUSTERING = 1

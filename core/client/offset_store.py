@@ -1,6 +1,6 @@
 """Consumer offset stores: at the broker (clustering) or in a local file (broadcasting).
 
-An offset is "the next message to consume" (last consumed + 1, protocol doc §5.4). Both
+An offset is "the next message to consume" (last consumed + 1, docs/protocol.md §5.4). Both
 stores keep a memory table updated as messages are consumed and persisted every 5 s by the
 client instance, and once more at shutdown or when a queue moves to another member.
 """
@@ -55,7 +55,7 @@ class OffsetStore:
 
 
 class RemoteOffsetStore(OffsetStore):
-    """Offsets at the broker that hosts each queue (QUERY/UPDATE_CONSUMER_OFFSET, §5.3/5.4).
+    """Offsets at the broker that hosts each queue (QUERY/UPDATE_CONSUMER_OFFSET, docs/protocol.md §5.3/5.4).
 
     Updates are two-way requests (Java sends them one-way): a consumer that hands a queue to
     another member knows its offset is stored before the other one reads it.

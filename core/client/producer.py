@@ -5,7 +5,7 @@ The send path follows seeds 001/002 and Java's DefaultMQProducerImpl:
 1. validate (topic name, non-empty body, ``max_message_size`` = 4 MiB, properties size);
 2. find the topic's publish info: the route from the name servers, or, when the topic has
    none, the route of ``TBW102`` limited to ``default_topic_queue_nums`` queues per broker
-   so the broker auto-creates the topic (protocol doc §4.1);
+   so the broker auto-creates the topic (docs/protocol.md §4.1);
 3. pick a queue (round robin, avoiding the broker that just failed; with
    ``send_latency_fault_enable`` also brokers that were slow or dead recently, latency.py);
 4. send (SEND_MESSAGE_V2, or SEND_BATCH_MESSAGE with ``m=true``), bodies of 4 KiB and more
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 #: Body limit (Java maxMessageSize, broker default as well).
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-#: Bodies of at least this size are zlib-compressed (compressMsgBodyOverHowmuch, §7.8).
+#: Bodies of at least this size are zlib-compressed (compressMsgBodyOverHowmuch, docs/protocol.md §7.8).
 DEFAULT_COMPRESS_OVER = 4096
 #: Broker codes after which a send is retried on another queue (Java retryResponseCodes,
 #: plus SYSTEM_BUSY: a busy broker is as good a reason to go elsewhere).
@@ -257,7 +257,7 @@ class Producer:
         props = dict(msg.properties)
         reconsume = max_reconsume = None
         if is_retry_topic(mq.topic):
-            # A consumer re-sending to %RETRY% passes its counters in the header (§5.1).
+            # A consumer re-sending to %RETRY% passes its counters in the header (docs/protocol.md §5.1).
             reconsume = props.pop(MessageConst.RECONSUME_TIME, None)
             max_reconsume = props.pop(MessageConst.MAX_RECONSUME_TIMES, None)
         properties = encode_properties(props)
@@ -431,7 +431,7 @@ class Producer:
 
     async def send_batch(self, msgs: Sequence[Message], *, timeout: float | None = None,
                          mq: MessageQueue | None = None) -> SendResult:
-        """Send messages of one topic in one SEND_BATCH_MESSAGE request (§7.7).
+        """Send messages of one topic in one SEND_BATCH_MESSAGE request (docs/protocol.md §7.7).
 
         Batches may not carry a delay level or go to a %RETRY% topic (Java refuses both);
         the encoded batch must fit `max_message_size`.

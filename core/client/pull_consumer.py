@@ -1,7 +1,7 @@
 """`PullConsumer`: the application names queues and offsets (Java DefaultMQPullConsumer).
 
 Also home of `pull_kernel`, the one PULL_MESSAGE path every consumer uses: it builds the
-request (protocol doc §5.2), decodes records with inflated bodies, re-checks tags exactly
+request (docs/protocol.md §5.2), decodes records with inflated bodies, re-checks tags exactly
 (the broker filtered by tag hash only) and stamps MIN_OFFSET / MAX_OFFSET on each message as
 Java does.
 """
@@ -17,7 +17,7 @@ from core.common.properties import MessageConst
 from core.common.sysflag import PullSysFlag
 
 #: Long-poll hold asked of the broker by push consumers (brokerSuspendMaxTimeMillis) and
-#: the socket timeout of such a pull (consumerTimeoutMillisWhenSuspend) (§8.7).
+#: the socket timeout of such a pull (consumerTimeoutMillisWhenSuspend) (docs/protocol.md §8.7).
 BROKER_SUSPEND_MAX_MS = 15000
 TIMEOUT_WHEN_SUSPEND_S = 30.0
 
@@ -46,7 +46,7 @@ async def pull_kernel(
     timeout: float | None = None,
 ) -> PullResult:
     """One PULL_MESSAGE. The subscription always travels in the request (SUBSCRIPTION bit),
-    so the broker needs no heartbeat from a pull consumer (§8.5)."""
+    so the broker needs no heartbeat from a pull consumer (docs/protocol.md §8.5)."""
     if offset < 0:
         raise MQClientError(f"illegal pull offset {offset}")
     if max_nums <= 0:
@@ -89,7 +89,7 @@ class PullConsumer:
     """Pull from queues the application chooses; offsets are the application's business
     unless it stores them at the broker with `update_consume_offset`.
 
-    It sends no heartbeat and takes no part in rebalancing (like the C++ pull consumer, §8.5).
+    It sends no heartbeat and takes no part in rebalancing (like the C++ pull consumer, docs/protocol.md §8.5).
     """
 
     def __init__(self, client: ClientInstance, group: str) -> None:
@@ -155,7 +155,7 @@ class PullConsumer:
 
     async def send_back(self, msg: MessageExt, delay_level: int = 0, broker_name: str | None = None,
                         max_reconsume_times: int = 16) -> None:
-        """Hand a message back for redelivery via %RETRY%<group> (or the DLQ, §5.10)."""
+        """Hand a message back for redelivery via %RETRY%<group> (or the DLQ, docs/protocol.md §5.10)."""
         addr = self.client.find_broker_addr(broker_name) if broker_name else None
         await self.client.api.consumer_send_msg_back(addr or msg.store_host, msg, self.group,
                                                      delay_level, max_reconsume_times)

@@ -1,4 +1,4 @@
-"""`TransactionProducer`: half message, local transaction, END_TRANSACTION (protocol doc §9.4).
+"""`TransactionProducer`: half message, local transaction, END_TRANSACTION (docs/protocol.md §9.4).
 
 1. The message goes out as a half message (``TRAN_MSG=true``, ``PGROUP=<group>``, sysFlag
    PREPARED); the broker keeps it invisible to consumers.
@@ -92,7 +92,7 @@ class TransactionProducer(Producer):
         try:
             await self._end_transaction(result, state)
         except Exception as exc:
-            # The broker's back-check resolves it (§9.4); the send itself succeeded.
+            # The broker's back-check resolves it (docs/protocol.md §9.4); the send itself succeeded.
             log.warning("END_TRANSACTION for %s failed: %r", result.msg_id, exc)
         return TransactionSendResult(result, state)
 
@@ -113,7 +113,7 @@ class TransactionProducer(Producer):
         })
 
     async def check_transaction_state(self, addr: str, msg: MessageExt, cmd: RemotingCommand) -> None:
-        """Answer a CHECK_TRANSACTION_STATE (§5.13) with END_TRANSACTION to `addr`."""
+        """Answer a CHECK_TRANSACTION_STATE (docs/protocol.md §5.13) with END_TRANSACTION to `addr`."""
         try:
             state = _as_state(await call_maybe_async(self.check, msg))
         except Exception:

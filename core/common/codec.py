@@ -1,4 +1,4 @@
-"""Stored-record codec: the RocketMQ v1 CommitLog record (protocol doc §7.1).
+"""Stored-record codec: the RocketMQ v1 CommitLog record (docs/protocol.md §7.1).
 
 A pull answers with slices of the CommitLog, so this byte layout *is* the wire format that
 real clients decode. We always write magic v1 with IPv4 hosts (8 bytes each), the only form
@@ -74,7 +74,7 @@ _BLANK = struct.Struct(">iI")
 _CRC_QID_FLAG = struct.Struct(">Iii")
 _TWO_LONGS = struct.Struct(">qq")
 
-# Batch sub-message (§7.7): TOTALSIZE, MAGIC(0), BODYCRC(0), FLAG, BODYLENGTH.
+# Batch sub-message (docs/protocol.md §7.7): TOTALSIZE, MAGIC(0), BODYCRC(0), FLAG, BODYLENGTH.
 BATCH_HEAD = struct.Struct(">iiiii")
 
 
@@ -94,7 +94,7 @@ def body_crc(body: bytes | memoryview) -> int:
 @lru_cache(maxsize=4096)
 def encode_host(address: str) -> bytes:
     """`"ip:port"` -> 8 bytes (IPv4 + int32 port). A non-IPv4 host is stored as 127.0.0.1:
-    v1 records carry IPv4 only, and the C++ client reads nothing else (§7.1)."""
+    v1 records carry IPv4 only, and the C++ client reads nothing else (docs/protocol.md §7.1)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
@@ -168,7 +168,7 @@ def encode_record(**fields) -> bytes:
 
 
 def write_blank(buf, pos: int, remaining: int) -> None:
-    """Close a CommitLog file: `int32 remaining` + BLANK magic (§7.9)."""
+    """Close a CommitLog file: `int32 remaining` + BLANK magic (docs/protocol.md §7.9)."""
     _BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
 
 
@@ -335,7 +335,7 @@ def decode_records(buf, *, decompress: bool = False) -> list[MessageExt]:
 
 @dataclass(slots=True, frozen=True)
 class BatchItem:
-    """One sub-message of a batch send body (§7.7)."""
+    """One sub-message of a batch send body (docs/protocol.md §7.7)."""
 
     flag: int
     body: bytes

@@ -61,7 +61,7 @@ class Message:
 
 @dataclass(slots=True)
 class MessageExt(Message):
-    """A stored message with the fields the store assigned (protocol doc §7.1)."""
+    """A stored message with the fields the store assigned (docs/protocol.md §7.1)."""
 
     queue_id: int = 0
     queue_offset: int = 0
@@ -89,7 +89,7 @@ class MessageExt(Message):
         return self.uniq_key or self.offset_msg_id
 
     def lmq_offsets(self) -> dict[str, int]:
-        """Position of this message in each queue of INNER_MULTI_DISPATCH (§10.2)."""
+        """Position of this message in each queue of INNER_MULTI_DISPATCH (docs/protocol.md §10.2)."""
         names = self.properties.get(MessageConst.INNER_MULTI_DISPATCH)
         offsets = self.properties.get(MessageConst.INNER_MULTI_QUEUE_OFFSET)
         if not names or not offsets:
@@ -124,7 +124,7 @@ class InnerMessage:
 
 @dataclass(slots=True)
 class MessageBatch:
-    """A batch send (protocol doc §7.7) handed to `MessageStore.put_batch` as it arrived:
+    """A batch send (docs/protocol.md §7.7) handed to `MessageStore.put_batch` as it arrived:
     the sub-messages stay encoded in `body`, so a batch costs no object per message.
 
     Each sub-message is stored as one record with its own FLAG, BODY and properties, the

@@ -1,4 +1,4 @@
-"""Message ids (protocol doc §7.5).
+"""Message ids (docs/protocol.md §7.5).
 
 * Offset msgId: STOREHOST (IPv4 + int32 port) + int64 physical offset, uppercase hex. It
   says where the record is, so VIEW_MESSAGE_BY_ID reads it straight from the CommitLog.

@@ -1,12 +1,12 @@
-"""System names and validators: topics, groups, `%RETRY%`, `%DLQ%`, `%LMQ%` (§9.5, §10)."""
+"""System names and validators: topics, groups, `%RETRY%`, `%DLQ%`, `%LMQ%` (docs/protocol.md §9.5, §10)."""
 
 from __future__ import annotations
 
 import re
 
-# Topic charset and length limit of RocketMQ 4.x (§5.1 step 1). Keeping every topic
+# Topic charset and length limit of RocketMQ 4.x (docs/protocol.md §5.1 step 1). Keeping every topic
 # (retry and DLQ topics included) within 127 UTF-8 bytes means every record is magic v1
-# with a 1-byte topic length, the only form the C++ client decodes (§7.1).
+# with a 1-byte topic length, the only form the C++ client decodes (docs/protocol.md §7.1).
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 120  # "%RETRY%" + group must still fit in 127 bytes.
 # Always used with fullmatch: with re.match, `$` also matches before a trailing newline,
@@ -42,7 +42,7 @@ SYSTEM_TOPICS = frozenset(
         OFFSET_MOVED_EVENT,
     }
 )
-# Producers may not write to these directly (§5.1 step 1): NO_PERMISSION.
+# Producers may not write to these directly (docs/protocol.md §5.1 step 1): NO_PERMISSION.
 NOT_ALLOWED_SEND_TOPICS = frozenset(
     {
         SCHEDULE_TOPIC,

@@ -1,4 +1,4 @@
-"""Message property names and the properties string codec (protocol doc §7.4).
+"""Message property names and the properties string codec (docs/protocol.md §7.4).
 
 On the wire and in stored records properties are UTF-8 text of `name\\x01value\\x02`
 pairs. Java drops the final separator and the C++ client keeps it, so the parser accepts
@@ -10,12 +10,12 @@ from __future__ import annotations
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
-# Limit of the PROPERTIESLENGTH field: a signed int16 (§7.1).
+# Limit of the PROPERTIESLENGTH field: a signed int16 (docs/protocol.md §7.1).
 MAX_PROPERTIES_BYTES = 32767
 
 
 class MessageConst:
-    """Well-known property keys (§7.4)."""
+    """Well-known property keys (docs/protocol.md §7.4)."""
 
     KEYS = "KEYS"
     TAGS = "TAGS"
@@ -99,7 +99,7 @@ def validate_property_name_value(name: str, value: str) -> str | None:
 
 # ----------------------------------------------------------------- encoded strings
 # The store keeps the property strings of batch sub-messages as the producer encoded them
-# (as Java's broker does, §7.7), so it reads single values out of the bytes instead of
+# (as Java's broker does, docs/protocol.md §7.7), so it reads single values out of the bytes instead of
 # decoding the whole string into a dict. Both helpers agree with `decode_properties`.
 
 

@@ -1,10 +1,10 @@
-"""Flag words of the RocketMQ protocol (protocol doc §5.2, §7.3, §9.5)."""
+"""Flag words of the RocketMQ protocol (docs/protocol.md §5.2, §7.3, §9.5)."""
 
 from __future__ import annotations
 
 
 class MessageSysFlag:
-    """Bits of a stored message's SYSFLAG field (§7.3)."""
+    """Bits of a stored message's SYSFLAG field (docs/protocol.md §7.3)."""
 
     COMPRESSED = 0x1
     MULTI_TAGS = 0x2
@@ -29,7 +29,7 @@ class MessageSysFlag:
 
 
 class PullSysFlag:
-    """Bits of PULL_MESSAGE's `sysFlag` (§5.2)."""
+    """Bits of PULL_MESSAGE's `sysFlag` (docs/protocol.md §5.2)."""
 
     COMMIT_OFFSET = 0x1
     SUSPEND = 0x2
@@ -39,7 +39,7 @@ class PullSysFlag:
 
 
 class PermName:
-    """Topic and broker permission bits (§9.5)."""
+    """Topic and broker permission bits (docs/protocol.md §9.5)."""
 
     INHERIT = 1
     WRITE = 2

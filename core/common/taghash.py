@@ -1,4 +1,4 @@
-"""Tag hash codes: Java `String.hashCode()` of the TAGS value (protocol doc §7.10).
+"""Tag hash codes: Java `String.hashCode()` of the TAGS value (docs/protocol.md §7.10).
 
 The ConsumeQueue stores this code so a pull can filter by tag without reading the
 CommitLog; clients re-check the exact tag string, so collisions are harmless.

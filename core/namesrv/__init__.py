@@ -1,4 +1,4 @@
-"""Name server: broker registry and topic routes (protocol doc §4).
+"""Name server: broker registry and topic routes (docs/protocol.md §4).
 
     from core.namesrv import NameServer, NamesrvConfig
 """

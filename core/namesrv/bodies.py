@@ -1,4 +1,4 @@
-"""JSON bodies of the name server (protocol doc §4, §6.5, §6.6), sans-IO.
+"""JSON bodies of the name server (docs/protocol.md §4, §6.5, §6.6), sans-IO.
 
 Decoding is lenient where real peers differ (fastjson vs jsoncpp, 4.x vs 5.x extra keys)
 and strict where garbage would corrupt the route table: anything unusable raises
@@ -29,13 +29,13 @@ __all__ = [
 _JSON = json.JSONEncoder(separators=(",", ":"))
 _INT = struct.Struct(">i")
 
-# Java's TopicConfig defaults (§6.5).
+# Java's TopicConfig defaults (docs/protocol.md §6.5).
 _DEFAULT_QUEUE_NUMS = 16
 _DEFAULT_PERM = 6
 
 
 def encode_json(obj: Any) -> bytes:
-    """Compact, ASCII-only standard JSON (quoted keys, §1.4 rule 7)."""
+    """Compact, ASCII-only standard JSON (quoted keys, docs/protocol.md §1.4 rule 7)."""
     return _JSON.encode(obj).encode("ascii")
 
 
@@ -56,7 +56,7 @@ class DataVersion:
 
 @dataclass(frozen=True)
 class TopicConfigData:
-    """The part of a broker's TopicConfig the name server keeps (§6.5)."""
+    """The part of a broker's TopicConfig the name server keeps (docs/protocol.md §6.5)."""
 
     topic_name: str
     read_queue_nums: int = _DEFAULT_QUEUE_NUMS
@@ -80,7 +80,7 @@ class TopicConfigData:
 
 @dataclass
 class RegisterBrokerBody:
-    """Decoded REGISTER_BROKER body (§4.2)."""
+    """Decoded REGISTER_BROKER body (docs/protocol.md §4.2)."""
 
     topic_configs: dict[str, TopicConfigData] = field(default_factory=dict)
     data_version: DataVersion = field(default_factory=DataVersion)
@@ -177,7 +177,7 @@ def _decode_compressed_register_body(body: bytes, max_size: int) -> RegisterBrok
 
 def parse_inflated_register_body(raw: bytes) -> RegisterBrokerBody:
     """Parse an inflated compressed REGISTER_BROKER body (see decode_register_body)."""
-    # Layout (§4.2): zlib( int32 len + DataVersion JSON, int32 topicCount,
+    # Layout (docs/protocol.md §4.2): zlib( int32 len + DataVersion JSON, int32 topicCount,
     # topicCount x (int32 len + "name read write perm filterType"), int32 len + filter JSON ).
     pos = 0
 

@@ -10,7 +10,7 @@ from core.remoting.listener_config import RemotingListenerConfig
 
 @dataclass
 class NamesrvConfig(RemotingListenerConfig):
-    """Settings of one name server; defaults are RocketMQ 4.9.7's (protocol doc §9.6)."""
+    """Settings of one name server; defaults are RocketMQ 4.9.7's (docs/protocol.md §9.6)."""
 
     host: str = "127.0.0.1"  # loopback unless told otherwise (docs/remoting.md)
     port: int = 9876

@@ -1,7 +1,7 @@
 """Namespaced key/value configuration of the name server (PUT/GET/DELETE_KV_CONFIG).
 
 RocketMQ keeps e.g. the `ORDER_TOPIC_CONFIG` namespace here ("brokerA:8;brokerB:8" per
-topic, §4.1). In memory only: like every other name-server datum it is rebuilt by whoever
+topic, docs/protocol.md §4.1). In memory only: like every other name-server datum it is rebuilt by whoever
 owns it (admin tools), and several name servers share nothing.
 """
 

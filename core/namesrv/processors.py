@@ -1,4 +1,4 @@
-"""Request handlers of the name server (protocol doc §4), one per request code.
+"""Request handlers of the name server (docs/protocol.md §4), one per request code.
 
 All handlers are inline: they only touch in-memory tables and never wait.
 """
@@ -133,7 +133,7 @@ class NamesrvProcessors:
             channel=conn.id,
         )
         if not conn.attributes.get(self._watch_key):
-            # A broker whose connection closes is dropped at once (§4).
+            # A broker whose connection closes is dropped at once (docs/protocol.md §4).
             conn.attributes[self._watch_key] = True
             conn_id = conn.id
             self._open_channels.add(conn_id)

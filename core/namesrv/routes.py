@@ -1,4 +1,4 @@
-"""The name server's route table, sans-IO (protocol doc §4).
+"""The name server's route table, sans-IO (docs/protocol.md §4).
 
 Per topic: one QueueData per broker name. Per broker name: a BrokerData (cluster, name,
 broker id -> address; id 0 is the master). Per cluster: its broker names. Per broker
@@ -60,7 +60,7 @@ class BrokerData:
     broker_addrs: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        # Broker ids as quoted JSON keys (§4.1): standard JSON, the C++ client atoi()s them.
+        # Broker ids as quoted JSON keys (docs/protocol.md §4.1): standard JSON, the C++ client atoi()s them.
         return {
             "cluster": self.cluster,
             "brokerName": self.broker_name,
@@ -321,7 +321,7 @@ class RouteInfoManager:
     # -- queries ----------------------------------------------------------------------
 
     def get_route(self, topic: str, order_topic_conf: str | None = None) -> dict[str, Any] | None:
-        """TopicRouteData (§4.1) as a JSON-ready dict, or None when there is no route."""
+        """TopicRouteData (docs/protocol.md §4.1) as a JSON-ready dict, or None when there is no route."""
         queues = self.topic_queue_table.get(topic)
         if not queues:
             return None
@@ -342,7 +342,7 @@ class RouteInfoManager:
         }
 
     def cluster_info(self) -> dict[str, Any]:
-        """ClusterInfo (§4.4)."""
+        """ClusterInfo (docs/protocol.md §4.4)."""
         return {
             "brokerAddrTable": {
                 name: self.broker_addr_table[name].to_json() for name in sorted(self.broker_addr_table)

@@ -65,7 +65,7 @@ class NameServer:
             task_status.started(port)
 
     async def _scan_loop(self) -> None:
-        # Java scans every 10 s for brokers silent for 120 s (§4).
+        # Java scans every 10 s for brokers silent for 120 s (docs/protocol.md §4).
         while True:
             await trio.sleep(self.config.scan_interval_s)
             self.routes.scan_not_active_brokers()

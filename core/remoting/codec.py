@@ -1,10 +1,10 @@
 """RocketMQ remoting frames, sans-IO: bytes in -> `RemotingCommand`s out, and back.
 
-Frame layout (protocol doc §1.1, big-endian)::
+Frame layout (docs/protocol.md §1.1, big-endian)::
 
     int32  total_length         = 4 + header_length + body_length (not counting itself)
     int32  (serialize_type << 24) | header_length
-    bytes  header               JSON (type 0, §1.2) or ROCKETMQ binary (type 1, §1.3)
+    bytes  header               JSON (type 0, docs/protocol.md §1.2) or ROCKETMQ binary (type 1, docs/protocol.md §1.3)
     bytes  body
 
 Nothing here knows about sockets or trio. A body may be a list of buffers (a pull
@@ -43,7 +43,7 @@ __all__ = [
 #: Largest accepted frame (total_length), as Java's `com.rocketmq.remoting.frameMaxLength`.
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
-#: The header length field is 24 bits wide (§1.1).
+#: The header length field is 24 bits wide (docs/protocol.md §1.1).
 MAX_HEADER_SIZE = 0xFFFFFF
 
 Buffer = bytes | bytearray | memoryview
@@ -52,7 +52,7 @@ Body = bytes | bytearray | memoryview | list | None
 _INT = struct.Struct(">i")
 _UINT = struct.Struct(">I")
 _PREFIX = struct.Struct(">iI")
-# ROCKETMQ binary header, fixed part: code, language, version, opaque, flag (§1.3).
+# ROCKETMQ binary header, fixed part: code, language, version, opaque, flag (docs/protocol.md §1.3).
 _BIN_FIXED = struct.Struct(">hBhii")
 _SHORT = struct.Struct(">h")
 
@@ -167,7 +167,7 @@ class RemotingCommand:
         ext_fields: dict[str, str] | None = None,
         body: Body = None,
     ) -> RemotingCommand:
-        """The response to this request: same opaque and serialization (§1.4 rule 1)."""
+        """The response to this request: same opaque and serialization (docs/protocol.md §1.4 rule 1)."""
         return RemotingCommand(
             code,
             opaque=self.opaque,
@@ -208,7 +208,7 @@ class RemotingCommand:
             return sum(map(len, body))
         return len(body)
 
-    # -- ext field access (§1.4 rules 4 and 5) --------------------------------------
+    # -- ext field access (docs/protocol.md §1.4 rules 4 and 5) --------------------------------------
 
     def ext_str(self, name: str, default: str | None = None, required: bool = False) -> str | None:
         """Ext field `name` as a string; `default` when absent, HeaderError if `required`."""
@@ -240,7 +240,7 @@ class RemotingCommand:
     def ext_bool(
         self, name: str, default: bool | None = None, required: bool = False
     ) -> bool | None:
-        """Ext field `name` as a bool: "1"/"true" and "0"/"false", any case (§1.4 rule 5)."""
+        """Ext field `name` as a bool: "1"/"true" and "0"/"false", any case (docs/protocol.md §1.4 rule 5)."""
         ext = self.ext_fields
         value = ext.get(name) if ext else None
         if type(value) is bool:
@@ -300,7 +300,7 @@ def _ext_json(ext: dict[str, str]) -> str:
 
 
 def _encode_json_header(cmd: RemotingCommand) -> bytes:
-    # Keys in fastjson's alphabetical order, as a Java broker writes them (§1.2). Built by
+    # Keys in fastjson's alphabetical order, as a Java broker writes them (docs/protocol.md §1.2). Built by
     # hand around the C encoder: only the variable strings go through json.
     lang = _LANGUAGE_JSON.get(cmd.language) or _json_encode(str(cmd.language))
     ext = cmd.ext_fields
@@ -385,7 +385,7 @@ def encode_command_bytes(cmd: RemotingCommand) -> bytes:
 
 def _loads(raw: memoryview):
     """json.loads of the header bytes (same result, same errors)."""
-    # The C++ client ends its header with "\n" (§1.2); JSON allows trailing blanks.
+    # The C++ client ends its header with "\n" (docs/protocol.md §1.2); JSON allows trailing blanks.
     try:
         text = str(raw, "utf-8")
         if text[:1] == "{":

@@ -1,4 +1,4 @@
-"""RocketMQ 4.x request, response and language codes (protocol doc §1.2, §2.1, §2.2).
+"""RocketMQ 4.x request, response and language codes (docs/protocol.md §1.2, §2.1, §2.2).
 
 Codes are `IntEnum`s so they compare equal to the plain ints decoded off the wire
 (``cmd.code == RequestCode.SEND_MESSAGE``) and print with their names in logs.
@@ -10,7 +10,7 @@ from enum import IntEnum
 
 
 class RequestCode(IntEnum):
-    """Request codes of RocketMQ 4.x (§2.1). 5.x-only codes are not listed."""
+    """Request codes of RocketMQ 4.x (docs/protocol.md §2.1). 5.x-only codes are not listed."""
 
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
@@ -94,7 +94,7 @@ class RequestCode(IntEnum):
 
 
 class ResponseCode(IntEnum):
-    """Response codes of RocketMQ 4.x (§2.2)."""
+    """Response codes of RocketMQ 4.x (docs/protocol.md §2.2)."""
 
     SUCCESS = 0
     SYSTEM_ERROR = 1
@@ -141,7 +141,7 @@ class ResponseCode(IntEnum):
 
 
 class LanguageCode(IntEnum):
-    """`language` header values; the int is the byte of the binary header (§1.3)."""
+    """`language` header values; the int is the byte of the binary header (docs/protocol.md §1.3)."""
 
     JAVA = 0
     CPP = 1
@@ -163,7 +163,7 @@ LANGUAGE_NAMES: tuple[str, ...] = tuple(m.name for m in LanguageCode)
 
 
 class MQVersion:
-    """A few MQVersion ordinals (the header's `version`, §1.2)."""
+    """A few MQVersion ordinals (the header's `version`, docs/protocol.md §1.2)."""
 
     V3_1_8 = 63  # the C++ client of the rocketmq==0.4.4 wheel
     V3_4_9 = 121
@@ -184,10 +184,10 @@ class MQVersion:
 #: The version our servers put in their headers: V4_9_7.
 SERVER_VERSION = MQVersion.V4_9_7
 
-#: `flag` bits (§1.2).
+#: `flag` bits (docs/protocol.md §1.2).
 FLAG_RESPONSE = 0x1
 FLAG_ONEWAY = 0x2
 
-#: Serialize-type byte (§1.1).
+#: Serialize-type byte (docs/protocol.md §1.1).
 SERIALIZE_JSON = 0
 SERIALIZE_ROCKETMQ = 1

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 
 class FrameError(Exception):
-    """The byte stream is not a valid remoting frame sequence (protocol doc §1.1).
+    """The byte stream is not a valid remoting frame sequence (docs/protocol.md §1.1).
 
     The connection it came from cannot be resynchronised and must be closed.
     """
 
 
 class HeaderError(Exception):
-    """A request's ext field is missing or cannot be parsed (protocol doc §1.4).
+    """A request's ext field is missing or cannot be parsed (docs/protocol.md §1.4).
 
     Servers answer it with SYSTEM_ERROR and ``str(exc)`` as the remark, as Java does when
     ``decodeCommandCustomHeader`` rejects a request.

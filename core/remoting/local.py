@@ -2,7 +2,7 @@
 
 A gateway running in the same process as its broker pays no sockets and no
 serialization, yet goes through the same `ProcessorTable.process` path and the same
-`Connection` interface as over TCP (architecture.md §3). A pair of `LocalConnection`s
+`Connection` interface as over TCP (docs/architecture.md §3). A pair of `LocalConnection`s
 links a client (holding one end) and a server (whose handlers see the other end as
 ``ctx.connection``), so the server can push requests back to the client too.
 

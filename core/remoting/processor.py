@@ -60,7 +60,7 @@ class RequestContext:
 
 
 async def _not_supported(ctx: RequestContext, cmd: RemotingCommand) -> RemotingCommand:
-    # Java's remark text, leading space included (protocol doc §2.2).
+    # Java's remark text, leading space included (docs/protocol.md §2.2).
     return cmd.make_response(
         ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
     )

@@ -1,5 +1,5 @@
 """The store: CommitLog, ConsumeQueues, LMQ index, dispatch, recovery, flush, retention,
-key/time index (architecture §2). A library: no sockets, no trio. API: docs/store-api.md."""
+key/time index (docs/architecture.md §2). A library: no sockets, no trio. API: docs/store-api.md."""
 
 from core.store.config import StoreConfig
 from core.store.message_store import MessageStore

@@ -1,4 +1,4 @@
-"""CommitLog: fixed-size mapped files holding every record once (protocol doc §7.9).
+"""CommitLog: fixed-size mapped files holding every record once (docs/protocol.md §7.9).
 
 Files are named by their start offset (20 digits); PHYSICALOFFSET is global. A record never
 straddles files: when a record plus the 8-byte minimum filler does not fit in what is left

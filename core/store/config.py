@@ -1,4 +1,4 @@
-"""Store configuration: every limit of the store, named, with its default (architecture §2)."""
+"""Store configuration: every limit of the store, named, with its default (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class StoreConfig:
     flush_mode: str = "async"  # "async" | "sync" (the broker awaits group commits)
     flush_interval_ms: int = 500  # ASYNC_FLUSH period (the broker's timer calls flush())
     max_message_size: int = 4 * 1024 * 1024  # body limit (maxMessageSize)
-    max_properties_size: int = 32767  # PROPERTIESLENGTH is a signed int16 (§7.1)
+    max_properties_size: int = 32767  # PROPERTIESLENGTH is a signed int16 (docs/protocol.md §7.1)
     enable_lmq: bool = True  # RocketMQ enableLmq
     enable_multi_dispatch: bool = True  # RocketMQ enableMultiDispatch
     max_lmq_per_message: int = 1000  # names in one INNER_MULTI_DISPATCH

@@ -1,4 +1,4 @@
-"""ConsumeQueue: the index of one (topic, queueId) over the CommitLog (protocol doc §7.10).
+"""ConsumeQueue: the index of one (topic, queueId) over the CommitLog (docs/protocol.md §7.10).
 
 ```
 unit (20 bytes, big-endian):  int64 commitlog offset | int32 record size | int64 tag code

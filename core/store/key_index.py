@@ -1,4 +1,4 @@
-"""Message key index: KEYS and UNIQ_KEY -> records (QUERY_MESSAGE, §5.17).
+"""Message key index: KEYS and UNIQ_KEY -> records (QUERY_MESSAGE, docs/protocol.md §5.17).
 
 RocketMQ keeps this in hash-indexed files that are deleted by age. Here it is a range of
 the store's RocksDB, bucketed by store time so that retention drops whole buckets with one

@@ -1,4 +1,4 @@
-"""LMQ index: every `%LMQ%` queue (queue id 0) as keys of the store's RocksDB (§10.3-10.4).
+"""LMQ index: every `%LMQ%` queue (queue id 0) as keys of the store's RocksDB (docs/protocol.md §10.3-10.4).
 
 A million LMQs cost no file, no handle and no memory per queue: units are `u` keys (see
 kv.py for the layout), and the only per-queue memory is a bounded cache of max offsets

@@ -12,7 +12,7 @@ import errno
 import mmap
 import os
 
-NAME_DIGITS = 20  # file names are 20-digit zero-padded start offsets (§7.9)
+NAME_DIGITS = 20  # file names are 20-digit zero-padded start offsets (docs/protocol.md §7.9)
 
 # Zeroing a torn tail goes chunk by chunk so untouched (still zero) regions cost a read only.
 _ZERO_CHUNK = 1 << 20

@@ -3,7 +3,7 @@
 A batch is all or nothing: pass 1 validates every message, plans its offsets and encodes
 its properties; pass 2 reserves the space, packs the records and dispatches them. A batch
 send arrives either as a list of InnerMessage or, from the broker, as a `MessageBatch`: the
-send body as the producer encoded it (protocol doc §7.7). The latter costs no object per
+send body as the producer encoded it (docs/protocol.md §7.7). The latter costs no object per
 message: sub-messages are read straight out of the body, and their property strings are
 stored as Java stores them (own string minus WAIT, then the batch-level properties), with
 single values (TAGS, KEYS, UNIQ_KEY) read out of the bytes — except for a sub-message with

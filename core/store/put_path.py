@@ -5,7 +5,7 @@ This is the hot path of the whole project, so it is written for CPython: one pas
 variables, precompiled structs, records packed straight into the mapping, no per-message
 objects beyond the result. `put_batch` is in put_batch.py.
 
-Multi-dispatch (protocol doc §10.2): with `enable_multi_dispatch`, a message whose
+Multi-dispatch (docs/protocol.md §10.2): with `enable_multi_dispatch`, a message whose
 INNER_MULTI_DISPATCH lists queues gets INNER_MULTI_QUEUE_OFFSET (same order, assigned
 before encoding), and after the append one unit per distinct queue: `%LMQ%` names go to the
 LMQ index (queue 0) when `enable_lmq` is on, other names to that topic's ConsumeQueue with

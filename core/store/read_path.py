@@ -1,6 +1,6 @@
 """The read path: get (pull), queue offsets, offset by time, lookups by offset and key.
 
-`get` follows the table of protocol doc §5.2; buffers are zero-copy slices of the mapped
+`get` follows the table of docs/protocol.md §5.2; buffers are zero-copy slices of the mapped
 CommitLog. File queues and LMQs are read through the same small interface (max offset,
 min offset, units), so the logic below does not care which one it reads.
 """

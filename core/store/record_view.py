@@ -1,6 +1,6 @@
 """Read-only views of stored records: the few fields a reader needs, nothing decoded whole.
 
-A PULL answer is a concatenation of stored records (rocketmq-protocol.md §7). A reader that
+A PULL answer is a concatenation of stored records (docs/protocol.md §7). A reader that
 needs only the commitlog offset, the body and the properties (the MQTT gateway rebuilding a
 PUBLISH from topic, QoS and payload) takes them here, skipping the hosts, timestamps,
 checksums and the `MessageExt` that `decode_record` builds for every record. The layout is

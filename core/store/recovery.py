@@ -1,6 +1,6 @@
 """Start-up recovery: cut a torn CommitLog tail and re-dispatch what the indexes lack.
 
-Algorithm (architecture §2, "Recovery"):
+Algorithm (docs/architecture.md §2, "Recovery"):
 
 1. `start` = min(checkpoint, RocksDB marker), clamped to the CommitLog. The checkpoint is
    where CommitLog and ConsumeQueues were last fsynced; the marker is how far LMQ units and

@@ -44,7 +44,7 @@ class PutResult:
 
 
 class GetStatus(Enum):
-    """Outcome of `get` (RocketMQ GetMessageStatus); see protocol doc §5.2 for the mapping."""
+    """Outcome of `get` (RocketMQ GetMessageStatus); see docs/protocol.md §5.2 for the mapping."""
 
     FOUND = "FOUND"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"

@@ -13,10 +13,10 @@ accept").
 - crc32(data) -> int: zlib's CRC-32.
 - encode_props(props, offsets) -> bytes: the stored properties string; with an offsets list,
   WAIT and INNER_MULTI_QUEUE_OFFSET are left out and INNER_MULTI_QUEUE_OFFSET=offsets is
-  appended (multi-dispatch, protocol doc §10.2).
+  appended (multi-dispatch, docs/protocol.md §10.2).
 - write_record(mm, pos, total, queue_id, flag, queue_offset, phys, sys_flag, born_ts,
   born_host, store_ms, store_host, reconsume, prepared_offset, body, tail, pb): one v1
-  record (§7.1) packed into `mm` at `pos`, body CRC computed here.
+  record (docs/protocol.md §7.1) packed into `mm` at `pos`, body CRC computed here.
 - plan_lmqs(names, cache, topic, bump) -> (offsets, targets, new LMQs) | None: the usual
   multi-dispatch plan (every name a cached LMQ, none the message's topic); inside a batch
   `bump` holds the offsets earlier messages took, and is advanced.

@@ -13,8 +13,12 @@ LMQ state. `LmqState` per (broker, LMQ) is what lets sessions read LMQs without
 long-polling each of them: the dispatcher counts writes in progress (`pending`) and bumps
 `version` when one completes, waking the sessions that read the LMQ; `recent` keeps the
 last entries read (offset -> message; LMQ entries never change), so N sessions on one
-filter cost one pull, not N. This is exact as long as this gateway is the only writer of
-its `%LMQ%m_...` queues, the documented single-gateway deployment.
+filter cost one pull, not N. Predicting tails is exact only while this gateway is the only
+writer of its `%LMQ%m_...` queues. With other gateways (`share_lmqs()`: always for `lmq
+mqtt`, and for `lmq serve` once another MQTT gateway shows up in the route log) tails are
+not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) wakes its readers
+when any gateway wrote to it
+(docs/stateless-gateways.md).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget, pull_views
+from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import (
     MqttMessage,
     from_message_ext,
@@ -77,13 +82,19 @@ NO_MASTER_LOG_INTERVAL_S = 60.0
 PublishDone = Callable[[int], None]
 
 
+#: Every retained publish is also indexed here, so that every gateway learns it
+#: (retained.py: RetainedFollower); the message is still stored once.
+RETAINED_LMQ = "%LMQ%mqtt_retained"
+
+
 class _Request:
-    __slots__ = ("msg", "done", "lmqs")
+    __slots__ = ("msg", "done", "lmqs", "routed")
 
     def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
         self.msg = msg
         self.done = done
         self.lmqs: tuple[str, ...] | list[str] = []
+        self.routed = False  # some subscription matched (v5 PUBACK 0x10 otherwise)
 
 
 class BrokerLink:
@@ -141,6 +152,10 @@ class BrokerLink:
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
         self._no_master_unlogged = 0
+        #: other gateways may write our LMQs: no tail prediction, watch pulls instead
+        self.foreign_writers = False
+        self._watched: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -293,7 +308,12 @@ class BrokerLink:
             await trio.sleep(0.01)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # watch pulls
+            task_status.started()
+            await self._dispatch()
+
+    async def _dispatch(self) -> None:
         while True:
             await self._work.wait()
             self._work = trio.Event()
@@ -319,6 +339,10 @@ class BrokerLink:
             topic = req.msg.topic
             lmqs = self.router(topic)
             broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
+            if lmqs:
+                req.routed = True
+            if req.msg.retain:
+                lmqs = (*lmqs, RETAINED_LMQ)
             if lmqs:
                 req.lmqs = lmqs if type(lmqs) is tuple else sorted(lmqs)
                 for lmq in req.lmqs:
@@ -366,7 +390,7 @@ class BrokerLink:
                         on_stored(req.msg)  # retained: written before the PUBACK below
                     except Exception:
                         log.exception("handling a stored message failed")
-                if not req.lmqs:
+                if not req.routed:
                     code = NO_MATCHING_SUBSCRIBERS
             else:
                 self.stats["failed"] += 1
@@ -446,7 +470,7 @@ class BrokerLink:
             body: bytes = bytes(req.msg.payload)
             batch = False
         else:
-            # The batch body (protocol doc §7.7) built here: one header, the payload and the
+            # The batch body (docs/protocol.md §7.7) built here: one header, the payload and the
             # (memoized) properties per message.
             parts = []
             add = parts.append
@@ -553,12 +577,36 @@ class BrokerLink:
         if result.status is not PullStatus.OFFSET_ILLEGAL:
             if result.max_offset > st.top:
                 st.top = result.max_offset
-            if quiet >= 0 and not self._sending and self._sent_chunks == quiet \
+            if self.foreign_writers:
+                if st.watchers:
+                    self._watch(st)
+            elif quiet >= 0 and not self._sending and self._sent_chunks == quiet \
                     and st.tail is None:
                 st.tail = result.max_offset
             elif st.tail is None:
                 st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
         return result
+
+    # -- several gateways -------------------------------------------------------------
+
+    def share_lmqs(self) -> None:
+        """Other gateways write our LMQs from now on: forget the predicted tails (readers
+        pull to the end) and watch every LMQ read from here on."""
+        if self.foreign_writers:
+            return
+        self.foreign_writers = True
+        log.info("MQTT: other gateways write the LMQs too; watching them with long polls")
+        for st in self.states.values():
+            st.tail = None
+            st.version += 1
+            for w in list(st.watchers):
+                w.wake()
+
+    def _watch(self, st: LmqState) -> None:
+        key = (st.broker, st.lmq)
+        if key not in self._watched and self._nursery is not None:
+            self._watched.add(key)
+            self._nursery.start_soon(watch_lmq, self, st, self._watched)
 
     async def max_offset(self, broker: str, lmq: str) -> int:
         return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)

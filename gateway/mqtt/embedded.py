@@ -90,5 +90,6 @@ async def run_standalone(config: MqttConfig, namesrv_addr: str,
     `client_options` are extra ClientConfig fields (TLS: tls, tls_ca_file, tls_verify)."""
     async with ClientInstance(namesrv_addr=namesrv_addr, **_credentials(config),
                               **(client_options or {})) as client:
-        gateway = MqttGateway(config, client)
+        # A separate gateway process is one of possibly several: LMQs have other writers.
+        gateway = MqttGateway(config, client, shared_lmqs=True)
         await gateway.serve(task_status=task_status)

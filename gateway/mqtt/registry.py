@@ -3,8 +3,14 @@
 * Sessions by client id, online or not; a persistent session (3.1.1 clean session 0, v5
   Session Expiry Interval > 0) stays, with its subscriptions live in the trie, until it
   expires, so its LMQs keep receiving while it is offline.
-* The trie maps each live filter to its LMQ (reference-counted per subscription): the
-  dispatcher's router. `$share/<g>/<f>` adds `<f>` with the shared subscription's own LMQ.
+* Routes: every subscription holds a route of the shared routing table
+  (`gateway/routing`, `MqttGateway.routes`): filter -> LMQ, owned by the session. A
+  SUBSCRIBE adds it and is answered once every live gateway applied it (or after the
+  route log's bounded wait); UNSUBSCRIBE and the end of a session (clean session closed,
+  expiry) remove it; a persistent session's routes stay when the gateway stops or dies,
+  so its LMQs keep receiving. Every gateway routes publishes by that table.
+  `$share/<g>/<f>` routes `<f>` to the shared subscription's own LMQ. The local trie
+  keeps this gateway's live filters (reference-counted per subscription).
 * Persistence (`SessionStore`): the session record is written when it changes
   structurally; offsets, in-flight and QoS 2 state are written behind by `flush()`.
 * Session takeover (MQTT-3.1.4-3): a CONNECT for a client id that is connected closes the
@@ -17,6 +23,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -29,6 +36,7 @@ from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
+from gateway.routing.route_table import MAX_PATTERN_BYTES, Route
 from gateway.routing.topic_trie import TopicTrie
 
 if TYPE_CHECKING:
@@ -37,6 +45,23 @@ if TYPE_CHECKING:
 __all__ = ["SessionQuotaExceeded", "SessionRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+def route_owner(client_id: str, gateway_id: str | None) -> str:
+    """Owner of a session's routes: `p:<client id>` for a persistent session (its routes
+    outlive the gateway and move with the session), `c:<gateway id>:<client id>` for a
+    clean session (a late remove from a gateway that lost the client then cannot drop the
+    route the client's new session on another gateway added, and a restarted gateway can
+    find the routes its lost clean sessions left). Long client ids are hashed."""
+    cid = client_id
+    if len(cid.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES // 2:
+        cid = "sha256:" + hashlib.sha256(cid.encode("utf-8", "surrogatepass")).hexdigest()
+    return "p:" + cid if gateway_id is None else f"c:{gateway_id}:{cid}"
+
+
+#: Longest a persistent session's SUBSCRIBE waits for its record to be stored in the
+#: cluster (several gateways; the write goes on after it).
+CLUSTER_WRITE_WAIT_S = 3.0
 
 
 class SessionQuotaExceeded(Exception):
@@ -55,6 +80,17 @@ class SessionRegistry:
         self.subscription_count = 0
         #: client ids of persistent sessions (max_stored_sessions counts these)
         self.stored: set[str] = set()
+        #: client id -> offset of its connection's record in the client registry
+        #: (ClientLog), None while the record is being written
+        self._announced: dict[str, int | None] = {}
+        self._seen_while_announcing: dict[str, tuple[int, bool]] = {}
+        #: client ids taken over by another gateway -> whether with clean start there
+        #: (the session ends here) or not (it continues there: forgotten here, its
+        #: routes left in place)
+        self._moved: dict[str, bool] = {}
+        self._expiring: set[str] = set()
+        #: client id -> positions last written to the cluster
+        self._posted: dict[str, dict[tuple[str, str], int]] = {}
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -80,7 +116,11 @@ class SessionRegistry:
             offsets, inflight, qos2 = store.load_state(client_id)
             for raw in record.get("subs", []):
                 f, qos, nl, rap, rh, sid, lmq = raw
-                self._attach(sess, Subscription(f, qos, nl, rap, rh, sid, lmq), offsets, None)
+                sub = Subscription(f, qos, nl, rap, rh, sid, lmq)
+                shared = parse_shared_subscription(f)
+                sub.route = Route("mqtt", shared.filter if shared is not None else f, lmq,
+                                  owner=route_owner(client_id, None))
+                self._attach(sess, sub, offsets, None)
             sess.inbound_qos2 = set(qos2)
             by_key = {c.key: c for c in sess.cursors.values()}
             for item in inflight:
@@ -111,11 +151,51 @@ class SessionRegistry:
             self.stored.add(client_id)
         return len(self.sessions)
 
+    def restore_routes(self) -> int:
+        """Add the routes of restored sessions that the shared table lacks (a new cluster,
+        or the table was cut), remove those of this gateway's former clean sessions; not
+        waited for. The number posted."""
+        routes = self.gw.routes
+        posted = 0
+        # Clean sessions do not survive a restart: routes they left (the gateway stopped
+        # before removing them, or died) go now.
+        mine = f"c:{self.gw.gateway_id}:"
+        for route in [r for r in routes.table.routes()
+                      if r.kind == "mqtt" and r.owner.startswith(mine)]:
+            routes.post("remove", route)
+            posted += 1
+        for sess in self.sessions.values():
+            for sub in sess.subs.values():
+                if sub.route is not None and sub.route not in routes.table:
+                    routes.post("add", sub.route)
+                    posted += 1
+        if posted:
+            log.info("MQTT: %d route(s) of restored / former sessions re-added or removed",
+                     posted)
+        return posted
+
     # -- connect / disconnect ------------------------------------------------------------------
+
+    def cluster(self):
+        """The sessions kept in the cluster (ClusterSessions), while other MQTT gateways
+        may exist (alone, nobody else could resume a session)."""
+        cs = self.gw.cluster_sessions
+        return cs if cs is not None and self.gw.link.foreign_writers else None
 
     async def open(self, conn, client_id: str, version: int, clean_start: bool,
                    expiry: int | None, will: Will | None) -> tuple[Session, bool]:
         """Attach `conn` to a new or resumed session; returns (session, session present)."""
+        cs = self.cluster()
+        if cs is not None and not clean_start:
+            await cs.adopt(self, client_id)
+        elif cs is not None and client_id not in self.stored:
+            try:  # clean start discards a session another gateway may have recorded
+                stored = await cs.fetch(client_id)
+            except Exception as exc:
+                log.warning("session %s not read from the cluster: %r", shown(client_id), exc)
+                stored = None
+            if stored is not None and stored.record is not None:
+                cs.post_delete(client_id)
         old = self.sessions.get(client_id)
         # Loop: another CONNECT with this id may have waited on the same kick and attached
         # first; it is taken over in turn, so one connection holds the id (MQTT-3.1.4-3).
@@ -146,6 +226,8 @@ class SessionRegistry:
         if sess.persistent:
             self.stored.add(client_id)
             self.gw.store.put_session(client_id, sess.record())
+            if cs is not None:
+                cs.post_record(sess)  # the session is this gateway's now
         elif present:
             self.gw.store.delete_session(client_id)
         for sub in sess.subs.values():
@@ -153,7 +235,53 @@ class SessionRegistry:
                 g = self.groups.get(sub.lmq)
                 if g is not None:
                     g.join(sess, self.gw.link)
+        self._moved.pop(client_id, None)
+        await self._announce(sess, conn, clean_start)
         return sess, present
+
+    async def _announce(self, sess: Session, conn, clean_start: bool) -> None:
+        """Record the connection in the cluster's client registry (only with other MQTT
+        gateways around: alone, nobody can take a client over)."""
+        clients = self.gw.clients
+        client_id = sess.client_id
+        if clients is None or not self.gw.link.foreign_writers:
+            self._announced.pop(client_id, None)
+            return
+        self._announced[client_id] = None
+        try:
+            offset = await clients.announce(client_id, clean_start)
+        except Exception as exc:
+            log.warning("client %s not recorded in the client registry: %r",
+                        shown(client_id), exc)
+            offset = -1
+        if sess.conn is not conn:
+            return  # taken over locally meanwhile: that connection's record counts
+        self._announced[client_id] = offset
+        later = self._seen_while_announcing.pop(client_id, None)
+        if later is not None and later[0] > offset:
+            self.taken_elsewhere(client_id, *later)
+
+    def taken_elsewhere(self, client_id: str, offset: int, clean_start: bool) -> None:
+        """Another gateway recorded a connection of `client_id` at `offset` in the client
+        registry: if that is after this gateway's connection, close it (0x8E).
+
+        With clean start there, the session here ends as a local clean start would end it
+        (its routes removed); without, it continues there: forgotten here, routes kept."""
+        sess = self.sessions.get(client_id)
+        if sess is None or sess.conn is None:
+            return
+        mine = self._announced.get(client_id, -1)
+        if mine is None:  # our record is being written: decide once its offset is known
+            seen = self._seen_while_announcing
+            if offset > seen.get(client_id, (-1, True))[0]:
+                seen[client_id] = (offset, clean_start)
+            return
+        if offset > mine:
+            log.info("client %s connected on another gateway: session taken over",
+                     shown(client_id))
+            self._announced.pop(client_id, None)
+            self._moved[client_id] = clean_start
+            sess.conn.close(0x8E)  # Session taken over
 
     def closed(self, sess: Session, conn, *, send_will: bool) -> None:
         """`conn` (the session's connection) has ended."""
@@ -171,6 +299,17 @@ class SessionRegistry:
         will = sess.will if send_will else None
         if not send_will:
             sess.will = None
+        clean_elsewhere = self._moved.pop(sess.client_id, None)
+        if clean_elsewhere is not None:
+            if clean_elsewhere:
+                if will is not None:
+                    self.publish_will(sess, will)
+                self.end(sess)
+            else:
+                # The session continues on the gateway that took the client over: its
+                # will, its routes and its record are that gateway's business now.
+                self.forget(sess)
+            return
         if not sess.persistent:
             if will is not None:
                 self.publish_will(sess, will)
@@ -186,6 +325,9 @@ class SessionRegistry:
                 sess.will_due = now + delay
         self.gw.store.put_session(sess.client_id, sess.record())
         self.persist(sess)
+        cs = self.cluster()
+        if cs is not None:
+            cs.post_record(sess)
 
     def publish_will(self, sess: Session, will: Will) -> None:
         sess.will = None
@@ -205,9 +347,22 @@ class SessionRegistry:
                           sess.client_id)
         self.gw.publish_internal(msg, sess.client_id)
 
-    def end(self, sess: Session) -> None:
+    def forget(self, sess: Session) -> None:
+        """Drop this gateway's copy of a session that continues on another gateway: no
+        will, routes and cluster record left in place."""
+        sess.will = None
+        for sub in sess.subs.values():
+            sub.route = None
+        self.end(sess, elsewhere=True)
+
+    def end(self, sess: Session, *, elsewhere: bool = False) -> None:
         """The session is over: forget it, its subscriptions and its stored state."""
+        cs = self.cluster()
+        if cs is not None and not elsewhere and sess.client_id in self.stored \
+                and self.sessions.get(sess.client_id) is sess:
+            cs.post_delete(sess.client_id)
         sess.ended = True
+        self._posted.pop(sess.client_id, None)
         if sess.will is not None and sess.will_due is not None:
             self.publish_will(sess, sess.will)  # will delay cut short (v5 §3.1.3.2.2)
         for f in list(sess.subs):
@@ -227,8 +382,34 @@ class SessionRegistry:
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
+                cs = self.cluster()
+                if cs is not None and self.gw.nursery is not None:
+                    if sess.client_id not in self._expiring:
+                        self._expiring.add(sess.client_id)
+                        self.gw.nursery.start_soon(self._expire_checked, cs, sess)
+                    continue
                 log.info("session %s expired", shown(sess.client_id))
                 self.end(sess)
+
+    async def _expire_checked(self, cs, sess: Session) -> None:
+        """Expire `sess` unless another gateway recorded it later (it moved there)."""
+        try:
+            stored = await cs.fetch(sess.client_id)
+        except Exception as exc:
+            log.warning("session %s not read from the cluster: %r", shown(sess.client_id), exc)
+            stored = None
+        finally:
+            self._expiring.discard(sess.client_id)
+        if self.sessions.get(sess.client_id) is not sess or sess.conn is not None:
+            return
+        if stored is not None and stored.gateway != self.gw.gateway_id \
+                and stored.stamp > sess.cluster_stamp:
+            log.info("session %s continues on gateway %s: copy dropped",
+                     shown(sess.client_id), stored.gateway)
+            self.forget(sess)
+            return
+        log.info("session %s expired", shown(sess.client_id))
+        self.end(sess)
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -263,12 +444,28 @@ class SessionRegistry:
                 key = f"{broker}\x00{sub.lmq}"
                 if key not in self._group_offsets:
                     self._group_offsets[key] = await self.gw.link.max_offset(broker, sub.lmq)
+        route = Route("mqtt", shared.filter if shared is not None else sub.filter, sub.lmq,
+                      owner=route_owner(sess.client_id,
+                                        None if sess.persistent else self.gw.gateway_id))
+        routes = self.gw.routes
+        if routes is not None:
+            # Live on every MQTT gateway (or the wait ran out): only they route MQTT.
+            await routes.add_route(route, wait_for="mqtt-")
         if sess.ended or sub.filter in sess.subs:
+            if sess.ended and routes is not None:
+                routes.post("remove", route)
             return sub.filter in sess.subs
+        sub.route = route
         self._attach(sess, sub, offsets, shared)
         if sess.persistent:
             self.gw.store.put_session(sess.client_id, sess.record())
             self.persist(sess)
+            cs = self.cluster()
+            if cs is not None:
+                # Answered once the cluster has it too, as the local store has it now
+                # (bounded: a broker that is down must not hold SUBACKs for long).
+                with trio.move_on_after(CLUSTER_WRITE_WAIT_S):
+                    await cs.post_record(sess).wait()
         return False
 
     def _attach(self, sess: Session, sub: Subscription, offsets: dict, shared) -> None:
@@ -306,6 +503,8 @@ class SessionRegistry:
         if sub is None:
             return False
         self.subscription_count -= 1
+        if sub.route is not None and self.gw.routes is not None:
+            self.gw.routes.post("remove", sub.route)
         try:
             self.trie.remove(sub.topic_filter, sub.lmq)
         except KeyError:
@@ -330,6 +529,9 @@ class SessionRegistry:
         if sess.persistent and not sess.ended:
             self.gw.store.put_session(sess.client_id, sess.record())
             sess.dirty = True
+            cs = self.cluster()
+            if cs is not None:
+                cs.post_record(sess)
         return True
 
     def add_brokers(self, brokers: list[str]) -> None:
@@ -363,6 +565,14 @@ class SessionRegistry:
         from gateway.mqtt.session_store import P_INFLIGHT, P_OFFSETS, P_QOS2
 
         store = self.gw.store
+        cs = self.cluster()
+        if cs is not None:
+            now = {(c.st.broker, c.st.lmq): c.committed for c in sess.cursors.values()}
+            last = self._posted.get(sess.client_id, {})
+            changed = {k: v for k, v in now.items() if last.get(k) != v}
+            if changed:
+                self._posted[sess.client_id] = now
+                cs.post_offsets(sess.client_id, changed)
         store.stage(P_OFFSETS, sess.client_id, sess.offsets_record())
         store.stage(P_INFLIGHT, sess.client_id, sess.inflight_record())
         store.stage(P_QOS2, sess.client_id, sorted(sess.inbound_qos2))

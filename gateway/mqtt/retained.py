@@ -13,19 +13,46 @@ below it. A SUBSCRIBE with many wildcard filters thus costs what they match, not
 filters x retained messages. `match_bounded` (used on SUBSCRIBE) also yields to the event
 loop every `CHECKPOINT_EVERY` nodes visited and stops after `limit` messages
 (`max_retained_per_subscription`), so one subscriber cannot hold the loop.
+
+Several gateways: every retained publish is also indexed into `RETAINED_LMQ` (one stored
+copy), and `RetainedFollower` on every gateway long-polls that LMQ on each broker and
+applies what it reads (`apply_stored`). A topic always goes to the same broker, so the
+commitlog offset there orders its retained messages: an entry at or below the one a topic
+holds (or was deleted at, `_deleted`) is old and skipped, whichever gateway wrote it. The
+follower's positions are kept in the gateway's KV; a new gateway reads the LMQ from its
+start (what retention left).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
 from collections.abc import Iterator
+from typing import Any
 
 import trio
 
-from gateway.mqtt.message import MqttMessage, from_properties, now_ms, to_properties
+from core.client import PullStatus
+from core.client.errors import MQClientError
+from core.common.sysflag import PullSysFlag
+from core.remoting.errors import RemotingError
+from gateway.mqtt.message import (
+    MqttMessage,
+    from_message_ext,
+    from_properties,
+    now_ms,
+    to_properties,
+)
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.topics import is_wildcard_filter
 
-__all__ = ["CHECKPOINT_EVERY", "RetainedStore"]
+__all__ = ["CHECKPOINT_EVERY", "MAX_TOMBSTONES", "RetainedFollower", "RetainedStore"]
+
+log = logging.getLogger(__name__)
+
+#: Deleted retained topics remembered with the offset of their delete (so that an older
+#: retained message of another gateway read later does not bring them back).
+MAX_TOMBSTONES = 100_000
 
 #: Nodes of the topic tree visited (and messages matched) between two checkpoints of
 #: `match_bounded`: a few hundred microseconds of work.
@@ -51,6 +78,8 @@ class RetainedStore:
         self.max_retained = max_retained
         self.messages: dict[str, MqttMessage] = {}
         self._root = _Level()
+        #: topic -> (broker, commitlog offset) of its delete, newest last
+        self._deleted: OrderedDict[str, tuple[str | None, int]] = OrderedDict()
 
     def load(self) -> int:
         for topic, record in self.store.load_retained():
@@ -141,9 +170,16 @@ class RetainedStore:
         """Apply a stored RETAIN=1 publish: keep it, or delete on an empty payload."""
         topic = msg.topic
         if not msg.payload:
+            if msg.broker is not None and msg.commitlog_offset >= 0:
+                deleted = self._deleted
+                deleted[topic] = (msg.broker, msg.commitlog_offset)
+                deleted.move_to_end(topic)
+                if len(deleted) > MAX_TOMBSTONES:
+                    deleted.popitem(last=False)
             if self._drop(topic):
                 self.store.put_retained(topic, None)
             return
+        self._deleted.pop(topic, None)
         if topic not in self.messages and len(self.messages) >= self.max_retained:
             return
         kept = MqttMessage(topic, bytes(msg.payload), msg.qos, True, msg.props, msg.expiry_at,
@@ -151,6 +187,23 @@ class RetainedStore:
         self._keep(topic, kept)
         if not topic.startswith("$SYS/"):  # statistics are republished at start anyway
             self.store.put_retained(topic, [kept.payload, to_properties(kept)])
+
+    def apply_stored(self, msg: MqttMessage) -> bool:
+        """Apply a retained message read from `RETAINED_LMQ` (any gateway's) unless this
+        table holds that topic at the same or a later position; True if applied."""
+        topic = msg.topic
+        if topic.startswith("$SYS/"):
+            return False  # each gateway's own statistics
+        held = self.messages.get(topic)
+        if held is not None and held.broker == msg.broker \
+                and held.commitlog_offset >= msg.commitlog_offset:
+            return False
+        gone = self._deleted.get(topic)
+        if gone is not None and gone[0] == msg.broker and gone[1] >= msg.commitlog_offset:
+            return False
+        msg.retain = True
+        self.set(msg)
+        return True
 
     def get(self, topic: str) -> MqttMessage | None:
         return self.messages.get(topic)
@@ -195,3 +248,64 @@ class RetainedStore:
                 return out, True
             out.append(msg)
         return out, False
+
+
+class RetainedFollower:
+    """Keeps a gateway's `RetainedStore` in step with every gateway's retained publishes:
+    one long-polling PULL of `RETAINED_LMQ` per broker (see the module doc)."""
+
+    def __init__(self, link: Any, retained: RetainedStore, lmq: str, *,
+                 suspend_ms: int = 15_000, retry_s: float = 1.0) -> None:
+        self.link = link
+        self.retained = retained
+        self.lmq = lmq
+        self.suspend_ms = suspend_ms
+        self.retry_s = retry_s
+        self.applied = 0  # messages applied (tests, $SYS)
+        self._followed: set[str] = set()
+
+    def key(self, broker: str) -> str:
+        return f"{broker}\x00{self.lmq}"
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.follow_new()
+            task_status.started()
+            await trio.sleep_forever()
+
+    def follow_new(self) -> None:
+        """Start following the brokers not followed yet (call after the cluster grew)."""
+        for broker in self.link.brokers:
+            if broker not in self._followed:
+                self._followed.add(broker)
+                self._nursery.start_soon(self._follow, broker)
+
+    async def _follow(self, broker: str) -> None:
+        store = self.retained.store
+        offset = store.load_group_offsets().get(self.key(broker), 0)
+        client = self.link.client
+        flag = str(int(PullSysFlag.SUBSCRIPTION | PullSysFlag.SUSPEND))
+        timeout = self.suspend_ms / 1000 + client.config.request_timeout
+        while True:
+            ext = {"consumerGroup": self.link.config.pull_group, "topic": self.lmq,
+                   "queueId": "0", "queueOffset": str(offset), "maxMsgNums": "32",
+                   "sysFlag": flag, "commitOffset": "0",
+                   "suspendTimeoutMillis": str(self.suspend_ms), "subscription": "*",
+                   "subVersion": "0", "expressionType": "TAG"}
+            try:
+                got = await client.api.pull_message(self.link.addr(broker), ext, timeout)
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.debug("retained follower pull on %s failed: %r", broker, exc)
+                await trio.sleep(self.retry_s)
+                continue
+            if got.status is PullStatus.FOUND:
+                for ext_msg in got.messages:
+                    msg = from_message_ext(ext_msg, broker)
+                    if msg is not None and self.retained.apply_stored(msg):
+                        self.applied += 1
+            if got.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL,
+                              PullStatus.NO_MATCHED_MSG):
+                if got.next_begin_offset != offset:
+                    offset = got.next_begin_offset
+                    store.put_group_offset(self.key(broker), offset)  # committed by flush

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,16 +26,20 @@ import trio
 
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
-from gateway.mqtt.broker_link import BrokerLink
+from gateway.mqtt.broker_link import RETAINED_LMQ, BrokerLink
+from gateway.mqtt.cluster_sessions import ClusterSessions
 from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
 from gateway.mqtt.message import MqttMessage
 from gateway.mqtt.registry import SessionRegistry
-from gateway.mqtt.retained import RetainedStore
+from gateway.mqtt.retained import RetainedFollower, RetainedStore
 from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
+from gateway.routing.client_log import ClientLog
+from gateway.routing.route_log import RouteLog, RouteLogConfig
+from gateway.routing.route_table import Route
 
 __all__ = ["MqttGateway", "Stats"]
 
@@ -45,6 +50,9 @@ SHUTDOWN_GRACE_S = 3.0
 #: How often read deadlines are checked: a keep alive or partial-packet timeout fires up
 #: to this much late.
 READ_SWEEP_S = 0.25
+#: How often an embedded gateway (`lmq serve`) looks for other MQTT gateways in the route
+#: log's consumer group (GET_CONSUMER_LIST_BY_GROUP, a read).
+PEERS_CHECK_S = 2.0
 
 
 @dataclass
@@ -66,9 +74,26 @@ class Stats:
 class MqttGateway:
     """The MQTT server of one process (see the module doc)."""
 
-    def __init__(self, config: MqttConfig, client: ClientInstance) -> None:
+    def __init__(self, config: MqttConfig, client: ClientInstance, *,
+                 route_config: RouteLogConfig | None = None, shared_lmqs: bool = False,
+                 gateway_id: str | None = None) -> None:
         self.config = config
         self.client = client
+        #: the shared routing table (set in serve(): it lives on the first master broker)
+        self.routes: RouteLog | None = None
+        #: the cluster's client-id registry (takeover across gateways), set in serve()
+        self.clients: ClientLog | None = None
+        #: persistent sessions kept in the cluster (used while other gateways may exist)
+        self.cluster_sessions: ClusterSessions | None = None
+        #: the gateway's nursery while serving (background work of the registry)
+        self.nursery: trio.Nursery | None = None
+        self.route_config = route_config
+        #: stable across restarts (kept in the data dir): the owner of this gateway's
+        #: clean-session routes and session records stays the same
+        self.gateway_id = gateway_id or _stable_gateway_id(config.data_dir)
+        #: other gateways may write our LMQs from the start (`lmq mqtt`); else (`lmq
+        #: serve`) from when another MQTT gateway reports in the route log
+        self.shared_lmqs = shared_lmqs
         self.stats = Stats()
         self.auth = Authenticator(config.anonymous_allowed(), config.password_file,
                                   config.acl_file,
@@ -77,7 +102,8 @@ class MqttGateway:
         self.retained: RetainedStore | None = None
         self.registry = SessionRegistry(self)
         self.link = BrokerLink(client, config, self.registry.route, self._on_stored)
-        self.link.on_brokers_added = self.registry.add_brokers
+        self.link.on_brokers_added = self._brokers_added
+        self.retained_follower: RetainedFollower | None = None
         self.connections: set[Connection] = set()
         #: bound ports by listener kind ("tcp", "ws", "tls"), known once serving
         self.ports: dict[str, int] = {}
@@ -101,6 +127,15 @@ class MqttGateway:
             self.retained = RetainedStore(self.store, cfg.max_retained)
             self.retained.load()
             await self.link.start()
+            self.retained_follower = RetainedFollower(self.link, self.retained, RETAINED_LMQ)
+            # Every gateway (MQTT and AMQP) keeps the route log on the first master by name.
+            name, addr = sorted(self.link.brokers.items())[0]
+            self.routes = RouteLog(self.client, addr, name, self.gateway_id, self.route_config)
+            self.clients = ClientLog(self.client, addr, name, self.gateway_id,
+                                     self.registry.taken_elsewhere)
+            self.cluster_sessions = ClusterSessions(self.link, addr, name, self.gateway_id)
+            if self.shared_lmqs:
+                self.link.share_lmqs()
             loaded = self.registry.load()
             bound = await self._open_listeners()  # a taken port: plain OSError, nothing runs
             if cfg.gc_freeze_at_start:
@@ -110,6 +145,16 @@ class MqttGateway:
                 gc.freeze()
             self._warn_insecure()
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.routes.run)
+                await nursery.start(self.clients.run)
+                await nursery.start(self.retained_follower.run)
+                await nursery.start(self.cluster_sessions.run)
+                self.nursery = nursery
+                self.link.router = self.routes.table.mqtt_lmqs_sorted
+                self.registry.restore_routes()
+                nursery.start_soon(self._peers_loop)
+                if self.shared_lmqs:
+                    await self._hello()
                 await nursery.start(self.link.run)
                 nursery.start_soon(self.link.refresh_loop)
                 nursery.start_soon(self._flush_loop)
@@ -135,6 +180,8 @@ class MqttGateway:
                 with trio.move_on_after(SHUTDOWN_GRACE_S):
                     await self.link.drain()  # what clients published gets stored
                 self.registry.flush()
+                with trio.move_on_after(SHUTDOWN_GRACE_S):
+                    await self.cluster_sessions.settled()  # positions and records
                 nursery.cancel_scope.cancel()
         finally:
             self.registry.flush()
@@ -229,6 +276,35 @@ class MqttGateway:
             except Exception:
                 log.exception("session expiry check failed")
 
+    async def _hello(self) -> None:
+        """Before listening: one (no-op) entry in the route log, waited for, so that an
+        embedded gateway that believed itself alone stops predicting LMQ tails before
+        this gateway's first publish (its peers check wakes on every applied entry)."""
+        route = Route("mqtt", "$lmq/gateway/hello", "%LMQ%mqtt_none",
+                      owner=f"c:{self.gateway_id}:hello")
+        try:
+            await self.routes.remove_route(route, wait_for="mqtt-")
+        except Exception as exc:
+            log.warning("route log greeting failed: %r", exc)
+
+    def _brokers_added(self, brokers: list[str]) -> None:
+        self.registry.add_brokers(brokers)
+        if self.retained_follower is not None:
+            self.retained_follower.follow_new()
+
+    async def _peers_loop(self) -> None:
+        """Until another MQTT gateway shows up in the route log (then LMQs have several
+        writers: BrokerLink.share_lmqs)."""
+        routes = self.routes
+        while not self.link.foreign_writers:
+            if any(g != self.gateway_id and g.startswith("mqtt-")
+                   for g in routes.live_gateways()):
+                self.link.share_lmqs()
+                return
+            with trio.move_on_after(PEERS_CHECK_S):
+                await routes.changed()
+            await routes.refresh_members()  # a read: nothing is stored
+
     async def _read_deadline_loop(self) -> None:
         """End the reads that ran past their deadline (keep alive, partial packet): one
         sweep every READ_SWEEP_S instead of a cancel scope per read (connection.py)."""
@@ -275,6 +351,28 @@ class MqttGateway:
         except Exception as exc:
             log.info("in-flight message %s@%d is gone: %r", broker, clog, exc)
             return None
+
+
+def _stable_gateway_id(data_dir: str) -> str:
+    """`mqtt-<12 hex>`, read from DATA_DIR/gateway-id or created there."""
+    path = os.path.join(data_dir, "gateway-id")
+    try:
+        with open(path, encoding="ascii") as fh:
+            known = fh.read().strip()
+        if known.startswith("mqtt-") and 5 < len(known) <= 64 and known.isascii():
+            return known
+    except (OSError, UnicodeDecodeError):
+        pass
+    new = "mqtt-" + secrets.token_hex(6)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(new + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("gateway id not kept in %s: %s", data_dir, exc)
+    return new
 
 
 def _peer(stream) -> str:

@@ -51,6 +51,7 @@ class Subscription:
     lmq: str = ""
     group: str | None = None  # share name of a `$share/<group>/<filter>` subscription
     topic_filter: str = ""  # the filter matched against topics (without `$share/g/`)
+    route: Any = None  # its Route in the shared routing table, once added
 
     def record(self) -> list:
         return [self.filter, self.qos, self.no_local, self.retain_as_published,
@@ -162,6 +163,9 @@ class Session:
         self.gone_ms: int | None = None  # wall clock of the same, persisted
         self.dirty = False
         self.ended = False
+        #: commitlog offset of this session's newest record in the cluster (-1: none
+        #: written by this gateway; cluster_sessions.py)
+        self.cluster_stamp = -1
         self._next_pid = 1
         self._wake: trio.Event | None = None
         self._woken = False

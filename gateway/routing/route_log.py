@@ -5,13 +5,18 @@ system topics, with standard RocketMQ requests only (docs/stateless-gateways.md)
   its queue offset + 1, assigned by the broker, so every writer's changes are ordered.
 * ``LMQ_GW_ROUTE_SNAP`` (one queue): table snapshots, in numbered parts; a gateway starts
   from the newest complete one and reads the log after it.
-* ``LMQ_GW_ROUTE_ACK`` (one queue): ``{gateway, version}`` records, sent after each applied
-  batch and every `heartbeat_interval_s`. `AckTracker` (sans-IO) turns them into the set of
-  live gateways and the versions they applied.
+* ``LMQ_GW_ROUTE_ACK`` (one queue): ``{gateway, version}`` records, sent after a pull
+  applied entries of other gateways (never while nothing changes). `AckTracker` (sans-IO)
+  keeps the versions they applied.
+* Liveness: every gateway is a member of the consumer group `group` on the route log's
+  broker (HEART_BEAT every `heartbeat_interval_s`, kept in the broker's memory, nothing
+  stored); the broker drops a member when its connection closes or after its channel
+  expiry (120 s). GET_CONSUMER_LIST_BY_GROUP gives the live gateways.
 
 `RouteLog.add_route` appends an entry and returns once every live gateway reported that
 version, or after `ack_timeout_s`. Requests used: UPDATE_AND_CREATE_TOPIC, SEND_MESSAGE_V2,
-PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET: all in Apache RocketMQ 5.
+PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET, HEART_BEAT,
+GET_CONSUMER_LIST_BY_GROUP: all in Apache RocketMQ 5.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ class RouteLogConfig:
     snap_topic: str = "LMQ_GW_ROUTE_SNAP"
     ack_topic: str = "LMQ_GW_ROUTE_ACK"
     group: str = "LMQ_GW_ROUTES"
-    heartbeat_interval_s: float = 1.0
-    gateway_timeout_s: float = 5.0
+    heartbeat_interval_s: float = 20.0  # HEART_BEAT (group membership; nothing stored)
+    gateway_timeout_s: float = 5.0  # AckTracker's own liveness (not used by RouteLog)
+    membership_ttl_s: float = 1.0  # a wait re-reads the member list when older than this
+    membership_recheck_s: float = 0.25  # ... and this often while a member lags
     ack_timeout_s: float = 3.0
     pull_suspend_ms: int = 1000
     pull_batch: int = 32
@@ -80,6 +87,16 @@ class AckTracker:
         """Live gateways that have not applied `version` yet."""
         return [g for g, v in self.live(now).items() if v < version]
 
+    def version(self, gateway: str) -> int:
+        """The last version `gateway` reported (0: none seen), however old the report."""
+        seen = self._seen.get(gateway)
+        return seen[0] if seen else 0
+
+    def keep_only(self, gateways: set[str]) -> None:
+        """Forget the reports of every gateway not in `gateways` (those that left)."""
+        for g in [g for g in self._seen if g not in gateways]:
+            del self._seen[g]
+
 
 class RouteLog:
     """One gateway's copy of the routing table, kept in step with the cluster."""
@@ -93,13 +110,21 @@ class RouteLog:
         self.gateway_id = gateway_id
         self.config = config or RouteLogConfig()
         self.table = RouteTable(max_routes=self.config.max_routes)
-        self.acks = AckTracker(self.config.gateway_timeout_s)
+        # Reports are sent only on change: liveness comes from the group membership.
+        self.acks = AckTracker(math.inf)
+        #: gateways in the consumer group (live), as last read; and when (local clock)
+        self.members: set[str] = set()
+        self._members_at = -math.inf
         self.clock = clock
         self.snapshot_version = 0  # version of the snapshot this table was loaded from
         self._changed = trio.Event()  # set (and replaced) on every applied batch / ack read
         self._log_offset = 0
         self._ack_offset = 0
         self._last_snapshot = 0
+        # Changes of this gateway, appended in the order they were asked for (a session's
+        # remove must not overtake the add of its next subscription): (entry, done, out)
+        self._outbox: list[tuple[LogEntry, trio.Event | None, list[int]]] = []
+        self._outbox_work = trio.Event()
 
     # ------------------------------------------------------------------ broker I/O
     def _mq(self, topic: str) -> MessageQueue:
@@ -187,13 +212,15 @@ class RouteLog:
         self._changed = trio.Event()
 
     async def _apply_log(self, suspend_ms: int) -> bool:
-        """One pull of the log; True if entries were applied."""
+        """One pull of the log; True if entries were applied (the table's version moved:
+        entries this gateway appended itself were applied when they were stored)."""
         got = await self._pull(self.config.log_topic, self._log_offset, suspend_ms)
         if got.status is PullStatus.OFFSET_ILLEGAL:
             self._log_offset = max(got.next_begin_offset, got.min_offset)
             return True
         if got.status is not PullStatus.FOUND:
             return False
+        before = self.table.version
         for msg in got.messages:
             version = msg.queue_offset + 1
             try:
@@ -203,9 +230,17 @@ class RouteLog:
                 self.table.version = max(self.table.version, version)
                 continue
             self.table.apply(entry)
-        self._log_offset = got.next_begin_offset
-        self._notify()
+        self._log_offset = max(self._log_offset, got.next_begin_offset)
+        if self.table.version == before:
+            return False
+        self._applied()
         return True
+
+    def _applied(self) -> None:
+        # This gateway's own version is known here: waiting for its own report to come
+        # back through the ack topic would only add a round trip.
+        self.acks.record(self.gateway_id, self.table.version, self.clock())
+        self._notify()
 
     async def report(self) -> None:
         """Tell the others which version this gateway applied."""
@@ -217,7 +252,7 @@ class RouteLog:
             try:
                 if await self._apply_log(self.config.pull_suspend_ms):
                     await self.report()
-                    await self._maybe_snapshot()
+                await self._maybe_snapshot()
             except (MQClientError, RemotingError, OSError) as exc:
                 log.warning("route log pull failed: %s", exc)
                 await trio.sleep(self.config.retry_delay_s)
@@ -243,41 +278,140 @@ class RouteLog:
             if got.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
                 self._ack_offset = max(got.next_begin_offset, self._ack_offset)
 
+    def _heartbeat_data(self) -> dict:
+        return {"clientID": self.gateway_id, "producerDataSet": [], "consumerDataSet": [{
+            "groupName": self.config.group, "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "BROADCASTING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+            "unitMode": False, "subscriptionDataSet": []}]}
+
+    async def join(self) -> None:
+        """Become a member of the gateways' consumer group (HEART_BEAT)."""
+        await self.client.api.heartbeat(self.addr, self._heartbeat_data())
+
     async def _heartbeat_loop(self) -> None:
         while True:
-            try:
-                await self.report()
-            except (MQClientError, RemotingError, OSError) as exc:
-                log.warning("route heartbeat failed: %s", exc)
             await trio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self.join()
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("route log heartbeat failed: %s", exc)
+
+    async def refresh_members(self) -> None:
+        """Read the live gateways (GET_CONSUMER_LIST_BY_GROUP); on failure keep the last."""
+        try:
+            ids = await self.client.api.get_consumer_id_list(self.addr, self.config.group)
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("reading the live gateways failed: %s", exc)
+            return
+        self.members = set(ids)
+        self._members_at = self.clock()
+        self.acks.keep_only(self.members | {self.gateway_id})
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Load the table, then follow the log and the acknowledgements until cancelled."""
+        """Load the table, join the group, then follow the log and the acknowledgements
+        until cancelled."""
         await self.load()
+        try:
+            await self.join()
+        except (MQClientError, RemotingError, OSError) as exc:
+            # Not a member: the others do not wait for this gateway (bounded staleness)
+            # until a heartbeat gets through.
+            log.warning("route log: joining the gateways' group failed: %s", exc)
+        await self.refresh_members()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._log_loop)
             nursery.start_soon(self._ack_loop)
             nursery.start_soon(self._heartbeat_loop)
+            nursery.start_soon(self._outbox_loop)
             task_status.started()
 
+    def live_gateways(self) -> dict[str, int]:
+        """Live gateways (group members as last read, and this one) -> applied version."""
+        return {g: (self.table.version if g == self.gateway_id else self.acks.version(g))
+                for g in self.members | {self.gateway_id}}
+
+    def lagging(self, version: int, prefix: str = "") -> list[str]:
+        """Live gateways (ids starting with `prefix`), other than this one, that have not
+        reported `version` yet."""
+        return [g for g in self.members if g != self.gateway_id and g.startswith(prefix)
+                and self.acks.version(g) < version]
+
+    async def changed(self) -> None:
+        """Return at the next applied batch or acknowledgement read."""
+        await self._changed.wait()
+
     # ------------------------------------------------------------------ changes
-    async def add_route(self, route: Route) -> tuple[int, bool]:
-        """Append an add; (version, True) once every live gateway applied it, or
-        (version, False) after `ack_timeout_s`."""
-        return await self._change(LogEntry("add", route))
+    async def add_route(self, route: Route, *, wait_for: str = "") -> tuple[int, bool]:
+        """Append an add; (version, True) once every live gateway whose id starts with
+        `wait_for` (all by default) applied it, or (version, False) after
+        `ack_timeout_s`. (An MQTT route matters only to the gateways that route MQTT
+        publishes: the MQTT gateway waits for `mqtt-` gateways only.)"""
+        return await self._change(LogEntry("add", route), wait_for)
 
-    async def remove_route(self, route: Route) -> tuple[int, bool]:
-        return await self._change(LogEntry("remove", route))
+    async def remove_route(self, route: Route, *, wait_for: str = "") -> tuple[int, bool]:
+        return await self._change(LogEntry("remove", route), wait_for)
 
-    async def _change(self, entry: LogEntry) -> tuple[int, bool]:
-        version = await self._send(self.config.log_topic, entry.encode()) + 1
-        return version, await self.wait_applied(version)
+    async def _change(self, entry: LogEntry, wait_for: str = "") -> tuple[int, bool]:
+        done = trio.Event()
+        out: list[int] = []
+        self._outbox.append((entry, done, out))
+        self._outbox_work.set()
+        await done.wait()
+        if not out:
+            raise MQClientError(f"route change not stored: {entry.op} {entry.route}")
+        version = out[0]
+        return version, await self.wait_applied(version, wait_for)
 
-    async def wait_applied(self, version: int) -> bool:
-        """Wait until this gateway and every live one applied `version` (bounded)."""
-        with trio.move_on_after(self.config.ack_timeout_s):
-            while self.table.version < version or self.acks.lagging(version, self.clock()):
-                await self._changed.wait()
+    def post(self, op: str, route: Route) -> None:
+        """Queue a change without waiting for it (sync callers: a session that ends);
+        appended after every change asked for before, and retried until stored."""
+        self._outbox.append((LogEntry(op, route), None, []))
+        self._outbox_work.set()
+
+    async def _outbox_loop(self) -> None:
+        while True:
+            await self._outbox_work.wait()
+            self._outbox_work = trio.Event()
+            while self._outbox:
+                entry, done, out = self._outbox[0]
+                try:
+                    version = await self._send(self.config.log_topic, entry.encode()) + 1
+                except (MQClientError, RemotingError, OSError) as exc:
+                    if done is not None:
+                        self._outbox.pop(0)
+                        done.set()  # the caller sees the failure (no version)
+                        continue
+                    log.warning("route change %s not stored yet, retrying: %s", entry.op, exc)
+                    await trio.sleep(self.config.retry_delay_s)
+                    continue
+                self._outbox.pop(0)
+                self._apply_own(LogEntry(entry.op, entry.route, version))
+                out.append(version)
+                if done is not None:
+                    done.set()
+
+    def _apply_own(self, entry: LogEntry) -> None:
+        """Apply an entry this gateway just appended when it is the next one in the log
+        (every earlier entry is applied): no need to wait for the log pull to bring it."""
+        if self.table.version == entry.version - 1:
+            self.table.apply(entry)
+            self._log_offset = max(self._log_offset, entry.version)
+            self._applied()
+
+    async def wait_applied(self, version: int, prefix: str = "") -> bool:
+        """Wait until this gateway and every live one applied `version` (bounded). The
+        member list is re-read when older than `membership_ttl_s`, and every
+        `membership_recheck_s` while a member lags (a gateway that died drops out)."""
+        cfg = self.config
+        with trio.move_on_after(cfg.ack_timeout_s):
+            if self.clock() - self._members_at > cfg.membership_ttl_s:
+                await self.refresh_members()
+            while self.table.version < version or self.lagging(version, prefix):
+                with trio.move_on_after(cfg.membership_recheck_s):
+                    await self._changed.wait()
+                    continue
+                if self.lagging(version, prefix):
+                    await self.refresh_members()
             return True
         return False
 
@@ -285,7 +419,7 @@ class RouteLog:
     async def _maybe_snapshot(self) -> None:
         if self.table.version - self._last_snapshot < self.config.snapshot_every:
             return
-        live = self.acks.live(self.clock())
+        live = self.live_gateways()
         if live and min(live) != self.gateway_id:
             return  # the gateway with the smallest id writes snapshots
         await self.write_snapshot()

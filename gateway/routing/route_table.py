@@ -61,11 +61,14 @@ class Route:
     dest_exchange: bool = False
     x_match: str = "all"  # headers only
     headers: tuple[tuple[str, Any], ...] = ()  # headers only, sorted by key
+    #: who holds the route (an MQTT session): equal routes of different owners are
+    #: distinct entries, so one owner's remove leaves the others' routes in place
+    owner: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise RouteError(f"unknown route kind {self.kind!r}")
-        for text in (self.pattern, self.dest, self.exchange):
+        for text in (self.pattern, self.dest, self.exchange, self.owner):
             if not isinstance(text, str) or len(text.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES:
                 raise RouteError("route field too long or not a string")
         if not self.dest:
@@ -103,6 +106,8 @@ class Route:
         if self.kind == "headers":
             d["m"] = self.x_match
             d["h"] = [list(kv) for kv in self.headers]
+        if self.owner:
+            d["o"] = self.owner
         return d
 
     @classmethod
@@ -110,7 +115,7 @@ class Route:
         try:
             headers = tuple((str(k), v) for k, v in d.get("h", ()))
             return cls(d["k"], d.get("p", ""), d["d"], d.get("x", ""), bool(d.get("dx", False)),
-                       d.get("m", "all"), headers)
+                       d.get("m", "all"), headers, d.get("o", ""))
         except (KeyError, TypeError, ValueError) as exc:
             raise RouteError(f"malformed route: {exc}") from None
 
@@ -284,6 +289,11 @@ class RouteTable:
     def mqtt_lmqs(self, topic: str) -> set[str]:
         """LMQs of every MQTT route matching the MQTT topic name `topic`."""
         return self._mqtt.match(topic)
+
+    def mqtt_lmqs_sorted(self, topic: str) -> tuple[str, ...]:
+        """`mqtt_lmqs` as a sorted tuple, remembered per topic until the next change (the
+        MQTT dispatcher's router: a publisher repeats its topics)."""
+        return self._mqtt.match_sorted(topic)
 
     def amqp_lmqs(self, exchange: str, routing_key: str,
                   headers: Mapping[str, Any] | None = None) -> set[str]:

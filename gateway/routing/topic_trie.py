@@ -1,7 +1,7 @@
 """A trie of MQTT topic filters: which live filters match a published topic name?
 
 The gateway stores a publish once and indexes it into the LMQ of every live
-subscription filter that matches (architecture.md §4), so this lookup runs per message.
+subscription filter that matches (docs/architecture.md §4), so this lookup runs per message.
 
 Shape: one node per filter level. A node keeps its literal children in a dict (keys
 interned: the same level names repeat across millions of filters) and the `+` and `#`

@@ -26,8 +26,8 @@ def add_broker_options(parser: argparse.ArgumentParser, *, namesrv_port: bool) -
     parser.add_argument("--host", help="bind address (default 127.0.0.1: this machine only)")
     parser.add_argument(
         "--advertise-host",
-        help="address clients use to reach the broker (default: 127.0.0.1 when binding "
-        "0.0.0.0, else --host)",
+        help="address clients use to reach the broker (default: --host; when binding "
+        "0.0.0.0, this host's address on its default route, logged at start)",
     )
     add_remoting_security_options(parser, broker=True)
     if namesrv_port:

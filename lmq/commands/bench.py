@@ -52,4 +52,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
     if hasattr(module, "add_arguments"):
         module.add_arguments(sub)
-    return int(module.run(sub.parse_args(args.options)) or 0)
+    options = sub.parse_args(args.options)
+    from lmq.progress import Progress
+
+    # A live line on a terminal (phases reported with lmq.progress.phase), none when piped.
+    with Progress(f"lmq bench {args.name}"):
+        return int(module.run(options) or 0)

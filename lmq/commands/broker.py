@@ -63,6 +63,13 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 1
-    server = EmbeddedServer(broker_config, None)
-    return run_server(server, [("broker", broker_config.host, broker_config.port)],
-                      exporter_from_args(args, server=server))
+    from lmq.commands._startup import banner_service, choose_advertise_host
+
+    advertise = choose_advertise_host(broker_config)
+    if advertise:
+        log.log(30 if "127.0.0.1" in advertise else 20, "%s", advertise)  # WARNING / INFO
+    exporter = exporter_from_args(args)
+    server = EmbeddedServer(broker_config, None, services=[banner_service(exporter)])
+    if exporter is not None:
+        exporter.server = server  # read at scrape time
+    return run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)

@@ -86,7 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mqtt",
         help="run the MQTT gateway alone, or manage its password file",
         description="Run the MQTT 3.1/3.1.1/5.0 gateway against separate brokers "
-        "(or use 'lmq mqtt passwd FILE USER').",
+        "(or use 'lmq mqtt passwd FILE USER'). Any number of gateways may serve one "
+        "cluster: routes, persistent sessions, retained messages and client ids are shared "
+        "through the brokers (docs/stateless-gateways.md).",
     )
     parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
                         help="name server address(es), ';'-separated (default %(default)s)")

@@ -7,11 +7,14 @@
     lmq serve --no-mqtt
     lmq serve --amqp-port 5673 --amqp-config amqp.toml
     lmq serve --no-amqp
+    lmq serve --grpc-port 8082                      # RocketMQ 5 gRPC (default 8081)
+    lmq serve --no-grpc
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from lmq.commands._broker_args import (
     add_broker_options,
@@ -23,6 +26,7 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
+from lmq.commands._startup import banner_service, choose_advertise_host
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options, exporter_from_args
 
@@ -36,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_broker_options(parser, namesrv_port=True)
     add_mqtt_options(parser, embedded=True)
     add_amqp_options(parser)
+    add_grpc_options(parser)
     add_metrics_options(parser)
     parser.set_defaults(func=run)
 
@@ -43,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from core.cluster import EmbeddedServer, build_configs
     from gateway.amqp.embedded import AmqpService
+    from gateway.grpc5.embedded import GrpcService
 
     setup_logging(args.log_level)
     namesrv_overrides = {
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         log.error("bad AMQP configuration: %s", exc)
         return 2
+    services = grpc_services(args) + services
     lock, problem = lock_data_dir(broker_config.data_dir)
     if problem:
         log.error("%s", problem)
@@ -88,14 +95,24 @@ def run(args: argparse.Namespace) -> int:
     listeners = [("name server", namesrv_config.host, namesrv_config.port),
                  ("broker", broker_config.host, broker_config.port)]
     for service in services:
+        if isinstance(service, GrpcService):
+            listeners.append(("gRPC", service.config.host, service.config.port))
+            continue
         if isinstance(service, AmqpService):
             listeners.append(("AMQP", service.config.host, service.config.port))
             continue
         mqtt = service.config
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
-    server = EmbeddedServer(broker_config, namesrv_config, services=services)
-    return run_server(server, listeners, exporter_from_args(args, server=server))
+    advertise = choose_advertise_host(broker_config)
+    if advertise:
+        log.log(logging.WARNING if "127.0.0.1" in advertise else logging.INFO, "%s", advertise)
+    exporter = exporter_from_args(args)
+    server = EmbeddedServer(broker_config, namesrv_config,
+                            services=[*services, banner_service(exporter)])
+    if exporter is not None:
+        exporter.server = server  # read at scrape time
+    return run_server(server, listeners, exporter)
 
 
 def add_amqp_options(parser: argparse.ArgumentParser) -> None:
@@ -125,3 +142,26 @@ def amqp_services(args: argparse.Namespace) -> list:
     if problem:
         raise ValueError(problem)
     return [AmqpService(AmqpServerConfig(**server_kw), AmqpBrokerConfig(**broker_kw))]
+
+
+def add_grpc_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-port", type=int, default=8081,
+                        help="RocketMQ 5 gRPC port for the official 5.x clients (default "
+                             "%(default)s; 0 picks a free one; docs/grpc.md)")
+    parser.add_argument("--no-grpc", action="store_true",
+                        help="do not run the RocketMQ 5 gRPC front end")
+    parser.add_argument("--grpc-tls-certfile", metavar="PEM",
+                        help="serve gRPC over TLS with this certificate chain")
+    parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
+
+
+def grpc_services(args: argparse.Namespace) -> list:
+    """The gRPC `EmbeddedServer` service (none with --no-grpc), on --host / --grpc-port."""
+    if args.no_grpc:
+        return []
+    from gateway.grpc5.config import GrpcConfig
+    from gateway.grpc5.embedded import GrpcService
+
+    return [GrpcService(GrpcConfig(host=args.host or "127.0.0.1", port=args.grpc_port,
+                                   tls_certfile=args.grpc_tls_certfile or "",
+                                   tls_keyfile=args.grpc_tls_keyfile or ""))]

@@ -34,7 +34,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-DEFAULT_PORTS = (9876, 10911, 1883)
+DEFAULT_PORTS = (9876, 10911, 1883, 9100)  # 9100: metrics + dashboard (docs/dashboard.md)
 RUN_LANGS = {"sh", "bash", "python"}
 BLOCK_TIMEOUT = 120
 
@@ -123,7 +123,8 @@ def live_server(tmp_path_factory):
                PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":"),
                HOME=str(work), PYTHONUNBUFFERED="1")
     env.pop("NAMESRV_ADDR", None)
-    serve = [sys.executable, "-m", "lmq", "serve", "--data-dir", str(work / "data")]
+    serve = [sys.executable, "-m", "lmq", "serve", "--data-dir", str(work / "data"),
+             "--metrics-port", "9100"]
     log = open(work / "server.log", "wb")
     if _can_unshare():
         proc = subprocess.Popen(

@@ -229,13 +229,15 @@ def test_metrics_port_binds_loopback(tmp_path):
 
 @pytest.mark.slow
 def test_idle_server_stores_no_sys_messages(tmp_path):
-    """`$SYS` goes out only when a value changed: an idle CommitLog stops growing.
-
-    Without AMQP: the embedded AMQP gateway's route log still writes a version report every
-    second while idle (~160 B/s, docs/amqp.md "Running"), a known gap of the first slice."""
-    proc, _ = serve(tmp_path, "--no-amqp", mqtt_config={"sys_interval_s": 0.1})
+    """`$SYS` goes out only when a value changed, and the MQTT and AMQP gateways' route logs
+    write nothing while no route changes: an idle CommitLog stops growing."""
+    proc, mqtt_port = serve(tmp_path, mqtt_config={"sys_interval_s": 0.1})
+    sub = None
     try:
         proc.wait_ready()
+        sub = mqtt_client(mqtt_port, "idle-sub")  # a route added, then nothing changes
+        sub.subscribe("idle/#", qos=1)
+        assert sub.subacked.wait(TIMEOUT)
 
         def offset() -> float:
             return proc.scrape()["lmq_broker_commitlog_max_offset_bytes"]
@@ -252,6 +254,8 @@ def test_idle_server_stores_no_sys_messages(tmp_path):
         time.sleep(2.5)  # > 2 uptime seconds and 20 $SYS rounds
         assert offset() == last
     finally:
+        if sub is not None:
+            sub.loop_stop()
         proc.stop()
 
 

@@ -9,7 +9,7 @@ class FilterParseError(ValueError):
     """A subscription expression (tag or SQL92) cannot be compiled.
 
     The broker answers such a pull or heartbeat with ``response_code``
-    (SUBSCRIPTION_PARSE_FAILED = 23, protocol doc §5.2 "bad expression → 23") and
+    (SUBSCRIPTION_PARSE_FAILED = 23, docs/protocol.md §5.2 "bad expression → 23") and
     ``str(exc)`` as the remark.
     """
 

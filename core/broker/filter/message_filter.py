@@ -1,9 +1,9 @@
-"""Store-facing message filters, built from a pull's subscription (protocol doc §5.2).
+"""Store-facing message filters, built from a pull's subscription (docs/protocol.md §5.2).
 
 While serving a pull the store asks the filter twice, as RocketMQ's ``MessageFilter``
 does: ``is_matched_by_consume_queue(tags_code)`` for every consume-queue unit it scans
-(cheap: only the unit's tag hash, §7.10), then ``is_matched_by_commit_log(record)`` for
-each unit that passed, with the stored record (§7.1) as a memoryview of the CommitLog.
+(cheap: only the unit's tag hash, docs/protocol.md §7.10), then ``is_matched_by_commit_log(record)`` for
+each unit that passed, with the stored record (docs/protocol.md §7.1) as a memoryview of the CommitLog.
 
 * TAG subscriptions filter in the consume queue by hash code; the commit-log check passes
   everything because the client re-checks the exact tag (RocketMQ's behaviour). Our own

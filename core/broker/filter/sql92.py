@@ -1,7 +1,7 @@
 """RocketMQ's SQL92 message selector (``MessageSelector.bySql``), evaluated safely.
 
 This replaces the old filter server, which compiled and ran Java classes uploaded by
-clients (protocol doc §5.2; seeds/004): an expression here is tokenized and parsed by
+clients (docs/protocol.md §5.2): an expression here is tokenized and parsed by
 hand into a tree of small immutable nodes, type-checked, then turned into nested Python
 closures. Nothing is ever passed to ``eval``/``exec``; the only thing a subscriber
 controls is which of a fixed set of closures are built and with which constants.
@@ -139,7 +139,7 @@ def compile_sql92(expression: str, limits: FilterLimits = DEFAULT_FILTER_LIMITS)
 
 @lru_cache(maxsize=1024)
 def _compile_cached(expression: str, limits: FilterLimits) -> SqlFilter:
-    # A pull carries its subscription each time (protocol doc §5.2): cache so that the
+    # A pull carries its subscription each time (docs/protocol.md §5.2): cache so that the
     # broker compiles each distinct expression once. Errors are not cached; they cost
     # one bounded parse.
     try:

@@ -1,4 +1,4 @@
-"""Tag subscription expressions: ``*`` or ``TagA || TagB`` (protocol doc §5.2, §7.10).
+"""Tag subscription expressions: ``*`` or ``TagA || TagB`` (docs/protocol.md §5.2, §7.10).
 
 The broker filters a consume queue by the tag *hash codes* stored in its units; the client
 re-filters by the exact tag strings, so hash collisions cost bandwidth, never correctness.

@@ -332,6 +332,10 @@ class PopService:
                 raise PopStateFull(f"{POP_MAX_QUEUE_STATES} POP queue states")
             start = self._init_offset(group, topic, queue_id, init_mode)
             qs = self.state.get_or_create(group, topic, queue_id, start)
+            # Journal the start at once (pop() flushes): a broker killed before the
+            # periodic offset file would otherwise pick the start again after a
+            # restart, and with init mode MAX skip what was sent meanwhile.
+            self.journal.cursor(group, topic, queue_id, start)
         return qs
 
     def rotate(self, queue_nums: int) -> list[int]:

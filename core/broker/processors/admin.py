@@ -1,4 +1,4 @@
-"""Admin requests — topics, groups, statistics and connections (protocol doc §5.18, §6.5).
+"""Admin requests — topics, groups, statistics and connections (docs/protocol.md §5.18, §6.5).
 
 Bodies keyed by a MessageQueue (TopicStatsTable, ConsumeStats) are written the way a Java
 broker's fastjson writes them, with the MessageQueue object itself as the map key
@@ -117,7 +117,7 @@ class AdminProcessor:
         topic = required_topic(cmd)
         broker = self.broker
         if names.is_lmq(topic):
-            # An LMQ is only its index queue; its offsets go with it (§10.2).
+            # An LMQ is only its index queue; its offsets go with it (docs/protocol.md §10.2).
             broker.store.delete_topic(topic)
             broker.offset_manager.remove_topic(topic)
             return ok(cmd)
@@ -226,7 +226,7 @@ class AdminProcessor:
         info = broker.consumer_manager.get(group)
         for channel in list(info.channels.values()) if info is not None else []:
             # Java clients parse fastjson's MessageQueue-keyed map; the C++ client (and
-            # ours) read the list form (protocol doc §6.6).
+            # ours) read the list form (docs/protocol.md §6.6).
             body = java_body if channel.language == "JAVA" else list_body
             push = RemotingCommand.request(
                 RequestCode.RESET_CONSUMER_CLIENT_OFFSET, dict(ext), body

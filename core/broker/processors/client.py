@@ -1,5 +1,5 @@
 """HEART_BEAT (34), UNREGISTER_CLIENT (35), GET_CONSUMER_LIST_BY_GROUP (38) and
-CHECK_CLIENT_CONFIG (46) — protocol doc §5.5–§5.7, heartbeat body §6.2.
+CHECK_CLIENT_CONFIG (46) — docs/protocol.md §5.5–§5.7, heartbeat body docs/protocol.md §6.2.
 
 Heartbeats come in two dialects: C++ (enum ordinals, empty sets omitted, `subVersion` a
 string, `codeSet` garbage) and Java (enum names, all sets present, numbers). Both are
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def _as_list(value: Any) -> list:
-    """Missing/null sets are empty (C++ omits empty sets, §6.2)."""
+    """Missing/null sets are empty (C++ omits empty sets, docs/protocol.md §6.2)."""
     return value if isinstance(value, list) else []
 
 
@@ -168,7 +168,7 @@ class ClientProcessor:
 
     async def unregister_client(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         client_id = cmd.ext_str("clientID", required=True)
-        producer_group = cmd.ext_str("producerGroup") or None  # C++ sends "" (§5.6)
+        producer_group = cmd.ext_str("producerGroup") or None  # C++ sends "" (docs/protocol.md §5.6)
         consumer_group = cmd.ext_str("consumerGroup") or None
         broker = self.broker
         conn = ctx.connection

@@ -17,7 +17,7 @@ def error(cmd: RemotingCommand, code: int, remark: str) -> RemotingCommand:
 
 
 def json_body(data: Any) -> bytes:
-    """Standard JSON for response bodies (§1.4 rule 7): quoted keys, compact, ASCII."""
+    """Standard JSON for response bodies (docs/protocol.md §1.4 rule 7): quoted keys, compact, ASCII."""
     return json.dumps(data, separators=(",", ":")).encode("ascii")
 
 

@@ -1,9 +1,9 @@
-"""END_TRANSACTION (37): a producer commits or rolls back a half message (protocol doc
-§5.12, §9.4); the work is done by `broker.transaction_service`.
+"""END_TRANSACTION (37): a producer commits or rolls back a half message
+(docs/protocol.md §5.12, §9.4); the work is done by `broker.transaction_service`.
 
 Producers send it one-way. Java answers nothing for an "unknown" (0) state and nothing at
 all to a one-way request; the C++ client's one-way frames arrive without the one-way bit
-(§1.5), so they get an answer, which that client drops.
+(docs/protocol.md §1.5), so they get an answer, which that client drops.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def register(table: ProcessorTable, broker: BrokerController) -> None:
 
 
 async def end_transaction(broker, cmd: RemotingCommand) -> RemotingCommand | None:
-    """Handle one END_TRANSACTION request (§5.12)."""
+    """Handle one END_TRANSACTION request (docs/protocol.md §5.12)."""
     group = cmd.ext_str("producerGroup", required=True)
     table_offset = cmd.ext_int("tranStateTableOffset", required=True)
     commit_log_offset = cmd.ext_int("commitLogOffset", required=True)
@@ -45,7 +45,7 @@ async def end_transaction(broker, cmd: RemotingCommand) -> RemotingCommand | Non
             ResponseCode.SLAVE_NOT_AVAILABLE, "slave broker does not support transactions"
         )
     if decision not in _DECISIONS:
-        # 0 = unknown: the broker keeps the half message and will check it (§9.4).
+        # 0 = unknown: the broker keeps the half message and will check it (docs/protocol.md §9.4).
         if cmd.ext_bool("fromTransactionCheck", False):
             log.debug("producer %s: transaction at %s still unknown", group, commit_log_offset)
         return None

@@ -1,5 +1,5 @@
 """LOCK_BATCH_MQ (41) / UNLOCK_BATCH_MQ (42): queue locks of orderly consumers
-(protocol doc §5.11, §6.4).
+(docs/protocol.md §5.11, §6.4).
 
 Request body: `{"consumerGroup", "clientId", "mqSet": [MessageQueue, ...]}`. LOCK answers
 0 with `{"lockOKMQSet": [...]}`, the requested queues this client now holds; UNLOCK

@@ -1,4 +1,4 @@
-"""Offset requests — protocol doc §5.3, §5.4, §5.8, §5.9.
+"""Offset requests — docs/protocol.md §5.3, §5.4, §5.8, §5.9.
 
 QUERY_CONSUMER_OFFSET for a queue the group never committed (a new group): we answer
 `0` (code 0, offset "0") while the queue's min offset is 0, i.e. nothing was deleted yet —

@@ -1,4 +1,4 @@
-"""PULL_MESSAGE (11) — protocol doc §5.2, including long polling and LMQ pulls (§10.2).
+"""PULL_MESSAGE (11) — docs/protocol.md §5.2, including long polling and LMQ pulls (docs/protocol.md §10.2).
 
 Store results map to codes exactly as Java 4.9.7 does:
 
@@ -75,7 +75,7 @@ class PullProcessor:
             etype = cmd.ext_str("expressionType")
             expression = cmd.ext_str("subscription")
         else:
-            # Java push consumers send no subscription: use the heartbeat's (§5.2).
+            # Java push consumers send no subscription: use the heartbeat's (docs/protocol.md §5.2).
             info = self.broker.consumer_manager.get(group)
             if info is None:
                 return error(

@@ -1,4 +1,4 @@
-"""VIEW_MESSAGE_BY_ID (33) and QUERY_MESSAGE (12) — protocol doc §5.16, §5.17."""
+"""VIEW_MESSAGE_BY_ID (33) and QUERY_MESSAGE (12) — docs/protocol.md §5.16, §5.17."""
 
 from __future__ import annotations
 

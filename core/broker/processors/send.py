@@ -1,8 +1,8 @@
-"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320) — protocol doc §5.1.
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320) — docs/protocol.md §5.1.
 
 Code 10 names its header fields in full (`producerGroup`, `topic`, ...); 310/320 use the
 one-letter names `a`..`m`. The C++ wheel sends batches as code 10 with `batch:"1"` and
-zlib-compresses a whole batch body of 4 KiB or more (§7.8): such a body is inflated first,
+zlib-compresses a whole batch body of 4 KiB or more (docs/protocol.md §7.8): such a body is inflated first,
 then split, and its sub-messages are stored uncompressed.
 """
 
@@ -214,7 +214,7 @@ _STORED_CODES = (
     ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE,
 )
-# Names that passed the per-name checks of §5.1 step 1 (bounded: names come from clients).
+# Names that passed the per-name checks of docs/protocol.md §5.1 step 1 (bounded: names come from clients).
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
@@ -239,7 +239,7 @@ class SendProcessor:
 
     # ------------------------------------------------------------------ checks
     def _check(self, cmd: RemotingCommand, h: SendHeader, remote: str):
-        """Java's msgCheck (§5.1 steps 1-3): returns (TopicConfig, queue id) or a response."""
+        """Java's msgCheck (docs/protocol.md §5.1 steps 1-3): returns (TopicConfig, queue id) or a response."""
         broker = self.broker
         if not PermName.is_writeable(self.config.broker_permission):
             return error(
@@ -283,7 +283,7 @@ class SendProcessor:
         return tc, queue_id
 
     def _check_name(self, cmd: RemotingCommand, topic: str):
-        """The checks of §5.1 step 1 that depend on the name only (remembered when passed)."""
+        """The checks of docs/protocol.md §5.1 step 1 that depend on the name only (remembered when passed)."""
         reason = names.validate_topic(topic)
         if reason is not None:
             return error(cmd, ResponseCode.SYSTEM_ERROR, reason)
@@ -292,7 +292,7 @@ class SendProcessor:
                 cmd, ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
             )
         if names.is_lmq(topic):
-            # LMQs are written through INNER_MULTI_DISPATCH of a normal topic (§10.2).
+            # LMQs are written through INNER_MULTI_DISPATCH of a normal topic (docs/protocol.md §10.2).
             return error(
                 cmd, ResponseCode.NO_PERMISSION,
                 f"Sending message to topic[{topic}] is forbidden: LMQs are filled through "
@@ -304,7 +304,7 @@ class SendProcessor:
         return None
 
     def _retry_or_dlq(self, cmd: RemotingCommand, h: SendHeader, inner: InnerMessage):
-        """§5.1 step 4: a %RETRY% message consumed too often goes to %DLQ%<group>.
+        """docs/protocol.md §5.1 step 4: a %RETRY% message consumed too often goes to %DLQ%<group>.
         Returns None to go on, or an error response."""
         if not names.is_retry_topic(h.topic):
             return None
@@ -316,7 +316,7 @@ class SendProcessor:
                 f"subscription group not exist, {group}",
             )
         max_times = sg.retry_max_times
-        # Java honours the header's maxReconsumeTimes only for clients >= V3_4_9 (§1.2).
+        # Java honours the header's maxReconsumeTimes only for clients >= V3_4_9 (docs/protocol.md §1.2).
         if cmd.version >= MQVersion.V3_4_9 and h.max_reconsume_times is not None:
             max_times = h.max_reconsume_times
         if h.reconsume_times >= max_times:
@@ -433,7 +433,7 @@ class SendProcessor:
             )
         sys_flag = h.sys_flag
         if sys_flag & MessageSysFlag.COMPRESSED:
-            # C++ 1.2.3 compresses the whole batch (§7.8): inflate, bounded by the limit.
+            # C++ 1.2.3 compresses the whole batch (docs/protocol.md §7.8): inflate, bounded by the limit.
             # Bounded, and off the loop past its first 64 KiB (core.remoting.inflate).
             try:
                 body = await inflate_async(body, limit)
@@ -508,7 +508,7 @@ class SendProcessor:
         if code and code not in _STORED_CODES:
             return error(cmd, code, result.remark or f"put message failed: {result.status.name}")
         ids = result.msg_ids
-        # Every value a JSON string: the C++ decoder reads numbers as 0 (§1.4 rule 3).
+        # Every value a JSON string: the C++ decoder reads numbers as 0 (docs/protocol.md §1.4 rule 3).
         ext = {
             "msgId": ids[0] if len(ids) == 1 else ",".join(ids),
             "queueId": str(queue_id),

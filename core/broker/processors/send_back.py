@@ -1,5 +1,5 @@
 """CONSUMER_SEND_MSG_BACK (36): a consumer gives a message back for a later retry
-(protocol doc §5.10, §9.3).
+(docs/protocol.md §5.10, §9.3).
 
 The broker reads the message at the given commit-log offset and stores a copy either in
 `%RETRY%<group>` (delayed through the schedule service: level 3 + reconsume times when
@@ -27,7 +27,7 @@ __all__ = ["register", "DLQ_QUEUE_NUMS", "FIRST_RETRY_LEVEL_BASE"]
 
 #: Queues of a %DLQ% topic (Java's DLQ_NUMS_PER_GROUP).
 DLQ_QUEUE_NUMS = 1
-#: delayLevel 0 from the client means "broker decides": 3 + reconsumeTimes (§9.3).
+#: delayLevel 0 from the client means "broker decides": 3 + reconsumeTimes (docs/protocol.md §9.3).
 FIRST_RETRY_LEVEL_BASE = 3
 
 _STORED = frozenset({"OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"})
@@ -44,7 +44,7 @@ def register(table: ProcessorTable, broker: BrokerController) -> None:
 
 
 async def send_back(broker, cmd: RemotingCommand) -> RemotingCommand:
-    """Handle one CONSUMER_SEND_MSG_BACK request (§5.10)."""
+    """Handle one CONSUMER_SEND_MSG_BACK request (docs/protocol.md §5.10)."""
     offset = cmd.ext_int("offset", required=True)
     group = cmd.ext_str("group", required=True)
     delay_level = cmd.ext_int("delayLevel", 0)
@@ -95,7 +95,7 @@ async def send_back(broker, cmd: RemotingCommand) -> RemotingCommand:
 
     max_reconsume = sg.retry_max_times
     if cmd.version >= MQVersion.V3_4_9:
-        # Honoured only for clients >= V3_4_9 (§1.2): not for the C++ wheel (63).
+        # Honoured only for clients >= V3_4_9 (docs/protocol.md §1.2): not for the C++ wheel (63).
         header_max = cmd.ext_int("maxReconsumeTimes")
         if header_max is not None:
             max_reconsume = header_max

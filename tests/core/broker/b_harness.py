@@ -86,7 +86,7 @@ def request(code: int, body: bytes | None = None, **ext) -> RemotingCommand:
 
 def create_topic(addr: str, topic: str, queues: int = 4) -> None:
     """UPDATE_AND_CREATE_TOPIC before a consumer starts: a consumer that finds no route
-    asks again only every 30 s (§8), which would make the tests slow, not different."""
+    asks again only every 30 s (docs/protocol.md §8), which would make the tests slow, not different."""
     resp = sync_invoke(addr, request(
         17, topic=topic, defaultTopic="TBW102", readQueueNums=queues, writeQueueNums=queues,
         perm=6, topicFilterType="SINGLE_TAG"))

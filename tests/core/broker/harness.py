@@ -103,7 +103,7 @@ def send_request(
     extra: dict | None = None,
 ) -> RemotingCommand:
     """A send request the way clients build it (V1 names for 10, letters for 310/320).
-    Values are JSON numbers where the C++ client sends numbers (§1.4 rule 4)."""
+    Values are JSON numbers where the C++ client sends numbers (docs/protocol.md §1.4 rule 4)."""
     props = properties if isinstance(properties, str) else encode_properties(properties or {})
     long = {
         "producerGroup": group,
@@ -169,7 +169,7 @@ def heartbeat_request(client_id: str, consumers=(), producers=()) -> RemotingCom
 
 
 def cpp_consumer_data(group: str, topic: str, sub: str = "*", model: int = 1) -> dict:
-    """A consumer entry as the C++ client writes it (§6.2): ordinals, codeSet garbage."""
+    """A consumer entry as the C++ client writes it (docs/protocol.md §6.2): ordinals, codeSet garbage."""
     return {
         "consumeFromWhere": 0, "consumeType": 1, "groupName": group, "messageModel": model,
         "subscriptionDataSet": [

@@ -97,7 +97,7 @@ def test_orderly_send_uses_selected_queue(server):
 def test_batch_and_compressed_batch(server):
     create_topic(server, "CppBatch")
     produce(server, "CppBatch", 8, "--mode", "batch", "--batch-size", "4", "--prefix", "small")
-    # 4 x 1500 bytes: the C++ client zlib-compresses the whole batch (>= 4 KiB, §7.8)
+    # 4 x 1500 bytes: the C++ client zlib-compresses the whole batch (>= 4 KiB, docs/protocol.md §7.8)
     produce(server, "CppBatch", 8, "--mode", "batch", "--batch-size", "4", "--prefix", "big",
             "--body-size", "1500")
     got = pull_everything(server, "CppBatch")
@@ -145,7 +145,7 @@ def test_push_broadcasting_every_instance_gets_all(server):
                       "--topic", topic, "--broadcast") for _ in range(2)]
     try:
         wait_until(lambda: consumer_count(server, group) == 2, 30, what="two members")
-        time.sleep(4)  # broadcasting consumers start at the max offset (§8.4)
+        time.sleep(4)  # broadcasting consumers start at the max offset (docs/protocol.md §8.4)
         sent = produce(server, topic, 20)
         bodies = {e["body"] for e in sent}
         for d in drivers:

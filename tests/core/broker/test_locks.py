@@ -1,4 +1,4 @@
-"""Queue locks of orderly consumers: LOCK_BATCH_MQ / UNLOCK_BATCH_MQ (protocol doc §5.11)."""
+"""Queue locks of orderly consumers: LOCK_BATCH_MQ / UNLOCK_BATCH_MQ (docs/protocol.md §5.11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CONSUMER_SEND_MSG_BACK (protocol doc §5.10, §9.3): retry through %RETRY%<group> with a
+"""CONSUMER_SEND_MSG_BACK (docs/protocol.md §5.10, §9.3): retry through %RETRY%<group> with a
 delay, dead-letter queue after the retry budget, and the C++ push consumer's
 RECONSUME_LATER round trip."""
 
@@ -183,7 +183,7 @@ def test_cpp_reconsume_later_comes_back_from_retry_topic(tmp_path):
     first, second = got
     assert first["result"] == "later" and first["reconsume_times"] == 0
     assert second["result"] == "ok" and second["reconsume_times"] == 1
-    # The C++ client restores the original topic from RETRY_TOPIC (§5.10).
+    # The C++ client restores the original topic from RETRY_TOPIC (docs/protocol.md §5.10).
     assert second["topic"] == "LaterT"
     assert second["properties"]["RETRY_TOPIC"] == "LaterT"
     assert second["properties"].get("ORIGIN_MESSAGE_ID")

@@ -1,4 +1,4 @@
-"""Scheduled messages (protocol doc §9.1, §9.2): delay levels, SCHEDULE_TOPIC_XXXX,
+"""Scheduled messages (docs/protocol.md §9.1, §9.2): delay levels, SCHEDULE_TOPIC_XXXX,
 delivery when due, delayOffset.json, and delivery after kill -9."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_delayed_send_is_parked_in_schedule_topic(tmp_path):
         assert parked.properties["REAL_TOPIC"] == "DelayT"
         assert parked.properties["REAL_QID"] == "0"
         assert parked.properties["DELAY"] == "3"
-        # The CQ tag slot holds the delivery time: store time + 10 s (§7.10).
+        # The CQ tag slot holds the delivery time: store time + 10 s (docs/protocol.md §7.10).
         assert abs(due - (parked.store_timestamp + 10_000)) < 1000
 
         # Levels above the last are clamped to it, DELAY included.

@@ -1,4 +1,4 @@
-"""Batch sends (protocol doc §7.7): the refusals, whichever path splits the body (the store
+"""Batch sends (docs/protocol.md §7.7): the refusals, whichever path splits the body (the store
 for plain batches, the processor when DELAY appears somewhere), and the stored layout."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import os
 from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import pull_request, run_embedded, send_request
 
-# Wire codes (protocol doc): requests and responses are written out, not imported.
+# Wire codes (docs/protocol.md §2): requests and responses are written out, not imported.
 UPDATE_AND_CREATE_TOPIC = 17
 DELETE_TOPIC_IN_BROKER = 215
 SUCCESS = 0

@@ -1,7 +1,7 @@
-"""Transactional messages (protocol doc §9.4, §5.12, §5.13): half messages, commit,
+"""Transactional messages (docs/protocol.md §9.4, §5.12, §5.13): half messages, commit,
 rollback, back-checks answered by the producer, the check limit, and kill -9.
 
-The wheel has no transactional producer (§0), so the producer side is a RemotingClient
+The wheel has no transactional producer (docs/protocol.md §0), so the producer side is a RemotingClient
 sending raw SEND_MESSAGE (TRAN_MSG/PGROUP) and END_TRANSACTION, and answering
 CHECK_TRANSACTION_STATE from its own ProcessorTable; results are read back with the
 real C++ pull consumer where a whole process is involved.

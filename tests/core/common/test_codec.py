@@ -1,4 +1,4 @@
-"""Stored-record codec: the protocol doc's test vector byte for byte, and round trips."""
+"""Stored-record codec: the test vector of docs/protocol.md §7.1 byte for byte, and round trips."""
 
 import zlib
 
@@ -24,7 +24,7 @@ from core.common.codec import (
 from core.common.properties import decode_properties, encode_properties
 from core.common.sysflag import MessageSysFlag
 
-# protocol doc §7.1: topic T, body "hi", TAGS=A, UNIQ_KEY=ABCD, 115 bytes.
+# docs/protocol.md §7.1: topic T, body "hi", TAGS=A, UNIQ_KEY=ABCD, 115 bytes.
 VECTOR = bytes.fromhex(
     "00000073" "daa320a7" "58932aac" "00000001" "00000000"
     "0000000000000005" "00000000000003e8" "00000000" "0000018bcfe56800"
@@ -176,7 +176,7 @@ def test_arbitrary_bytes_only_raise_record_error(data):
 
 
 def test_batch_round_trip_and_cpp_sample():
-    # protocol doc §7.7 observed C++ sub-message: flag 0, body "batch-0".
+    # docs/protocol.md §7.7 observed C++ sub-message: flag 0, body "batch-0".
     props = "KEYS\x01bk0\x02TAGS\x01TagB\x02UNIQ_KEY\x01ABC\x02WAIT\x01true\x02"
     items = [BatchItem(0, b"batch-0", props), BatchItem(7, b"", "TAGS\x01x")]
     body = encode_batch(items)
@@ -195,7 +195,7 @@ def test_batch_garbage_raises_record_error(data):
 
 
 def test_ipv6_hosts_are_stored_as_ipv4():
-    # v1 records carry IPv4 only; the C++ decoder reads nothing else (§7.1).
+    # v1 records carry IPv4 only; the C++ decoder reads nothing else (docs/protocol.md §7.1).
     assert encode_host("[::1]:10911") == b"\x7f\x00\x00\x01" + (10911).to_bytes(4, "big")
 
 

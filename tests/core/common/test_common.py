@@ -17,7 +17,7 @@ from core.common.taghash import java_string_hash, tag_hash
     [("TagA", 2598919), ("TagB", 2598920), ("*", 42), ("中文", 646394), ("aaaaaaaaaa", -799347552)],
 )
 def test_java_hash_vectors(text, expected):
-    # protocol doc §7.10
+    # docs/protocol.md §7.10
     assert java_string_hash(text) == expected
 
 

@@ -76,7 +76,7 @@ async def test_cpp_producer_asks_route_and_gets_topic_not_exist(tmp_path: Path) 
     assert "SEND_FAILED" in out
     queries = list(ns.processors.stats.recent_route_queries)
     assert ("NoRouteTopic", False) in queries
-    # No route: the C++ producer falls back to the auto-create template topic (§4.1).
+    # No route: the C++ producer falls back to the auto-create template topic (docs/protocol.md §4.1).
     assert ("TBW102", False) in queries
 
 

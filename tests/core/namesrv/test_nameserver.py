@@ -58,7 +58,7 @@ async def register_broker(
         "brokerAddr": broker_addr,
         "clusterName": cluster,
         "haServerAddr": broker_addr.rsplit(":", 1)[0] + ":10912",
-        "brokerId": broker_id,  # a JSON number: must be accepted (§1.4)
+        "brokerId": broker_id,  # a JSON number: must be accepted (docs/protocol.md §1.4)
         "compressed": "true" if compressed else "false",
         "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF),
     }

@@ -19,7 +19,7 @@ from core.remoting.codec import (
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import FrameError, HeaderError
 
-# Byte-exact header sent by the C++ client of the rocketmq==0.4.4 wheel (protocol doc §1.2),
+# Byte-exact header sent by the C++ client of the rocketmq==0.4.4 wheel (docs/protocol.md §1.2),
 # including the trailing newline jsoncpp's FastWriter appends.
 CPP_HEADER = (
     b'{"code":105,"extFields":{"AccessKey":"","OnsChannel":"ALIYUN",'

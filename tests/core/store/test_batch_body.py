@@ -1,5 +1,5 @@
 """put_batch(MessageBatch): a batch send body stored without an object per message stores
-what the list path stores for the same batch (protocol doc §7.7)."""
+what the list path stores for the same batch (docs/protocol.md §7.7)."""
 
 from __future__ import annotations
 

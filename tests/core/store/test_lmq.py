@@ -1,4 +1,4 @@
-"""LMQ index and multi-dispatch (protocol doc §10.2)."""
+"""LMQ index and multi-dispatch (docs/protocol.md §10.2)."""
 
 from __future__ import annotations
 

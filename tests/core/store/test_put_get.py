@@ -1,4 +1,4 @@
-"""put/get: statuses of protocol doc §5.2, filters, batches, bad input, lookups, stats."""
+"""put/get: statuses of docs/protocol.md §5.2, filters, batches, bad input, lookups, stats."""
 
 from __future__ import annotations
 

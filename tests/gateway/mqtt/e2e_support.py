@@ -282,6 +282,10 @@ BROKER_TEST_CONFIG: dict[str, Any] = {
     "consume_queue_units_per_file": 20_000,
     "preallocate_files": False,
 }
+#: LMQ_TEST_APACHE_STRICT=1: every broker of the MQTT tests in `apache_strict` mode (the
+#: multi-gateway tests always are: cluster_support.py).
+if os.environ.get("LMQ_TEST_APACHE_STRICT") == "1":
+    BROKER_TEST_CONFIG["apache_strict"] = True
 #: Short periods so that the tests are fast (names as in gateway/mqtt/config.py).
 DEFAULT_TEST_CONFIG: dict[str, Any] = {
     "sys_interval_s": 1.0,

@@ -83,7 +83,8 @@ class GatewayServer:
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         bc = BrokerConfig(host="127.0.0.1", port=free_port(),
-                          data_dir=os.path.join(self.data_dir, "broker"), **SMALL_STORE)
+                          data_dir=os.path.join(self.data_dir, "broker"), **SMALL_STORE,
+                          apache_strict=os.environ.get("LMQ_TEST_APACHE_STRICT") == "1")
         self.service = MqttService(self.mqtt_config)
         self.server = EmbeddedServer(bc, NamesrvConfig(host="127.0.0.1", port=0),
                                      services=[self.service])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import AsyncExitStack
 
 import trio
 
@@ -26,9 +27,18 @@ def run(tmp_path, fn, **broker_kw):
     broker_kw.setdefault("apache_strict", True)
     async def body(server, _remoting):
         b = server.broker
-        async with ClientInstance(namesrv_addr=server.namesrv_addr) as client:
-            def gateway(name: str, config: RouteLogConfig | None = None) -> RouteLog:
-                return RouteLog(client, b.broker_addr, b.config.broker_name, name, config or cfg())
+        async with AsyncExitStack() as stack:
+            # One client (one connection) per gateway, as in a deployment: the broker
+            # keeps one member of a consumer group per connection.
+            clients = [await stack.enter_async_context(
+                ClientInstance(namesrv_addr=server.namesrv_addr)) for _ in range(3)]
+
+            def gateway(name: str, config: RouteLogConfig | None = None,
+                        on: ClientInstance | None = None) -> RouteLog:
+                client = on or clients.pop(0)
+                return RouteLog(client, b.broker_addr, b.config.broker_name, name,
+                                config or cfg())
+            gateway.namesrv_addr = server.namesrv_addr
             await fn(gateway)
 
     run_embedded(body, tmp_path, **broker_kw)
@@ -40,8 +50,9 @@ async def start(nursery, rl: RouteLog) -> RouteLog:
 
 
 async def until_live(rl: RouteLog, names: set[str]) -> None:
-    while not names <= set(rl.acks.live(rl.clock())):
+    while not names <= set(rl.live_gateways()):
         await trio.sleep(0.05)
+        await rl.refresh_members()
 
 
 def test_route_added_on_a_is_applied_by_b_before_add_returns(tmp_path, capsys):
@@ -129,21 +140,22 @@ def test_malformed_snapshot_falls_back_to_the_log(tmp_path):
     run(tmp_path, fn)
 
 
-def test_silent_gateway_stops_blocking_after_timeout(tmp_path):
+def test_dead_gateway_stops_blocking_at_once(tmp_path):
+    """A gateway is live while it is a member of the route log's consumer group: one whose
+    connection closed (killed) drops out at once, long before ack_timeout_s."""
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("gw-a", cfg(gateway_timeout_s=1.0, ack_timeout_s=30.0)))
-            # A gateway that reported once, then went silent (killed): it applied nothing.
-            ghost = gateway("gw-ghost")
-            await ghost.ensure_topics()
-            await ghost.report()
-            await until_live(a, {"gw-ghost"})
+            a = await start(nursery, gateway("gw-a", cfg(ack_timeout_s=30.0)))
+            async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
+                ghost = gateway("gw-ghost", on=other)
+                await ghost.ensure_topics()
+                await ghost.join()  # a member that will never apply anything
+                await until_live(a, {"gw-ghost"})
+            # Its connection is closed now: the broker dropped the member.
             t0 = trio.current_time()
             version, complete = await a.add_route(Route("mqtt", "x/#", "LX"))
-            # Returned because the ghost dropped out (1 s), well before ack_timeout_s (30 s),
-            # and as a complete acknowledgement: only live gateways count.
-            assert complete and trio.current_time() - t0 < 20
-            assert "gw-ghost" not in a.acks.live(a.clock())
+            assert complete and trio.current_time() - t0 < 15
+            assert "gw-ghost" not in a.live_gateways()
             nursery.cancel_scope.cancel()
 
     run(tmp_path, fn)
@@ -153,19 +165,41 @@ def test_ack_wait_is_bounded_when_a_live_gateway_lags(tmp_path):
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
             a = await start(nursery, gateway("gw-a", cfg(ack_timeout_s=0.5)))
-            # A live gateway stuck at version 0: heartbeats keep it live, it never applies.
-            stuck = gateway("gw-stuck")
-            await stuck.ensure_topics()
+            # A member stuck at version 0: its connection is up, it never applies. (A
+            # connection holds one member of the group: the broker keys it by channel.)
+            async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
+                stuck = gateway("gw-stuck", on=other)
+                await stuck.ensure_topics()
+                await stuck.join()
+                await until_live(a, {"gw-stuck"})
+                version, complete = await a.add_route(Route("mqtt", "y/#", "LY"))
+                assert not complete and a.table.mqtt_lmqs("y/1") == {"LY"}
+                assert a.lagging(version) == ["gw-stuck"]
+            nursery.cancel_scope.cancel()
 
-            async def heartbeats():
-                while True:
-                    await stuck.report()
-                    await trio.sleep(0.2)
+    run(tmp_path, fn)
 
-            nursery.start_soon(heartbeats)
-            await until_live(a, {"gw-stuck"})
-            version, complete = await a.add_route(Route("mqtt", "y/#", "LY"))
-            assert not complete and a.table.mqtt_lmqs("y/1") == {"LY"}
+
+def test_idle_gateways_store_nothing(tmp_path):
+    """Two gateways with nothing changing write nothing: no periodic reports (liveness is
+    the group membership, kept in the broker's memory)."""
+    async def fn(gateway):
+        config = cfg(heartbeat_interval_s=0.1, pull_suspend_ms=100)
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, gateway("gw-a", config))
+            b = await start(nursery, gateway("gw-b", config))
+            await a.add_route(Route("mqtt", "idle/#", "LI"))
+            await until_live(a, {"gw-a", "gw-b"})
+            api = a.client.api
+
+            async def ends() -> list[int]:
+                return [await api.get_max_offset(a.addr, t, 0)
+                        for t in (config.log_topic, config.ack_topic, config.snap_topic)]
+
+            before = await ends()
+            await trio.sleep(1.0)  # 10 heartbeats and 10 pull rounds of each
+            assert await ends() == before
+            assert set(b.live_gateways()) >= {"gw-a", "gw-b"}
             nursery.cancel_scope.cancel()
 
     run(tmp_path, fn)

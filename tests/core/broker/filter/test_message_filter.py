@@ -1,4 +1,4 @@
-"""Store-facing filters against hand-built CommitLog records (protocol doc §7.1)."""
+"""Store-facing filters against hand-built CommitLog records (docs/protocol.md §7.1)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from core.broker.filter import (
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
 
-# Protocol doc §7.1 test vector: topic T, body "hi", TAGS=A, UNIQ_KEY=ABCD (115 bytes).
+# docs/protocol.md §7.1 test vector: topic T, body "hi", TAGS=A, UNIQ_KEY=ABCD (115 bytes).
 DOC_VECTOR = bytes.fromhex(
     "00000073" "daa320a7" "58932aac" "00000001" "00000000" "0000000000000005"
     "00000000000003e8" "00000000" "0000018bcfe56800" "0a0000020000c350"
@@ -50,7 +50,7 @@ def make_record(
     store_v6: bool = False,
     trailing: bool = False,
 ) -> bytes:
-    """One stored record, packed field by field from the §7.1 table."""
+    """One stored record, packed field by field from the docs/protocol.md §7.1 table."""
     raw_props = props if isinstance(props, bytes) else props_bytes(props, trailing=trailing)
     topic_raw = topic.encode()
     sys_flag = (0x10 if born_v6 else 0) | (0x20 if store_v6 else 0)

@@ -1,4 +1,4 @@
-"""Tag subscription expressions and the Java tag hash (protocol doc §5.2, §7.10)."""
+"""Tag subscription expressions and the Java tag hash (docs/protocol.md §5.2, §7.10)."""
 
 from __future__ import annotations
 

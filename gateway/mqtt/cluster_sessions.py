@@ -1,0 +1,270 @@
+"""Persistent MQTT sessions kept in the cluster, so that one made on gateway A resumes on
+gateway B (docs/stateless-gateways.md "Sessions"). Standard RocketMQ requests only.
+
+* **Session record** (client id, protocol version, expiry, subscriptions, owning gateway):
+  a message on the system topic `SESSION_TOPIC`, multi-dispatched into the session's own
+  LMQ `%LMQ%mqtt_s_<sha256(client id)>`; the newest entry of that LMQ is the session
+  (GET_MAX_OFFSET, then one PULL_MESSAGE). A deleted session is a record without
+  subscriptions (``"r": null``). Its commitlog offset orders records: a gateway holding a
+  copy older than the newest record written by another gateway drops its copy.
+* **Read positions**: consumer offsets (UPDATE_CONSUMER_OFFSET / QUERY_CONSUMER_OFFSET) of
+  the group `MQTT_S_<sha256(client id)>` on each LMQ the session reads, written with the
+  starting position on SUBSCRIBE and the committed position (lowest unacknowledged) on
+  every state flush and on disconnect.
+
+Writes go through one FIFO (`post_*`, one task), so a session's records keep their order
+without holding up the connection. In-flight outbound messages are not recorded: a resumed
+QoS 1/2 session restarts at the committed position, so what was delivered but not yet
+acknowledged is delivered again (QoS 1 allows it). Inbound QoS 2 packet ids stay with the
+gateway that received them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from core.client import MessageQueue, PullStatus
+from core.client.errors import MQClientError
+from core.common.properties import MessageConst, encode_properties
+from core.common.sysflag import PullSysFlag
+from core.remoting.codes import RequestCode, ResponseCode
+from core.remoting.errors import RemotingError
+
+__all__ = ["ClusterSessions", "SESSION_TOPIC", "StoredSession", "offsets_group",
+           "session_lmq"]
+
+log = logging.getLogger(__name__)
+
+SESSION_TOPIC = "LMQ_GW_SESSIONS"
+#: A record larger than this is not read back (a session of max_subscriptions_per_client
+#: filters of max_topic_length stays far below).
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+
+def _key(client_id: str) -> str:
+    return hashlib.sha256(client_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def session_lmq(client_id: str) -> str:
+    return "%LMQ%mqtt_s_" + _key(client_id)
+
+
+def offsets_group(client_id: str) -> str:
+    return "MQTT_S_" + _key(client_id)
+
+
+@dataclass
+class StoredSession:
+    """The newest record of a session: `stamp` is its commitlog offset (orders records)."""
+
+    stamp: int
+    gateway: str
+    record: dict | None  # None: the session was ended
+
+
+class ClusterSessions:
+    """Reads and (ordered) writes of the sessions kept in the cluster."""
+
+    def __init__(self, link: Any, addr: str, broker_name: str, gateway_id: str, *,
+                 topic: str = SESSION_TOPIC, retry_s: float = 0.5) -> None:
+        self.link = link
+        self.client = link.client
+        self.addr = addr
+        self.broker_name = broker_name
+        self.gateway_id = gateway_id
+        self.topic = topic
+        self.retry_s = retry_s
+        self._outbox: list[tuple[str, Any]] = []
+        self._work = trio.Event()
+
+    # -- writes (ordered) -----------------------------------------------------------------
+
+    def post_record(self, sess: Any) -> trio.Event:
+        """Write `sess`'s record (owner: this gateway); its stamp lands in
+        `sess.cluster_stamp` once stored, and the event returned is set then."""
+        body = {"c": sess.client_id, "g": self.gateway_id, "r": sess.record()}
+        done = trio.Event()
+        self._post(("record", (sess, body, done)))
+        return done
+
+    def post_delete(self, client_id: str) -> None:
+        self._post(("record", (None, {"c": client_id, "g": self.gateway_id, "r": None},
+                               None)))
+
+    def post_offsets(self, client_id: str, offsets: dict[tuple[str, str], int]) -> None:
+        if offsets:
+            self._post(("offsets", (client_id, offsets)))
+
+    def _post(self, item: tuple[str, Any]) -> None:
+        self._outbox.append(item)
+        self._work.set()
+
+    async def settled(self) -> None:
+        """Return once everything posted so far was written (shutdown; bound it)."""
+        while self._outbox:
+            await trio.sleep(0.01)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.client.api.create_topic(self.addr, self.topic, 1, 1)
+        task_status.started()
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            while self._outbox:
+                kind, data = self._outbox[0]
+                try:
+                    if kind == "record":
+                        await self._write_record(*data)
+                    else:
+                        await self._write_offsets(*data)
+                except (MQClientError, RemotingError, OSError) as exc:
+                    log.warning("session state not stored yet, retrying: %r", exc)
+                    await trio.sleep(self.retry_s)
+                    continue
+                self._outbox.pop(0)
+
+    async def _write_record(self, sess: Any, body: dict, done: trio.Event | None) -> None:
+        lmq = session_lmq(body["c"])
+        props = encode_properties({MessageConst.INNER_MULTI_DISPATCH: lmq})
+        ext = {"a": "MQTT_GATEWAY", "b": self.topic, "c": "TBW102", "d": "1", "e": "0",
+               "f": "0", "g": str(int(time.time() * 1000)), "h": "0", "i": props, "j": "0",
+               "k": "false", "m": "false"}
+        data = json.dumps(body, separators=(",", ":")).encode()
+        result = await self.client.api.send_message(
+            self.addr, MessageQueue(self.topic, self.broker_name, 0), ext, data,
+            batch=False, uniq_id="")
+        if sess is not None and result is not None and result.offset_msg_id:
+            sess.cluster_stamp = int(result.offset_msg_id[-16:], 16)
+        if done is not None:
+            done.set()
+
+    async def _write_offsets(self, client_id: str,
+                             offsets: dict[tuple[str, str], int]) -> None:
+        group = offsets_group(client_id)
+        for (broker, lmq), offset in offsets.items():
+            if broker in self.link.brokers:
+                await self.client.api.update_consumer_offset(
+                    self.link.addr(broker), group, lmq, 0, offset)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def fetch(self, client_id: str) -> StoredSession | None:
+        """The newest record of `client_id`'s session, or None (never recorded)."""
+        api = self.client.api
+        lmq = session_lmq(client_id)
+        end = await api.get_max_offset(self.addr, lmq, 0)
+        if end <= 0:
+            return None
+        ext = {"consumerGroup": offsets_group(client_id), "topic": lmq, "queueId": "0",
+               "queueOffset": str(end - 1), "maxMsgNums": "1",
+               "sysFlag": str(int(PullSysFlag.SUBSCRIPTION)), "commitOffset": "0",
+               "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0",
+               "expressionType": "TAG"}
+        got = await api.pull_message(self.addr, ext, self.client.config.request_timeout)
+        if got.status is not PullStatus.FOUND or not got.messages:
+            return None  # cut by retention
+        msg = got.messages[-1]
+        if len(msg.body) > MAX_RECORD_BYTES:
+            return None
+        try:
+            body = json.loads(msg.body)
+            if body["c"] != client_id:
+                return None  # a hash collision
+            return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    async def load_offsets(self, client_id: str,
+                           keys: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Committed positions of the session on (broker, LMQ) `keys` (missing: none)."""
+        group = offsets_group(client_id)
+        out: dict[tuple[str, str], int] = {}
+        for broker, lmq in keys:
+            resp = await self.client.api.call(
+                self.link.addr(broker), RequestCode.QUERY_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": lmq, "queueId": "0",
+                 "setZeroIfNotFound": "false"},
+                ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+            if resp.code == ResponseCode.SUCCESS:
+                out[(broker, lmq)] = resp.ext_int("offset", 0)
+        return out
+
+    # -- taking a session over from the cluster ---------------------------------------------
+
+    async def adopt(self, registry: Any, client_id: str) -> None:
+        """Before a CONNECT without clean start: if another gateway wrote a newer record
+        of the session than this gateway holds, drop the local copy (its routes stay) and
+        rebuild the session from the record and its committed positions."""
+        try:
+            stored = await self.fetch(client_id)
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("session %r not read from the cluster: %r", client_id[:64], exc)
+            return
+        if stored is None or stored.gateway == self.gateway_id:
+            return
+        local = registry.sessions.get(client_id)
+        if local is not None and local.cluster_stamp >= stored.stamp:
+            return
+        while local is not None and local.conn is not None:
+            await local.conn.kick(0x8E)
+            local = registry.sessions.get(client_id)
+        if local is not None:
+            registry.forget(local)
+        if stored.record is not None:
+            await self._rebuild(registry, client_id, stored)
+
+    async def _rebuild(self, registry: Any, client_id: str, stored: StoredSession) -> None:
+        from gateway.mqtt.message import now_ms
+        from gateway.mqtt.registry import route_owner
+        from gateway.mqtt.session import Session, Subscription
+        from gateway.mqtt.topics import parse_shared_subscription
+        from gateway.routing.route_table import Route
+
+        rec = stored.record
+        assert rec is not None
+        link = self.link
+        subs = []
+        for raw in rec.get("subs", []):
+            f, qos, nl, rap, rh, sid, lmq = raw
+            subs.append(Subscription(f, qos, nl, rap, rh, sid, lmq))
+        keys = [(b, s.lmq) for s in subs if parse_shared_subscription(s.filter) is None
+                for b in link.brokers]
+        found = await self.load_offsets(client_id, keys)
+        offsets = {}
+        for b, lmq in keys:
+            off = found.get((b, lmq))
+            if off is None:  # never committed there: start at the end (nothing twice)
+                off = await link.max_offset(b, lmq)
+            offsets[f"{b}\x00{lmq}"] = [off, off]
+        for s in subs:  # a shared group new here starts at the end, as on SUBSCRIBE
+            if parse_shared_subscription(s.filter) is not None and s.lmq not in registry.groups:
+                for b in link.brokers:
+                    key = f"{b}\x00{s.lmq}"
+                    if key not in registry._group_offsets:
+                        registry._group_offsets[key] = await link.max_offset(b, s.lmq)
+        if client_id in registry.sessions:
+            return  # another CONNECT of this id rebuilt it meanwhile
+        sess = Session(client_id, rec.get("v", 4), rec.get("exp"))
+        sess.cluster_stamp = stored.stamp
+        routes = registry.gw.routes
+        for sub in subs:
+            shared = parse_shared_subscription(sub.filter)
+            sub.route = Route("mqtt", shared.filter if shared is not None else sub.filter,
+                              sub.lmq, owner=route_owner(client_id, None))
+            registry._attach(sess, sub, offsets, None)
+            if routes is not None and sub.route not in routes.table:
+                routes.post("add", sub.route)
+        sess.gone_at = trio.current_time()
+        sess.gone_ms = now_ms()
+        registry.sessions[client_id] = sess
+        registry.stored.add(client_id)
+        registry.gw.store.put_session(client_id, sess.record())
+        log.info("session %r taken over from gateway %s (%d subscriptions)", client_id[:64],
+                 stored.gateway, len(subs))

@@ -1,0 +1,81 @@
+"""`lmq proxy`: a stand-alone, stateless RocketMQ 5 gRPC proxy in front of a cluster, for
+the official 5.x clients (docs/grpc.md).
+
+    lmq proxy --namesrv-addr 127.0.0.1:9876                 # gRPC on 127.0.0.1:8081
+    lmq proxy --namesrv-addr 'ns1:9876;ns2:9876' --host 0.0.0.0 --advertise-host proxy1
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+
+log = logging.getLogger("lmq.proxy")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("proxy", help="run a stand-alone RocketMQ 5 gRPC proxy")
+    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
+                        help="name server address(es), ';'-separated (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="bind address (default %(default)s: this machine only)")
+    parser.add_argument("--grpc-port", type=int, default=8081,
+                        help="gRPC listen port (default %(default)s; 0 picks a free one)")
+    parser.add_argument("--advertise-host", default="",
+                        help="host written into routes (default: the address each client "
+                             "used to reach the proxy)")
+    parser.add_argument("--access-key", help="ACL access key the proxy signs broker requests with")
+    parser.add_argument("--secret-key", help="ACL secret key (with --access-key)")
+    parser.add_argument("--grpc-tls-certfile", metavar="PEM",
+                        help="serve gRPC over TLS with this certificate chain")
+    parser.add_argument("--grpc-tls-keyfile", metavar="PEM", help="its private key")
+    parser.add_argument("--acl-file", help="check every call's authorization header against "
+                        "these ACL accounts (docs/acl.md, docs/grpc.md)")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve a non-loopback --host without --acl-file (anyone who "
+                             "reaches the port can send and consume)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+
+    import trio
+
+    from gateway.grpc5.config import GrpcConfig
+    from gateway.grpc5.standalone import run_proxy
+    from lmq.commands._broker_args import setup_logging
+
+    setup_logging(args.log_level)
+    from core.remoting.security import InsecureListenerError, check_exposure
+
+    try:  # secure by default, as the remoting ports (docs/remoting.md)
+        check_exposure(args.host, acl_enable=bool(args.acl_file),
+                       allow_unauthenticated=args.allow_unauthenticated,
+                       what="the gRPC proxy port")
+    except InsecureListenerError as exc:
+        log.error("%s", str(exc).replace("turn ACL on (acl_enable)", "pass --acl-file"))
+        return 2
+    config = GrpcConfig(host=args.host, port=args.grpc_port,
+                        advertise_host=args.advertise_host,
+                        tls_certfile=args.grpc_tls_certfile or "",
+                        tls_keyfile=args.grpc_tls_keyfile or "")
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(
+                    run_proxy, args.namesrv_addr, config, access_key=args.access_key,
+                    secret_key=args.secret_key, acl_file=args.acl_file))
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    return
+
+    try:
+        trio.run(main)
+    except (OSError, ValueError, trio.TooSlowError) as exc:
+        log.error("cannot start: %s (choose another port with --grpc-port)", exc)
+        return 1
+    return 0

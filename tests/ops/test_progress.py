@@ -1,0 +1,88 @@
+"""The live progress line: shown on a terminal, absent when piped (real `lmq bench store`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmq import progress
+from lmq.progress import Progress
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = [sys.executable, "-m", "lmq", "bench", "store", "--quick", "--no-lmq-1m", "--json"]
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_bench_piped_prints_only_its_result():
+    r = subprocess.run(BENCH, cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "put_msgs_per_s_1cq" in json.loads(r.stdout)
+
+
+def test_bench_on_a_terminal_shows_a_live_line():
+    main, side = pty.openpty()
+    env = dict(os.environ, TERM="xterm")
+    proc = subprocess.Popen(BENCH, cwd=REPO, stdin=subprocess.DEVNULL, stdout=side,
+                            stderr=side, env=env)
+    os.close(side)
+    out = bytearray()
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(main)
+    assert proc.wait(30) == 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    assert "\r\x1b[Klmq bench store: puts and gets" in text, text[:2000]
+    assert "lmq bench store: restart after kill -9" in text
+    # The line is erased before the result is printed, and the result is intact.
+    result = text.rsplit("\x1b[K", 1)[-1].strip()
+    assert "put_msgs_per_s_1cq" in json.loads(result)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_printed_rows_clear_the_line_first(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    err, out = _Tty(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    with Progress("job", err):
+        progress.phase("copying", total=3)
+        progress.step(2)
+        print("row 1")
+        assert err.getvalue().endswith("\r\x1b[K")  # erased before the row
+        progress.phase("checking")
+    assert out.getvalue() == "row 1\n"
+    assert "job: copying 0/3" in err.getvalue() and "job: checking" in err.getvalue()
+    assert err.getvalue().endswith("\r\x1b[K")  # nothing left on the line at the end
+    assert sys.stdout is out
+
+
+def test_not_a_terminal_writes_nothing():
+    err = io.StringIO()
+    with Progress("job", err):
+        progress.phase("copying")
+    assert err.getvalue() == ""
+    progress.phase("no progress shown: ignored")
