@@ -57,7 +57,7 @@ def start_lmq_amqp(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
     with open(cfg, "w") as fh:
         fh.write(_BROKER_TOML)
     port = free_port()
-    argv = [sys.executable, "-m", "lmq", "serve", "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1",
             "--data-dir", os.path.join(tmp, "lmq-data"), "--config", cfg,
             "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
             "--no-mqtt", "--amqp-port", str(port), "--log-level", "WARNING"]

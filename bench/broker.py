@@ -259,7 +259,7 @@ async def _start_broker(ctx: _Ctx, children: list[Child]) -> None:
         ctx.broker_pid = listening_pid(parse_addr(o.target)[1])
     else:
         ns_port, broker_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "lmq", "serve", "--data-dir",
+        argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir",
                 os.path.join(ctx.tmp, "broker"), "--host", "127.0.0.1",
                 "--namesrv-port", str(ns_port), "--broker-port", str(broker_port),
                 "--flush", o.flush, "--log-level", "WARNING"]
