@@ -79,9 +79,8 @@ def test_every_service_is_health_checked_and_published_on_loopback_only():
     # the whole product: 2 name servers, 2 broker groups of master + slave, MQTT and AMQP
     # gateways, the device simulator + Spark job
     assert sorted(c[1] for c in commands.values()) == sorted(
-        ["namesrv"] * 2 + ["broker"] * 4 + ["mqtt", "mqtt", "amqp", "demo", "admin"])
+        ["namesrv"] * 2 + ["broker"] * 4 + ["mqtt", "mqtt", "amqp", "demo"])
     once = one_shots(services)
-    assert {services[n]["command"][1] for n in once} == {"admin"}
     # two broker names, two replicated brokers each, failover by the controller
     brokers = [s["command"] for s in services.values() if s["command"][1] == "broker"]
     assert sorted(c[c.index("--broker-name") + 1] for c in brokers) == ["broker-a"] * 2 + [
@@ -212,15 +211,18 @@ class TelemetryConsumer:
 
 
 class Subscriber:
-    """An MQTT client on a gateway, subscribed to the devices' telemetry (QoS 1)."""
+    """An MQTT client on a gateway: telemetry (msgpack) and alerts (JSON) it receives, as
+    (device, ts) of the reading; `alerts` counts every alert delivery."""
 
     def __init__(self, port: int) -> None:
         import paho.mqtt.client as mqtt
 
         self.seen: set[tuple[str, int]] = set()
+        self.alerts: list[tuple[str, int]] = []
         self.subscribed = threading.Event()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="compose-sub")
-        self.client.on_connect = lambda c, *_: c.subscribe("devices/+/telemetry", qos=1)
+        self.client.on_connect = lambda c, *_: c.subscribe(
+            [("devices/+/telemetry", 1), ("alerts/#", 1)])
         self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
@@ -228,8 +230,12 @@ class Subscriber:
         assert self.subscribed.wait(30)
 
     def _on_message(self, _client, _userdata, msg) -> None:
-        r = msgpack.unpackb(msg.payload)
-        self.seen.add((r["device"], r["ts"]))
+        if msg.topic.startswith("alerts/"):
+            r = json.loads(msg.payload)
+            self.alerts.append((r["device"], r["ts"]))
+        else:
+            r = msgpack.unpackb(msg.payload)
+            self.seen.add((r["device"], r["ts"]))
 
     def close(self) -> None:
         self.client.loop_stop()
@@ -276,10 +282,21 @@ def _stop_demo(stack) -> list[dict]:
     return _readings(stack)
 
 
-def _alerts_expected(stack, readings: list[dict]) -> int:
+def _hot(stack, readings: list[dict]) -> set[tuple[str, int]]:
+    """(device, ts) of the readings above the demo's --threshold."""
     command = stack.svc["iot"].spec["command"]
     threshold = float(command[command.index("--threshold") + 1])
-    return sum(r["temperature"] > threshold for r in readings)
+    return {(r["device"], r["ts"]) for r in readings if r["temperature"] > threshold}
+
+
+def _check_alerts(stack, subscriber, readings: list[dict], start: int) -> None:
+    """Every reading above the threshold alerted exactly once: all of those after the
+    subscriber was in place (`start`), none twice, none that is not one."""
+    expected = _hot(stack, readings[start:])
+    assert expected
+    _wait(lambda: expected <= set(subscriber.alerts), 60, "every alert")
+    assert len(subscriber.alerts) == len(set(subscriber.alerts))
+    assert set(subscriber.alerts) <= _hot(stack, readings)
 
 
 @pytest.mark.slow
@@ -299,15 +316,13 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
             # ... and an MQTT subscriber on the other gateway, from its subscription on
             later = {(r["device"], r["ts"]) for r in _readings(stack)[start + 10:]}
             _wait(lambda: later <= subscriber.seen, 60, "telemetry on the second gateway")
-            # -> Spark -> alerts written back to the brokers
-            _wait(lambda: _alerts_stored(namesrv) > 0, 180, "Spark's first alerts")
+            # -> Spark -> alerts published back over MQTT, received on the other gateway
+            _wait(lambda: subscriber.alerts, 180, "Spark's first alerts over MQTT")
             # the AMQP gateway serves clients against the same brokers
             assert _amqp_round_trip(stack.svc["amqp"].port(5672)) == b"through the stack"
             readings = _stop_demo(stack)
             assert not consumer.missing(readings)
-            hot = _alerts_expected(stack, readings)
-            assert hot > 0
-            assert _alerts_stored(namesrv) == hot   # the sink: exactly once
+            _check_alerts(stack, subscriber, readings, start + 10)
         finally:
             subscriber.close()
             consumer.close()
@@ -346,9 +361,11 @@ def test_devices_and_consumers_carry_on_after_a_master_is_killed(tmp_path):
         stack.up(timeout=180)
         namesrv = stack.svc["broker-a1"].map_token("namesrv1:9876;namesrv2:9876")
         consumer = TelemetryConsumer(namesrv)
+        subscriber = Subscriber(stack.svc["mqtt2"].port(1883))
         try:
-            _wait(lambda: len(_readings(stack)) >= 40, 120, "40 acknowledged readings")
-            _wait(lambda: _alerts_stored(namesrv) > 0, 180, "Spark's first alerts")
+            start = len(_readings(stack))
+            _wait(lambda: len(_readings(stack)) >= start + 40, 120, "40 acknowledged readings")
+            _wait(lambda: subscriber.alerts, 180, "Spark's first alerts over MQTT")
             # both brokers of broker-a in sync, then kill -9 its master
             _wait(lambda: len(_controller_state(stack)["broker-a"].get("syncStateSet", [])) == 2,
                   60, "broker-a's slave in sync")
@@ -363,12 +380,7 @@ def test_devices_and_consumers_carry_on_after_a_master_is_killed(tmp_path):
                   "every acknowledged reading, after the kill")
             readings = _stop_demo(stack)
             assert not consumer.missing(readings)
-            assert _alerts_stored(namesrv) == _alerts_expected(stack, readings)
+            _check_alerts(stack, subscriber, readings, start + 10)
         finally:
+            subscriber.close()
             consumer.close()
-
-
-def _alerts_stored(namesrv: str) -> int:
-    from lmq.commands.demo import alerts_stored
-
-    return alerts_stored(namesrv, "IOT_ALERTS")
