@@ -478,6 +478,8 @@ class SessionRegistry:
             g = self.groups.get(sub.lmq)
             if g is None:
                 g = self.groups[sub.lmq] = SharedGroup(sub.lmq, shared.group, shared.filter)
+                if link.foreign_writers and self.gw.nursery is not None:
+                    g.use_pop(link, self.gw.nursery)  # members on every gateway compete
                 for broker in link.brokers:
                     key = g.key(broker)
                     g.part(link, broker, self._group_offsets.get(key, 0))
@@ -517,6 +519,7 @@ class SessionRegistry:
                 g.holders -= 1
                 if g.holders <= 0:
                     del self.groups[sub.lmq]
+                    g.close()
                     for broker in g.parts:
                         self._group_offsets.pop(g.key(broker), None)
                         self.gw.store.put_group_offset(g.key(broker), None)

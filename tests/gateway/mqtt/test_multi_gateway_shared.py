@@ -1,0 +1,94 @@
+"""`$share` groups across gateways (issue 12, docs/stateless-gateways.md): with several
+`lmq mqtt` gateways a shared group is read by the broker's POP under one consumer group,
+so members on different gateways split the messages. Real processes: a name server, two
+brokers in `apache_strict` mode, two gateways, paho clients."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from tests.gateway.mqtt.cluster_support import Cluster
+from tests.gateway.mqtt.e2e_support import Client, collect, uid
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        c.gateway()
+        c.gateway()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def _client(made: list[Client], port: int, **kw) -> Client:
+    c = Client(port, **kw)
+    made.append(c)
+    return c
+
+
+def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"shared/{uid()}"
+    group = f"g{uid()}"
+    members = []
+    for gw in (a, b):
+        m = _client(clients, gw.port)
+        m.connect()
+        m.subscribe(f"$share/{group}/{topic}", qos=1)
+        members.append(m)
+    pubs = []
+    for gw in (a, b):
+        p = _client(clients, gw.port)
+        p.connect()
+        pubs.append(p)
+    n = 40
+    for i in range(n):
+        # Published on both gateways (the store queue, and so the broker, varies too).
+        assert pubs[i % 2].publish(f"{topic}", f"m{i}".encode(), qos=1) == 0
+    got = collect(members, n)
+    payloads = Counter(m.payload for ms in got for m in ms)
+    assert sorted(payloads) == sorted(f"m{i}".encode() for i in range(n))
+    assert max(payloads.values()) == 1, "a message was delivered twice"
+    assert all(ms for ms in got), [len(ms) for ms in got]
+
+
+def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
+        cluster: Cluster, clients) -> None:
+    """A QoS 1 member on A that never acknowledges and disconnects: what A popped for it
+    becomes visible at once and goes to the member on B (not after the invisible time)."""
+    a, b = cluster.gateways
+    topic = f"shared/{uid()}"
+    group = f"g{uid()}"
+    filt = f"$share/{group}/{topic}"
+    lazy = _client(clients, a.port)
+    lazy.connect()
+    lazy.paho.manual_ack_set(True)  # receives, never PUBACKs
+    lazy.subscribe(filt, qos=1)
+    pub = _client(clients, a.port)
+    pub.connect()
+    for i in range(5):
+        assert pub.publish(topic, f"x{i}".encode(), qos=1) == 0
+    held = lazy.receive(5)
+    assert sorted(m.payload for m in held) == [f"x{i}".encode() for i in range(5)]
+    other = _client(clients, b.port)
+    other.connect()
+    other.subscribe(filt, qos=1)
+    other.nothing()  # A's member holds them
+    lazy.close()
+    again = other.receive(5, timeout=20.0)  # well under SHARE_INVISIBLE_MS
+    assert sorted(m.payload for m in again) == [f"x{i}".encode() for i in range(5)]
