@@ -17,6 +17,13 @@ without holding up the connection. In-flight outbound messages are not recorded:
 QoS 1/2 session restarts at the committed position, so what was delivered but not yet
 acknowledged is delivered again (QoS 1 allows it). Inbound QoS 2 packet ids stay with the
 gateway that received them.
+
+**Sweep** (`sweep_sessions`, run by the route log's sweep on the MQTT gateway with the
+smallest id): a persistent session whose record names a gateway that has been out of the
+gateways' group for `orphan_timeout_s` is ended by its Session Expiry Interval, counted
+from its disconnect (the record's `gone`) or, for a session its gateway lost by dying,
+from when the gateway was found gone: its routes are removed and a delete record is
+written. At most `SWEEP_READS` records are read per round.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ SESSION_TOPIC = "LMQ_GW_SESSIONS"
 #: A record larger than this is not read back (a session of max_subscriptions_per_client
 #: filters of max_topic_length stays far below).
 MAX_RECORD_BYTES = 4 * 1024 * 1024
+#: Session records read per sweep round (the rest wait for the next round).
+SWEEP_READS = 200
 
 
 def _key(client_id: str) -> str:
@@ -83,6 +92,12 @@ class ClusterSessions:
         self.retry_s = retry_s
         self._outbox: list[tuple[str, Any]] = []
         self._work = trio.Event()
+        #: client id -> gateway its newest record names (sweep)
+        self._owners: dict[str, str] = {}
+        #: client id -> stamp of the record found expired (ended when found again)
+        self._doomed: dict[str, int] = {}
+        #: gateways whose sweeper this may be (ids starting with this)
+        self.sweep_prefix = "mqtt-"
 
     # -- writes (ordered) -----------------------------------------------------------------
 
@@ -195,6 +210,65 @@ class ClusterSessions:
             if resp.code == ResponseCode.SUCCESS:
                 out[(broker, lmq)] = resp.ext_int("offset", 0)
         return out
+
+    # -- sweep of sessions whose gateway vanished ------------------------------------------
+
+    async def sweep_sessions(self, routes: Any) -> int:
+        """End the persistent sessions whose gateway vanished and whose expiry passed
+        (see the module doc); returns how many were ended."""
+        if not routes.is_sweeper(self.sweep_prefix):
+            return 0
+        timeout = routes.config.orphan_timeout_s
+        reads = SWEEP_READS
+        ended = 0
+        for owner in routes.table.persistent_owners():
+            cid = owner[2:]
+            if cid.startswith("sha256:"):
+                continue  # a long client id, kept hashed: its record cannot be named
+            known = self._owners.get(cid)
+            if known is not None:
+                away = routes.absent_for(known)
+                if away is None or away < timeout:
+                    continue  # its gateway is live (or not away for long): it decides
+            if reads <= 0:
+                break
+            reads -= 1
+            stored = await self.fetch(cid)
+            if stored is None:
+                continue  # no record (never written, or cut by retention): not judged
+            self._owners[cid] = stored.gateway
+            routes.watch_gateways.add(stored.gateway)
+            if stored.gateway == self.gateway_id:
+                continue
+            away = routes.absent_for(stored.gateway)
+            if away is None or away < timeout:
+                continue  # its gateway is live, or not gone long enough
+            if stored.record is not None:
+                exp = stored.record.get("exp")
+                if exp is None:
+                    continue  # never expires
+                now = time.time() * 1000
+                gone = stored.record.get("gone") or now - away * 1000
+                if now < gone + exp * 1000:
+                    continue
+            if self._doomed.get(cid) != stored.stamp:
+                # Confirmed next round with the same record: a record being written by
+                # a gateway that resumed the session meanwhile lands first.
+                self._doomed[cid] = stored.stamp
+                continue
+            del self._doomed[cid]
+            if stored.record is not None:
+                self.post_delete(cid)
+                log.info("session %r of vanished gateway %s expired", cid[:64],
+                         stored.gateway)
+            for route in routes.table.owner_routes(owner):
+                routes.post("remove", route)
+            self._owners.pop(cid, None)
+            ended += 1
+        if len(self._owners) > 2 * len(routes.table.persistent_owners()) + 1000:
+            self._owners.clear()  # sessions ended elsewhere: keep the memo bounded
+            self._doomed.clear()
+        return ended
 
     # -- taking a session over from the cluster ---------------------------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -157,6 +158,9 @@ class SessionRegistry:
         waited for. The number posted."""
         routes = self.gw.routes
         posted = 0
+        cs = self.gw.cluster_sessions
+        if cs is not None and not routes.sweepers:  # sessions whose gateway vanished
+            routes.sweepers.append(partial(cs.sweep_sessions, routes))
         # Clean sessions do not survive a restart: routes they left (the gateway stopped
         # before removing them, or died) go now.
         mine = f"c:{self.gw.gateway_id}:"

@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -134,6 +134,10 @@ class RouteLog:
         self._outbox_work = trio.Event()
         #: gateways owning clean-session routes, not members: since when (local clock)
         self._absent: dict[str, float] = {}
+        #: more gateway ids whose absence is timed (owners of persistent sessions' records)
+        self.watch_gateways: set[str] = set()
+        #: run after each sweep round (`await hook()`): other sweeps of abandoned state
+        self.sweepers: list[Callable[[], Awaitable[object]]] = []
 
     # ------------------------------------------------------------------ broker I/O
     def _mq(self, topic: str) -> MessageQueue:
@@ -350,26 +354,43 @@ class RouteLog:
             return 0  # the member list could not be read: judge nobody on old news
         now = self.clock()
         live = self.members | {self.gateway_id}
-        owners = set(self.table.clean_gateways())
+        owners = set(self.table.clean_gateways()) | self.watch_gateways
         for gw in list(self._absent):
             if gw in live or gw not in owners:
                 del self._absent[gw]
         for gw in owners - live:
             self._absent.setdefault(gw, now)
-        if min(live) != self.gateway_id:
+        for hook in self.sweepers:
+            try:
+                await hook()
+            except (MQClientError, RemotingError, OSError) as exc:
+                log.warning("sweep of abandoned state failed: %r", exc)
+        if not self.is_sweeper():
             return 0
         posted = 0
         for gw, since in list(self._absent.items()):
             if now - since < self.config.orphan_timeout_s:
                 continue
             routes = self.table.clean_routes(gw)
+            if not routes:
+                continue
             for route in routes:
                 self.post("remove", route)
             posted += len(routes)
             log.info("route log: gateway %s vanished %.0f s ago; removing %d route(s) of "
                      "its clean sessions", gw, now - since, len(routes))
-            del self._absent[gw]  # watched again if some remain
         return posted
+
+    def absent_for(self, gateway: str) -> float | None:
+        """Seconds since the last sweep first found `gateway` out of the group (None:
+        live, or not watched)."""
+        since = self._absent.get(gateway)
+        return None if since is None else self.clock() - since
+
+    def is_sweeper(self, prefix: str = "") -> bool:
+        """Is this the live gateway with the smallest id (among ids with `prefix`)?"""
+        ids = [g for g in self.members | {self.gateway_id} if g.startswith(prefix)]
+        return bool(ids) and min(ids) == self.gateway_id
 
     def live_gateways(self) -> dict[str, int]:
         """Live gateways (group members as last read, and this one) -> applied version."""

@@ -209,6 +209,8 @@ class RouteTable:
         #: routes of clean sessions (owner `c:<gateway id>:...`) by gateway id: what a
         #: sweep removes when that gateway vanished (RouteLog.sweep)
         self._clean: dict[str, set[Route]] = {}
+        #: routes of persistent sessions (owner `p:...`) by owner (sweep of expired ones)
+        self._persistent: dict[str, set[Route]] = {}
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -227,6 +229,14 @@ class RouteTable:
         """The routes owned by clean sessions of `gateway`."""
         return list(self._clean.get(gateway, ()))
 
+    def persistent_owners(self) -> list[str]:
+        """Owners `p:<client id>` of persistent sessions' routes."""
+        return list(self._persistent)
+
+    def owner_routes(self, owner: str) -> list[Route]:
+        """The routes of a persistent session's owner `p:<client id>`."""
+        return list(self._persistent.get(owner, ()))
+
     # ------------------------------------------------------------------ changes
     def add(self, route: Route) -> bool:
         """Add `route`; False if it was there. RouteError past `max_routes`."""
@@ -238,6 +248,8 @@ class RouteTable:
         gw = clean_owner_gateway(route.owner)
         if gw is not None:
             self._clean.setdefault(gw, set()).add(route)
+        elif route.owner.startswith("p:"):
+            self._persistent.setdefault(route.owner, set()).add(route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
@@ -260,6 +272,8 @@ class RouteTable:
         gw = clean_owner_gateway(route.owner)
         if gw is not None:
             _discard(self._clean, gw, route)
+        elif route.owner.startswith("p:"):
+            _discard(self._persistent, route.owner, route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":

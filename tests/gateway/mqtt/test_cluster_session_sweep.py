@@ -1,0 +1,86 @@
+"""Persistent sessions whose gateway vanished expire by their Session Expiry Interval
+even when no client resumes them (docs/stateless-gateways.md, "Failure behaviour"): the
+MQTT gateway with the smallest id ends them (routes removed, delete record written).
+Real broker (apache_strict), real RouteLogs and session records over TCP."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from types import SimpleNamespace
+
+import trio
+
+from gateway.mqtt.cluster_sessions import ClusterSessions
+from gateway.routing.route_table import Route
+from tests.gateway.routing.test_route_log import cfg, run, start
+from tests.gateway.routing.test_route_sweep import skewed
+
+
+def _session(cid: str, exp: int | None, gone: int | None) -> SimpleNamespace:
+    return SimpleNamespace(client_id=cid, cluster_stamp=-1, record=lambda: {
+        "v": 5, "exp": exp, "subs": [[f"{cid}/#", 1, False, False, 0, None, f"L-{cid}"]],
+        "gone": gone})
+
+
+def test_sessions_of_a_vanished_gateway_expire_without_a_client(tmp_path):
+    timeout = 60.0
+
+    async def fn(gateway):
+        skew = [0.0]
+        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, gateway("mqtt-a", conf))
+            b = await start(nursery, gateway("mqtt-b", conf))
+            skewed(a, skew)
+            skewed(b, skew)
+            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
+                                   addr=lambda _b: a.addr)
+            sessions = {}
+            for gw in ("mqtt-x", "mqtt-a", "mqtt-b"):
+                cs = sessions[gw] = ClusterSessions(link, a.addr, a.broker_name, gw)
+                await nursery.start(cs.run)
+            for name in ("mqtt-a", "mqtt-b"):
+                cs = sessions[name]
+                rl = a if name == "mqtt-a" else b
+                rl.sweepers.append(partial(cs.sweep_sessions, rl))
+            long_ago = int(time.time() * 1000) - 3_600_000
+            written = {  # client id -> (writer, expiry, gone)
+                "dev-exp": ("mqtt-x", 2, long_ago),      # disconnected long ago: expires
+                "dev-crash": ("mqtt-x", 2, None),        # lost with its gateway: expires
+                "dev-never": ("mqtt-x", None, long_ago),  # 3.1.1 persistent: never
+                "dev-long": ("mqtt-x", 10**7, long_ago),  # not yet
+                "dev-live": ("mqtt-b", 2, long_ago),     # its gateway is live: it decides
+            }
+            for cid, (writer, exp, gone) in written.items():
+                await sessions[writer].post_record(_session(cid, exp, gone)).wait()
+                await a.add_route(Route("mqtt", f"{cid}/#", f"L-{cid}", owner=f"p:{cid}"))
+            assert await sessions["mqtt-b"].sweep_sessions(b) == 0  # not the sweeper
+
+            async def sweep_round() -> None:
+                await a.sweep()
+
+            await sweep_round()  # reads the records: the gateways they name are watched
+            await sweep_round()  # mqtt-x found out of the group now
+            skew[0] += timeout / 2
+            await sweep_round()
+            assert all(Route("mqtt", f"{c}/#", f"L-{c}", owner=f"p:{c}") in a.table
+                       for c in written), "ended before orphan_timeout_s"
+            skew[0] += timeout
+            await sweep_round()  # found expired ...
+            await sweep_round()  # ... and still the same record: ended
+            ended = {"dev-exp", "dev-crash"}
+            with trio.fail_after(10):
+                while any(Route("mqtt", f"{c}/#", f"L-{c}", owner=f"p:{c}") in b.table
+                          for c in ended):
+                    await trio.sleep(0.05)
+            for cid in set(written) - ended:
+                assert Route("mqtt", f"{cid}/#", f"L-{cid}", owner=f"p:{cid}") in b.table
+            await sessions["mqtt-a"].settled()
+            for cid in ended:
+                stored = await sessions["mqtt-a"].fetch(cid)
+                assert stored is not None and stored.record is None
+            assert (await sessions["mqtt-a"].fetch("dev-long")).record is not None
+            nursery.cancel_scope.cancel()
+
+    run(tmp_path, fn, allow_inner_properties_without_acl=True)
