@@ -76,6 +76,8 @@ class StoredSession:
     stamp: int
     gateway: str
     record: dict | None  # None: the session was ended
+    #: in-flight, inbound QoS 2 ids and positions when its gateway wrote them (disconnect)
+    state: dict | None = None
 
 
 class ClusterSessions:
@@ -101,10 +103,16 @@ class ClusterSessions:
 
     # -- writes (ordered) -----------------------------------------------------------------
 
-    def post_record(self, sess: Any) -> trio.Event:
+    def post_record(self, sess: Any, *, state: bool = False) -> trio.Event:
         """Write `sess`'s record (owner: this gateway); its stamp lands in
-        `sess.cluster_stamp` once stored, and the event returned is set then."""
+        `sess.cluster_stamp` once stored, and the event returned is set then. With
+        `state` (on disconnect) the record also carries the session's in-flight
+        outbound messages, inbound QoS 2 ids and positions, so the gateway that resumes
+        it re-sends what was not acknowledged (DUP, same packet ids)."""
         body = {"c": sess.client_id, "g": self.gateway_id, "r": sess.record()}
+        if state:
+            body["s"] = {"pos": sess.offsets_record(), "inf": sess.inflight_record(),
+                         "q2": sorted(sess.inbound_qos2)}
         done = trio.Event()
         self._post(("record", (sess, body, done)))
         return done
@@ -192,7 +200,8 @@ class ClusterSessions:
             body = json.loads(msg.body)
             if body["c"] != client_id:
                 return None  # a hash collision
-            return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"])
+            return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"],
+                                 body.get("s"))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -297,7 +306,7 @@ class ClusterSessions:
     async def _rebuild(self, registry: Any, client_id: str, stored: StoredSession) -> None:
         from gateway.mqtt.message import now_ms
         from gateway.mqtt.registry import route_owner
-        from gateway.mqtt.session import Session, Subscription
+        from gateway.mqtt.session import Session, Subscription, restore_state
         from gateway.mqtt.topics import parse_shared_subscription
         from gateway.routing.route_table import Route
 
@@ -328,6 +337,14 @@ class ClusterSessions:
         sess = Session(client_id, rec.get("v", 4), rec.get("exp"))
         sess.cluster_stamp = stored.stamp
         routes = registry.gw.routes
+        state = stored.state if isinstance(stored.state, dict) else None
+        positions = state.get("pos") if state is not None else None
+        if isinstance(positions, dict):
+            # Where its gateway left it (delivered up to `sent`), not the committed
+            # positions: the unacknowledged ones are re-sent below, not delivered anew.
+            for key, pair in positions.items():
+                if key in offsets and isinstance(pair, list) and len(pair) == 2:
+                    offsets[key] = [int(pair[0]), int(pair[1])]
         for sub in subs:
             shared = parse_shared_subscription(sub.filter)
             sub.route = Route("mqtt", shared.filter if shared is not None else sub.filter,
@@ -335,6 +352,14 @@ class ClusterSessions:
             registry._attach(sess, sub, offsets, None)
             if routes is not None and sub.route not in routes.table:
                 routes.post("add", sub.route)
+        if state is not None:
+            try:
+                restore_state(sess, offsets, state.get("inf") or [], state.get("q2") or [],
+                              registry.gw.retained.get)
+            except (ValueError, TypeError) as exc:
+                log.warning("session %r: in-flight state not restored: %r", client_id[:64],
+                            exc)
+            sess.dirty = True
         sess.gone_at = trio.current_time()
         sess.gone_ms = now_ms()
         registry.sessions[client_id] = sess

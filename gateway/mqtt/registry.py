@@ -33,7 +33,7 @@ import trio
 from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import Will
-from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
+from gateway.mqtt.session import Cursor, Session, Subscription, restore_state
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
@@ -122,32 +122,7 @@ class SessionRegistry:
                 sub.route = Route("mqtt", shared.filter if shared is not None else f, lmq,
                                   owner=route_owner(client_id, None))
                 self._attach(sess, sub, offsets, None)
-            sess.inbound_qos2 = set(qos2)
-            by_key = {c.key: c for c in sess.cursors.values()}
-            for item in inflight:
-                pid, qos, state, broker, clog, refs, rtopic, retain, sub_ids = item
-                msg = None
-                if clog < 0:
-                    msg = None if rtopic is None else self.gw.retained.get(rtopic)
-                    if msg is None:
-                        continue
-                ref_list = []
-                for key, offset in refs:
-                    c = by_key.get(key)
-                    if c is not None:
-                        ref_list.append((c, offset))
-                        c.unacked.add(offset)
-                entry = Inflight(pid, qos, msg, ref_list, retain, tuple(sub_ids))
-                entry.state = state
-                entry.retained_topic = rtopic
-                if msg is None:
-                    entry.where = (broker, clog)  # read back by load_inflight_message
-                sess.inflight[pid] = entry
-            # Positions without an in-flight entry restart at the committed offset.
-            for c in sess.cursors.values():
-                pair = offsets.get(c.key)
-                if pair is not None and not c.unacked:
-                    c.next = c.sent = pair[0]
+            restore_state(sess, offsets, inflight, qos2, self.gw.retained.get)
             self.sessions[client_id] = sess
             self.stored.add(client_id)
         return len(self.sessions)
@@ -331,7 +306,7 @@ class SessionRegistry:
         self.persist(sess)
         cs = self.cluster()
         if cs is not None:
-            cs.post_record(sess)
+            cs.post_record(sess, state=True)
 
     def publish_will(self, sess: Session, will: Will) -> None:
         sess.will = None

@@ -1,10 +1,11 @@
-"""`$share` groups across gateways (issue 12, docs/stateless-gateways.md): with several
-`lmq mqtt` gateways a shared group is read by the broker's POP under one consumer group,
-so members on different gateways split the messages. Real processes: a name server, two
-brokers in `apache_strict` mode, two gateways, paho clients."""
+"""State that moves between gateways (issue 12, docs/stateless-gateways.md): `$share`
+groups read by the broker's POP under one consumer group (members on different gateways
+split the messages), and a session's in-flight messages carried in its record. Real
+processes: a name server, two brokers in `apache_strict` mode, two gateways, paho."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -92,3 +93,35 @@ def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
     lazy.close()
     again = other.receive(5, timeout=20.0)  # well under SHARE_INVISIBLE_MS
     assert sorted(m.payload for m in again) == [f"x{i}".encode() for i in range(5)]
+
+
+def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
+        cluster: Cluster, clients) -> None:
+    """A persistent QoS 1 session that received messages on A without acknowledging them,
+    then resumed on B: B re-sends exactly those, with DUP and their packet ids, and does
+    not deliver them again as new messages."""
+    a, b = cluster.gateways
+    topic = f"inflight/{uid()}"
+    cid = "inf-" + uid()
+    x = _client(clients, a.port, client_id=cid, version=4)
+    x.connect(clean_start=False)
+    x.paho.manual_ack_set(True)  # receives, never PUBACKs
+    x.subscribe(topic, qos=1)
+    pub = _client(clients, b.port)
+    pub.connect()
+    for i in range(3):
+        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
+    held = x.receive(3)
+    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
+    assert not any(m.dup for m in held)
+    x.disconnect()
+    time.sleep(0.5)  # A's disconnect record reached the cluster
+    y = _client(clients, b.port, client_id=cid, version=4)
+    assert y.connect(clean_start=False)[1] is True
+    again = y.receive(3)
+    assert [(m.payload, m.mid, m.dup) for m in again] == [
+        (m.payload, m.mid, True) for m in held]
+    y.nothing()  # not delivered a second time as new messages
+    assert pub.publish(topic, b"after", qos=1) == 0
+    after = y.receive_one()
+    assert (after.payload, after.dup) == (b"after", False)
