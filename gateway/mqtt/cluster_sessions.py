@@ -13,10 +13,12 @@ gateway B (docs/stateless-gateways.md "Sessions"). Standard RocketMQ requests on
   every state flush and on disconnect.
 
 Writes go through one FIFO (`post_*`, one task), so a session's records keep their order
-without holding up the connection. In-flight outbound messages are not recorded: a resumed
-QoS 1/2 session restarts at the committed position, so what was delivered but not yet
-acknowledged is delivered again (QoS 1 allows it). Inbound QoS 2 packet ids stay with the
-gateway that received them.
+without holding up the connection. The record written on a disconnect also carries the
+session's in-flight outbound messages, inbound QoS 2 ids and positions (`"s"`): the
+gateway that resumes it re-sends the unacknowledged ones (DUP, same packet ids). Without
+such a record (its gateway died) a resumed QoS 1/2 session restarts at the committed
+position, so what was delivered but not yet acknowledged is delivered again (QoS 1 allows
+it), and inbound QoS 2 ids are lost.
 
 **Sweep** (`sweep_sessions`, run by the route log's sweep on the MQTT gateway with the
 smallest id): a persistent session whose record names a gateway that has been out of the
