@@ -25,11 +25,15 @@ smallest id): a persistent session whose record names a gateway that has been ou
 gateways' group for `orphan_timeout_s` is ended by its Session Expiry Interval, counted
 from its disconnect (the record's `gone`) or, for a session its gateway lost by dying,
 from when the gateway was found gone: its routes are removed and a delete record is
-written. At most `SWEEP_READS` records are read per round.
+written. At most `SWEEP_READS` records are read per round. A will waiting for its Will
+Delay Interval is in the disconnect record too (`"w"`): the sweeper publishes it once
+the delay (or the session) ran out and its gateway vanished, then writes the record
+again without it (so it is sent once).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -80,6 +84,8 @@ class StoredSession:
     record: dict | None  # None: the session was ended
     #: in-flight, inbound QoS 2 ids and positions when its gateway wrote them (disconnect)
     state: dict | None = None
+    #: a will waiting for its delay when the record was written (`will_record`)
+    will: dict | None = None
 
 
 class ClusterSessions:
@@ -102,6 +108,8 @@ class ClusterSessions:
         self._doomed: dict[str, int] = {}
         #: gateways whose sweeper this may be (ids starting with this)
         self.sweep_prefix = "mqtt-"
+        #: publishes a will of a session whose gateway vanished: (client id, Will)
+        self.on_will: Any = None
 
     # -- writes (ordered) -----------------------------------------------------------------
 
@@ -115,6 +123,9 @@ class ClusterSessions:
         if state:
             body["s"] = {"pos": sess.offsets_record(), "inf": sess.inflight_record(),
                          "q2": sorted(sess.inbound_qos2)}
+            if sess.will is not None and sess.will_due is not None:
+                due = int(time.time() * 1000 + (sess.will_due - trio.current_time()) * 1000)
+                body["w"] = will_record(sess.will, due)
         done = trio.Event()
         self._post(("record", (sess, body, done)))
         return done
@@ -122,6 +133,10 @@ class ClusterSessions:
     def post_delete(self, client_id: str) -> None:
         self._post(("record", (None, {"c": client_id, "g": self.gateway_id, "r": None},
                                None)))
+
+    def post_raw(self, body: dict) -> None:
+        """Write a record body as it is (the sweeper's copy of a record without its will)."""
+        self._post(("record", (None, body, None)))
 
     def post_offsets(self, client_id: str, offsets: dict[tuple[str, str], int]) -> None:
         if offsets:
@@ -203,7 +218,7 @@ class ClusterSessions:
             if body["c"] != client_id:
                 return None  # a hash collision
             return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"],
-                                 body.get("s"))
+                                 body.get("s"), body.get("w"))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -254,13 +269,22 @@ class ClusterSessions:
             away = routes.absent_for(stored.gateway)
             if away is None or away < timeout:
                 continue  # its gateway is live, or not gone long enough
+            now = time.time() * 1000
+            will_due = _will_due(stored.will)
             if stored.record is not None:
                 exp = stored.record.get("exp")
-                if exp is None:
-                    continue  # never expires
-                now = time.time() * 1000
                 gone = stored.record.get("gone") or now - away * 1000
-                if now < gone + exp * 1000:
+                if exp is None or now < gone + exp * 1000:
+                    # Not expired; only a will whose delay ran out to send.
+                    if will_due is None or now < will_due:
+                        continue
+                    if self._doomed.get(cid) != stored.stamp:
+                        self._doomed[cid] = stored.stamp  # confirmed next round
+                        continue
+                    del self._doomed[cid]
+                    self._send_will(cid, stored)
+                    self.post_raw({"c": cid, "g": stored.gateway, "r": stored.record,
+                                   "s": stored.state})
                     continue
             if self._doomed.get(cid) != stored.stamp:
                 # Confirmed next round with the same record: a record being written by
@@ -269,6 +293,7 @@ class ClusterSessions:
                 continue
             del self._doomed[cid]
             if stored.record is not None:
+                self._send_will(cid, stored)  # the session ends: its will goes now
                 self.post_delete(cid)
                 log.info("session %r of vanished gateway %s expired", cid[:64],
                          stored.gateway)
@@ -280,6 +305,18 @@ class ClusterSessions:
             self._owners.clear()  # sessions ended elsewhere: keep the memo bounded
             self._doomed.clear()
         return ended
+
+    def _send_will(self, client_id: str, stored: StoredSession) -> None:
+        if stored.will is None or self.on_will is None:
+            return
+        try:
+            will = will_from_record(stored.will)
+        except Exception as exc:  # noqa: BLE001 - a malformed record, not ours to fix
+            log.warning("will of session %r unreadable: %r", client_id[:64], exc)
+            return
+        log.info("will of session %r (gateway %s vanished) published", client_id[:64],
+                 stored.gateway)
+        self.on_will(client_id, will)
 
     # -- taking a session over from the cluster ---------------------------------------------
 
@@ -369,3 +406,29 @@ class ClusterSessions:
         registry.gw.store.put_session(client_id, sess.record())
         log.info("session %r taken over from gateway %s (%d subscriptions)", client_id[:64],
                  stored.gateway, len(subs))
+
+
+def will_record(will: Any, due_ms: int) -> dict:
+    """A delayed will as kept in a session record (`due_ms`: wall clock it is due)."""
+    from gateway.mqtt.properties import WILL, encode_properties
+
+    return {"t": will.topic, "p": base64.b64encode(will.payload).decode("ascii"),
+            "q": will.qos, "r": will.retain, "due": due_ms,
+            "pr": base64.b64encode(encode_properties(will.properties, WILL)).decode("ascii")}
+
+
+def will_from_record(d: dict) -> Any:
+    """The Will of `will_record` (ValueError / KeyError / TypeError when malformed)."""
+    from gateway.mqtt.packets import Will
+    from gateway.mqtt.properties import WILL, decode_properties
+
+    raw = base64.b64decode(d["pr"])
+    props, _ = decode_properties(memoryview(raw), 0, len(raw), WILL)
+    return Will(str(d["t"]), base64.b64decode(d["p"]), int(d["q"]), bool(d["r"]), props)
+
+
+def _will_due(d: Any) -> float | None:
+    try:
+        return float(d["due"]) if isinstance(d, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -136,6 +136,7 @@ class SessionRegistry:
         cs = self.gw.cluster_sessions
         if cs is not None and not routes.sweepers:  # sessions whose gateway vanished
             routes.sweepers.append(partial(cs.sweep_sessions, routes))
+            cs.on_will = lambda cid, will: self.publish_will(Session(cid, 5, 0), will)
         # Clean sessions do not survive a restart: routes they left (the gateway stopped
         # before removing them, or died) go now.
         mine = f"c:{self.gw.gateway_id}:"
@@ -360,6 +361,9 @@ class SessionRegistry:
                 continue
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
+                cs = self.cluster()
+                if cs is not None and sess.persistent:
+                    cs.post_record(sess, state=True)  # sent: no other gateway sends it
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
                 cs = self.cluster()
                 if cs is not None and self.gw.nursery is not None:

@@ -1,6 +1,7 @@
 """Persistent sessions whose gateway vanished expire by their Session Expiry Interval
 even when no client resumes them (docs/stateless-gateways.md, "Failure behaviour"): the
-MQTT gateway with the smallest id ends them (routes removed, delete record written).
+MQTT gateway with the smallest id ends them (routes removed, delete record written), and
+publishes a will whose Will Delay Interval ran out, once.
 Real broker (apache_strict), real RouteLogs and session records over TCP."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from types import SimpleNamespace
 
 import trio
 
-from gateway.mqtt.cluster_sessions import ClusterSessions
+from gateway.mqtt.cluster_sessions import ClusterSessions, will_record
+from gateway.mqtt.packets import Properties, Will
 from gateway.routing.route_table import Route
 from tests.gateway.routing.test_route_log import cfg, run, start
 from tests.gateway.routing.test_route_sweep import skewed
@@ -81,6 +83,65 @@ def test_sessions_of_a_vanished_gateway_expire_without_a_client(tmp_path):
                 stored = await sessions["mqtt-a"].fetch(cid)
                 assert stored is not None and stored.record is None
             assert (await sessions["mqtt-a"].fetch("dev-long")).record is not None
+            nursery.cancel_scope.cancel()
+
+    run(tmp_path, fn, allow_inner_properties_without_acl=True)
+
+
+def test_delayed_will_of_a_vanished_gateway_is_published_once(tmp_path):
+    timeout = 60.0
+
+    async def fn(gateway):
+        skew = [0.0]
+        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, gateway("mqtt-a", conf))
+            skewed(a, skew)
+            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
+                                   addr=lambda _b: a.addr)
+            cs = ClusterSessions(link, a.addr, a.broker_name, "mqtt-a")
+            await nursery.start(cs.run)
+            a.sweepers.append(partial(cs.sweep_sessions, a))
+            sent = []
+            cs.on_will = lambda cid, will: sent.append((cid, will))
+            now = int(time.time() * 1000)
+            props = Properties(will_delay_interval=30, content_type="text/plain",
+                               user_properties=(("k", "v"),))
+            will = Will("wills/dev-w", b"\x00gone", 1, True, props)
+            wills = {"dev-later": now + 3_600_000}  # due in an hour: not yet
+            for cid, due in wills.items():
+                rec = _session(cid, 10**6, now - 5000).record()
+                cs.post_raw({"c": cid, "g": "mqtt-x", "r": rec, "w": will_record(will, due)})
+                await a.add_route(Route("mqtt", f"{cid}/#", f"L-{cid}", owner=f"p:{cid}"))
+            # What a gateway writes on a disconnect with a delayed will (trio clock due).
+            x = ClusterSessions(link, a.addr, a.broker_name, "mqtt-x")
+            await nursery.start(x.run)
+            sess = _session("dev-w", 10**6, now - 5000)
+            sess.will, sess.will_due = will, trio.current_time() - 1.0
+            sess.offsets_record, sess.inflight_record = dict, list
+            sess.inbound_qos2 = {7}
+            await x.post_record(sess, state=True).wait()
+            await a.add_route(Route("mqtt", "dev-w/#", "L-dev-w", owner="p:dev-w"))
+            written = await cs.fetch("dev-w")
+            assert written.state == {"pos": {}, "inf": [], "q2": [7]}
+            assert abs(written.will["due"] - (now - 1000)) < 60_000
+            await cs.settled()
+            await a.sweep()  # records read, mqtt-x watched
+            await a.sweep()  # mqtt-x found gone
+            skew[0] += timeout + 1
+            await a.sweep()  # will found due ...
+            assert sent == []
+            await a.sweep()  # ... confirmed: published
+            assert [(cid, w.topic, w.payload, w.qos, w.retain, w.properties.content_type,
+                     w.properties.user_properties) for cid, w in sent] == [
+                ("dev-w", "wills/dev-w", b"\x00gone", 1, True, "text/plain", (("k", "v"),))]
+            await cs.settled()
+            for _ in range(3):
+                await a.sweep()
+            assert len(sent) == 1  # once: the record was written again without it
+            stored = await cs.fetch("dev-w")
+            assert stored.will is None and stored.record is not None  # session kept
+            assert (await cs.fetch("dev-later")).will is not None
             nursery.cancel_scope.cancel()
 
     run(tmp_path, fn, allow_inner_properties_without_acl=True)
