@@ -389,7 +389,9 @@ class RouteLog:
 
     def is_sweeper(self, prefix: str = "") -> bool:
         """Is this the live gateway with the smallest id (among ids with `prefix`)?"""
-        ids = [g for g in self.members | {self.gateway_id} if g.startswith(prefix)]
+        # Members that only write LMQs ("writer-...", the Spark sink) run no sweep.
+        ids = [g for g in self.members | {self.gateway_id}
+               if g.startswith(prefix) and not g.startswith("writer-")]
         return bool(ids) and min(ids) == self.gateway_id
 
     def live_gateways(self) -> dict[str, int]:
