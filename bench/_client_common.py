@@ -53,7 +53,7 @@ def server_under_test(namesrv_addr: str | None) -> Iterator[str]:
     data = tempfile.mkdtemp(prefix="lmq-bench-client-")
     ns_port, broker_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmq", "serve", "--host", "127.0.0.1", "--data-dir", data,
+        [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1", "--data-dir", data,
          "--namesrv-port", str(ns_port), "--broker-port", str(broker_port), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

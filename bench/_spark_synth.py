@@ -3,7 +3,8 @@ source's schema, and a Python writer that drops its rows (format ``lmqbench_synt
 
 The reader yields, per partition, Arrow record batches of 32 rows (one pull's worth), built
 once in memory: generating the data costs nothing, so its rate is what Spark itself costs a
-Python source on this machine. The writer iterates its rows and keeps nothing.
+Python source on this machine. The writer takes its rows as Arrow record batches (as the
+lmq sink does) and keeps nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -68,11 +69,14 @@ class _Done(WriterCommitMessage):
     rows: int
 
 
-class _Writer(DataSourceWriter):
+class _Writer(DataSourceArrowWriter):
+    """Takes the Arrow record batches Spark hands a Python writer (as the lmq sink does)
+    and drops them."""
+
     def write(self, iterator) -> _Done:
         n = 0
-        for _row in iterator:
-            n += 1
+        for rb in iterator:
+            n += rb.num_rows
         return _Done(n)
 
     def commit(self, messages) -> None:

@@ -259,7 +259,7 @@ async def _start_broker(ctx: _Ctx, children: list[Child]) -> None:
         ctx.broker_pid = listening_pid(parse_addr(o.target)[1])
     else:
         ns_port, broker_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "lmq", "serve", "--data-dir",
+        argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir",
                 os.path.join(ctx.tmp, "broker"), "--host", "127.0.0.1",
                 "--namesrv-port", str(ns_port), "--broker-port", str(broker_port),
                 "--flush", o.flush, "--log-level", "WARNING"]
@@ -418,6 +418,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"run only these phases ({', '.join(PHASES)})")
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy the broker during its phases (first run) into DIR")
+    parser.add_argument("--replicated", action="store_true",
+                        help="instead of the phases: send, batch and p99 of ASYNC_MASTER "
+                        "without slave, with a slave, and SYNC_MASTER with a slave (docs/ha.md)")
     parser.add_argument("--keep-data", action="store_true",
                         help="keep the temporary data directory")
 
@@ -444,6 +447,15 @@ def run(args: argparse.Namespace) -> int:
         print("--runs >= 1, --duration > 0, --warmup >= 0 and --rate > 0 please",
               file=sys.stderr)
         return 2
+    if getattr(args, "replicated", False):
+        from bench._broker_replicated import print_replicated, run_replicated
+
+        report = trio.run(run_replicated, args)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print_replicated(report)
+        return 1 if any("error" in c for c in report["replicated"].values()) else 0
     try:
         phases = _phases(args)
     except ValueError as exc:

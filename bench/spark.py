@@ -7,8 +7,8 @@ same size) into the same no-op sink: the ceiling of any Python source in this Sp
 machine. The issue's target is source >= 0.5 x that ceiling.
 
 Sink: ``--sink-rows`` rows of ``--size`` B values written with ``df.write.format("lmq")``
-(transactional halves, then the job's commit), beside the same rows written to a Python
-data source writer that drops them: the ceiling of any Python sink. Rates are medians of
+(batched half messages, then the job's commit), beside the same rows written to a Python
+Arrow data source writer that drops them: the ceiling of any Python sink. Rates are medians of
 ``--runs`` runs; each run's time is the whole Spark job (planning included).
 
     lmq bench spark                          # local[2], an `lmq serve` child process
@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("-n", "--namesrv-addr",
                         help="cluster to measure (default: start `lmq serve` in a temp dir)")
     parser.add_argument("-m", "--messages", type=int, default=40000, help="source rows per run")
-    parser.add_argument("--sink-rows", type=int, default=5000, help="sink rows per run")
+    parser.add_argument("--sink-rows", type=int, default=100000, help="sink rows per run")
     parser.add_argument("-s", "--size", type=int, default=256, help="value bytes")
     parser.add_argument("--queues", type=int, default=4, help="queues of the source topic")
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
@@ -115,7 +115,7 @@ def _one_run(spark, addr: str, args) -> dict[str, Any]:
 def run(args) -> int:
     if args.quick:
         args.messages, args.sink_rows, args.runs = min(args.messages, 2000), \
-            min(args.sink_rows, 500), args.runs or 1
+            min(args.sink_rows, 2000), args.runs or 1
     args.runs = args.runs or 3
     if min(args.messages, args.sink_rows, args.size, args.queues, args.runs) < 1:
         print("lmq bench spark: --messages, --sink-rows, --size, --queues and --runs must be positive")
@@ -150,9 +150,9 @@ def run(args) -> int:
                            "in-memory Python source, same rows, same partitions)"),
         ("source ratio", f"{result['source_ratio']:.2f} x ceiling"),
         ("sink", f"{result['sink_rows_per_s']:,.0f} rows/s ({args.sink_rows:,} rows, "
-                 "format('lmq') batch write: halves + commit)"),
-        ("sink ceiling", f"{result['sink_ceiling_rows_per_s']:,.0f} rows/s (Python writer "
-                         "that drops the same rows)"),
+                 "format('lmq') batch write: batched halves + commit)"),
+        ("sink ceiling", f"{result['sink_ceiling_rows_per_s']:,.0f} rows/s (Python Arrow "
+                         "writer that drops the same rows)"),
         ("sink ratio", f"{result['sink_ratio']:.2f} x ceiling"),
     ])
     return 0

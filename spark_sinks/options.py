@@ -18,12 +18,12 @@ LATEST = -1
 SOURCE_OPTIONS = (
     "lmq.namesrv", "subscribe", "subscribePattern", "mqttTopic", "startingOffsets",
     "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
-    "includeHeaders", "commitGroup", "lmq.pullBatchSize", "lmq.requestTimeout",
+    "includeHeaders", "commitGroup", "lmq.pullBatchSize", "lmq.requestTimeout", "amqpQueue",
 )
 #: Options the sink understands.
 SINK_OPTIONS = (
     "lmq.namesrv", "topic", "lmq.producerGroup", "lmq.commitTopic", "lmq.requestTimeout",
-    "lmq.queryId",
+    "lmq.queryId", "lmq.mqttStoreTopic",
 )
 #: Spark sets these itself on streaming queries.
 _SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid", "queryname"})
@@ -170,6 +170,11 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         raise LmqOptionError("option 'lmq.namesrv' is required (name servers, ';'-separated)")
     mqtt_filter = opts.get("mqtttopic")
     topics = [t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()]
+    if "amqpqueue" in opts:
+        if {"subscribe", "subscribepattern", "mqtttopic"} & set(opts):
+            raise LmqOptionError("option 'amqpQueue' excludes 'subscribe', 'subscribePattern' "
+                                 "and 'mqttTopic'")
+        topics = [amqp_queue_lmq(opts["amqpqueue"])]
     pattern = None
     if "subscribepattern" in opts:
         if "subscribe" in opts:
@@ -222,6 +227,19 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         request_timeout=float(_positive_int("lmq.requestTimeout",
                                             opts.get("lmq.requesttimeout", "10"))),
     )
+
+
+#: Longest AMQP queue name (AMQP 0-9-1 shortstr), in UTF-8 bytes.
+MAX_AMQP_QUEUE_BYTES = 255
+
+
+def amqp_queue_lmq(name: str) -> str:
+    """The LMQ topic holding AMQP queue `name` (gateway/routing/lmq_names.py)."""
+    from gateway.routing import lmq_names
+
+    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_AMQP_QUEUE_BYTES:
+        raise LmqOptionError(f"option 'amqpQueue' must be 1..{MAX_AMQP_QUEUE_BYTES} bytes")
+    return lmq_names.encode(lmq_names.AMQP, name).topic
 
 
 class LmqDataLossError(RuntimeError):

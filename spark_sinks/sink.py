@@ -1,12 +1,14 @@
 """`df.write.format("lmq")` and `df.writeStream.format("lmq")` (docs/spark.md).
 
-Tasks send every row as a transactional half message (invisible to consumers) and hand
-the handles to the driver. Batch writes: the driver's commit commits them all, abort rolls
-them back. Streaming (exactly once): the driver's ``commit(messages, batchId)`` first
-looks for the commit record of (query id, batch id); when there is none it stores the
-record (listing the halves) and then commits the halves; when there is one, the batch is
-a replay: its new halves are rolled back, and the halves of the record that are not in
-their topic yet (a crash between the record and the commits) are committed.
+Tasks (Arrow writers) encode their rows into chunks and send each as one prepared batch,
+which the broker keeps as one half message, invisible to consumers (txn.py); they hand
+the chunks' handles to the driver. Batch writes: the driver's commit commits every chunk,
+abort rolls them back. Streaming (exactly once): the driver's ``commit(messages,
+batchId)`` first looks for the commit record of (query id, batch id); when there is none
+it stores the record (listing the chunks) and then commits the chunks; when there is one,
+the batch is a replay: its new chunks are rolled back, and the recorded chunks not in
+their topic yet (a crash between the record and the commits) are committed. Rows with an
+`mqttTopic` are MQTT traffic (mqtt_out.py).
 """
 
 from __future__ import annotations
@@ -16,25 +18,39 @@ import logging
 import os
 import threading
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegralType,
+    MapType,
+    StringType,
+    StructType,
+)
 
 from core.client.transaction import LocalTransactionState
-from core.common.message import Message
-from spark_sinks.conn import client_for
+from spark_sinks.conn import client_for, request_pool
+from spark_sinks.mqtt_out import DEFAULT_STORE_TOPIC, mqtt_properties, routes_for
 from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known
 from spark_sinks.txn import (
     P_BATCH,
     P_QUERY,
     P_TASK,
-    Half,
-    end_halves,
+    WINDOW,
+    Chunk,
+    ChunkBuilder,
+    chunks_of,
+    end_chunks,
     find_record,
-    halves_of,
-    send_halves,
+    send_chunk,
     uncommitted,
     write_record,
 )
@@ -43,10 +59,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "SPARK_LMQ_SINK"
 DEFAULT_COMMIT_TOPIC = "SPARK_LMQ_COMMITS"
-#: Rows handed to the client thread at a time by a task.
-CHUNK_ROWS = 1000
 
-_COLUMNS = {"value", "key", "topic", "tags", "properties"}
+_COLUMNS = {"value", "key", "topic", "tags", "properties", "mqttTopic", "qos", "retain"}
 
 
 @dataclass(slots=True)
@@ -58,6 +72,7 @@ class SinkOptions:
     request_timeout: float = 10.0
     query_id: str | None = None
     checkpoint: str | None = None
+    mqtt_store_topic: str = DEFAULT_STORE_TOPIC
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -74,7 +89,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                        group=opts.get("lmq.producergroup", DEFAULT_GROUP),
                        commit_topic=opts.get("lmq.committopic", DEFAULT_COMMIT_TOPIC),
                        request_timeout=timeout, query_id=opts.get("lmq.queryid"),
-                       checkpoint=low.get("checkpointlocation"))
+                       checkpoint=low.get("checkpointlocation"),
+                       mqtt_store_topic=opts.get("lmq.mqttstoretopic") or DEFAULT_STORE_TOPIC)
 
 
 def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
@@ -86,14 +102,21 @@ def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
                                  f"its columns: {', '.join(sorted(_COLUMNS))}")
         if f.name == "value" and not isinstance(f.dataType, (BinaryType, StringType)):
             raise LmqOptionError("column 'value' must be binary or string")
-        if f.name in ("key", "topic", "tags") and not isinstance(f.dataType, StringType):
+        if f.name in ("key", "topic", "tags", "mqttTopic") \
+                and not isinstance(f.dataType, StringType):
             raise LmqOptionError(f"column {f.name!r} must be a string")
+        if f.name == "qos" and not isinstance(f.dataType, IntegralType):
+            raise LmqOptionError("column 'qos' must be an integer (0, 1 or 2)")
+        if f.name == "retain" and not isinstance(f.dataType, BooleanType):
+            raise LmqOptionError("column 'retain' must be a boolean")
         if f.name == "properties" and not isinstance(f.dataType, MapType):
             raise LmqOptionError("column 'properties' must be a map<string,string>")
         idx[f.name] = i
     if "value" not in idx:
         raise LmqOptionError("the lmq sink needs a 'value' column")
-    if "topic" not in idx and not opts.topic:
+    if ("qos" in idx or "retain" in idx) and "mqttTopic" not in idx:
+        raise LmqOptionError("columns 'qos' and 'retain' need an 'mqttTopic' column")
+    if "topic" not in idx and not opts.topic and "mqttTopic" not in idx:
         raise LmqOptionError("give the option 'topic' or a 'topic' column")
     return idx
 
@@ -101,7 +124,7 @@ def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
 @dataclass
 class LmqCommitMessage(WriterCommitMessage):
     task: str
-    halves: list[Half] = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
 
 
 # -- executor side -------------------------------------------------------------------------
@@ -137,64 +160,92 @@ async def _check_half(instance, opts: SinkOptions, msg) -> LocalTransactionState
     if record is None:
         return LocalTransactionState.UNKNOW
     uniq = msg.uniq_key
-    if any(h.uniq == uniq for h in halves_of(record)):
+    if any(c.holds(uniq) for c in chunks_of(record)):
         return LocalTransactionState.COMMIT_MESSAGE
     return LocalTransactionState.ROLLBACK_MESSAGE
 
 
-def _to_message(row, idx: dict[str, int], default_topic: str | None) -> Message:
-    value = row[idx["value"]]
-    if value is None:
-        raise ValueError("the lmq sink cannot write a null 'value'")
-    if isinstance(value, str):
-        value = value.encode("utf-8")
-    topic = (row[idx["topic"]] if "topic" in idx else None) or default_topic
-    if not topic:
-        raise ValueError("a row has no topic (null 'topic' column and no 'topic' option)")
-    msg = Message(topic, bytes(value))
-    if "key" in idx and row[idx["key"]]:
-        msg.keys = [row[idx["key"]]]
-    if "tags" in idx and row[idx["tags"]]:
-        msg.tags = row[idx["tags"]]
-    if "properties" in idx and row[idx["properties"]]:
-        for k, v in row[idx["properties"]].items():
-            if k is not None and v is not None:
-                msg.properties[str(k)] = str(v)
-    return msg
+def _column(rb, idx: dict[str, int], name: str) -> list:
+    if name not in idx:
+        return [None] * rb.num_rows
+    return rb.column(idx[name]).to_pylist()
 
 
-def write_halves(opts: SinkOptions, idx: dict[str, int], rows: Iterator, query: str,
+def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, query: str,
                  batch: int) -> LmqCommitMessage:
-    producer = _producer(opts)
+    """Send the rows of Arrow record batches as chunks of half messages (txn.py)."""
+    producer = _producer(opts).target
     client = client_for(opts.namesrv, opts.request_timeout)
+    pool = request_pool()  # a task encodes the next chunk while WINDOW are on their way
     task = uuid.uuid4().hex
     tag = {P_QUERY: query, P_BATCH: str(batch), P_TASK: task}
     out = LmqCommitMessage(task)
-    chunk: list[Message] = []
-    for row in rows:
-        chunk.append(_to_message(row, idx, opts.topic))
-        if len(chunk) >= CHUNK_ROWS:
-            out.halves.extend(client.call(send_halves, producer.target, chunk, tag))
-            chunk = []
-    if chunk:
-        out.halves.extend(client.call(send_halves, producer.target, chunk, tag))
+    builders: dict[str, ChunkBuilder] = {}
+    inflight: deque = deque()
+    routes = None
+
+    def flush(b: ChunkBuilder) -> None:
+        topic, body, count, prefix = b.take()
+        inflight.append(pool.submit(client.call, send_chunk, producer, topic, body, count,
+                                    prefix, tag, opts.request_timeout))
+        while len(inflight) >= WINDOW:
+            out.chunks.append(inflight.popleft().result())
+
+    try:
+        for rb in batches:
+            values = _column(rb, idx, "value")
+            topics = _column(rb, idx, "topic")
+            keys = _column(rb, idx, "key")
+            tags = _column(rb, idx, "tags")
+            props = _column(rb, idx, "properties")
+            mqtt = _column(rb, idx, "mqttTopic")
+            qos, retain = _column(rb, idx, "qos"), _column(rb, idx, "retain")
+            for i, v in enumerate(values):
+                if v is None:
+                    raise ValueError("the lmq sink cannot write a null 'value'")
+                if type(v) is str:
+                    v = v.encode()
+                extra = None
+                if mqtt[i] is not None:  # MQTT traffic (mqtt_out.py)
+                    if routes is None:
+                        routes = routes_for(opts.namesrv, opts.request_timeout)
+                    extra = mqtt_properties(mqtt[i], qos[i], retain[i],
+                                            routes.table.mqtt_lmqs(mqtt[i]))
+                    topic = opts.mqtt_store_topic
+                else:
+                    topic = topics[i] or opts.topic
+                b = builders.get(topic)
+                if b is None:
+                    if not topic:
+                        raise ValueError("a row has no topic (null 'topic' column and no "
+                                         "'topic' option)")
+                    b = builders[topic] = ChunkBuilder(topic)
+                b.add(v, keys[i], tags[i], props[i], extra)
+                if b.full():
+                    flush(b)
+        for b in builders.values():
+            if b.count:
+                flush(b)
+    finally:
+        while inflight:  # wait for every send; the first failure fails the task
+            out.chunks.append(inflight.popleft().result())
     return out
 
 
-def _all_halves(messages) -> list[Half]:
-    return [h for m in messages if isinstance(m, LmqCommitMessage) for h in m.halves]
+def _all_chunks(messages) -> list[Chunk]:
+    return [c for m in messages if isinstance(m, LmqCommitMessage) for c in m.chunks]
 
 
-def _end(opts: SinkOptions, halves: list[Half], commit: bool) -> None:
-    if halves:
+def _end(opts: SinkOptions, chunks: list[Chunk], commit: bool) -> None:
+    if chunks:
         client = client_for(opts.namesrv, opts.request_timeout)
-        client.call(end_halves, client.instance, opts.group, halves, commit)
+        client.call(end_chunks, client.instance, opts.group, chunks, commit)
 
 
 # -- writers -------------------------------------------------------------------------------
 
 
-class LmqBatchWriter(DataSourceWriter):
+class LmqBatchWriter(DataSourceArrowWriter):
     """All or nothing: the rows become visible when the job commits."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
@@ -203,13 +254,13 @@ class LmqBatchWriter(DataSourceWriter):
         self.job = "batch-" + uuid.uuid4().hex
 
     def write(self, iterator: Iterator) -> LmqCommitMessage:
-        return write_halves(self.opts, self.idx, iterator, self.job, 0)
+        return write_chunks(self.opts, self.idx, iterator, self.job, 0)
 
     def commit(self, messages) -> None:
-        _end(self.opts, _all_halves(messages), True)
+        _end(self.opts, _all_chunks(messages), True)
 
     def abort(self, messages) -> None:
-        _end(self.opts, _all_halves(messages), False)
+        _end(self.opts, _all_chunks(messages), False)
 
 
 def _query_id_from_checkpoint(checkpoint: str | None) -> str:
@@ -224,7 +275,7 @@ def _query_id_from_checkpoint(checkpoint: str | None) -> str:
                              "option 'lmq.queryId' to a name unique to this query") from None
 
 
-class LmqStreamWriter(DataSourceStreamWriter):
+class LmqStreamWriter(DataSourceStreamArrowWriter):
     """Exactly-once micro-batches (see the module docstring)."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
@@ -237,25 +288,25 @@ class LmqStreamWriter(DataSourceStreamWriter):
 
         ctx = TaskContext.get()
         batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        return write_halves(self.opts, self.idx, iterator, self.query,
+        return write_chunks(self.opts, self.idx, iterator, self.query,
                             int(batch) if batch is not None else -1)
 
     def commit(self, messages, batchId: int) -> None:
         opts = self.opts
-        halves = _all_halves(messages)
+        chunks = _all_chunks(messages)
         client = client_for(opts.namesrv, opts.request_timeout)
         inst = client.instance
         record = client.call(find_record, inst, opts.commit_topic, self.query, batchId)
         if record is not None:
             log.warning("lmq sink: batch %d of query %s was committed before; dropping the "
                         "replay", batchId, self.query)
-            _end(opts, halves, False)
-            _end(opts, client.call(uncommitted, inst, halves_of(record)), True)
+            _end(opts, chunks, False)
+            _end(opts, client.call(uncommitted, inst, chunks_of(record)), True)
             return
         producer = _producer(opts)
         client.call(write_record, inst, producer.target, opts.commit_topic, self.query,
-                    batchId, halves)
-        _end(opts, halves, True)
+                    batchId, chunks)
+        _end(opts, chunks, True)
 
     def abort(self, messages, batchId: int) -> None:
-        _end(self.opts, _all_halves(messages), False)
+        _end(self.opts, _all_chunks(messages), False)

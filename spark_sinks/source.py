@@ -10,6 +10,7 @@ Offsets, in the offset log and in ``startingOffsets`` / ``endingOffsets``, are J
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ from core.common.names import (
     is_retry_topic,
     is_system_topic,
 )
-from spark_sinks.conn import client_for
+from core.common.properties import MessageConst
+from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
 
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Consumer group named in pull requests (nothing is committed under it).
 READER_GROUP = "SPARK_LMQ_READER"
+#: Pulls a partition reader keeps in flight (_Prefetch).
+PULL_WINDOW = 4
 
 Key = tuple[str, str, int]  # (topic, broker name, queue id)
 
@@ -61,11 +65,25 @@ class QueueRange(InputPartition):
 # -- driver side: queue discovery and offset resolution ---------------------------------
 
 
+async def _pin_brokers(instance) -> dict[str, str]:
+    """Learn every master broker (an LMQ has no route to find them by); name -> address."""
+    info = await instance.api.get_cluster_info()
+    masters = info.master_addrs()
+    instance.pin_brokers({name: info.brokers[name].broker_addrs for name in masters})
+    return masters
+
+
 async def _bounds(instance, topics: list[str]) -> dict[Key, tuple[int, int]]:
-    """(min offset, max offset) of every readable queue of `topics`."""
+    """(min offset, max offset) of every readable queue of `topics`; an LMQ (amqpQueue) has
+    one queue, 0, on every master broker."""
     pc = PullConsumer(instance, READER_GROUP)
     out: dict[Key, tuple[int, int]] = {}
     for topic in topics:
+        if is_lmq(topic):
+            for name, addr in sorted((await _pin_brokers(instance)).items()):
+                out[(topic, name, 0)] = (await instance.api.get_min_offset(addr, topic, 0),
+                                         await instance.api.get_max_offset(addr, topic, 0))
+            continue
         route = await instance.update_route(topic)
         if route is None:
             continue  # no such topic yet: no queues, nothing to read
@@ -202,11 +220,56 @@ def _data_loss(opts: SourceOptions, what: str) -> None:
     log.warning("lmq source skips lost messages: %s", what)
 
 
+class _Prefetch:
+    """Pulls of a range kept PULL_WINDOW in flight: while the task converts one pull's
+    messages, the next pulls (at the offsets that follow if every pull returns all it asked
+    for, as it does on a dense queue) are on their way. A pull at another offset than
+    predicted (a short answer, a gap) drops the predictions and starts again there."""
+
+    def __init__(self, pc, mq: MessageQueue, batch: int, end: int) -> None:
+        self.pc, self.mq, self.batch, self.end = pc, mq, batch, end
+        self.pool = request_pool()
+        self.inflight: deque = deque()
+        self.next = -1
+
+    def pull(self, offset: int):
+        q = self.inflight
+        if not q or q[0][0] != offset:
+            q.clear()  # answers of dropped predictions are ignored
+            self.next = offset
+        while len(q) < PULL_WINDOW and self.next < self.end:
+            n = min(self.batch, self.end - self.next)
+            q.append((self.next, self.pool.submit(self.pc.pull, self.mq, None, self.next, n)))
+            self.next += n
+        return q.popleft()[1].result()
+
+
+def _as_lmq(msgs: list, lmq: str, first: int) -> list:
+    """Messages pulled from an LMQ, as rows of it: topic = the LMQ, queue 0, queueOffset =
+    the message's offset in the LMQ (from INNER_MULTI_QUEUE_OFFSET; else counted from the
+    pull's offset)."""
+    for i, m in enumerate(msgs):
+        off = first + i
+        names = m.properties.get(MessageConst.INNER_MULTI_DISPATCH)
+        offsets = m.properties.get(MessageConst.INNER_MULTI_QUEUE_OFFSET)
+        if names and offsets:
+            sep = MessageConst.MULTI_DISPATCH_SEPARATOR
+            for name, o in zip(names.split(sep), offsets.split(sep), strict=False):
+                if name == lmq and o.isdigit():
+                    off = int(o)
+                    break
+        m.topic, m.queue_id, m.queue_offset = lmq, 0, off
+    return msgs
+
+
 def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     """Arrow record batches of the messages in `part` (filtered by `mqttTopic` if set)."""
     client = client_for(opts.namesrv, opts.request_timeout)
     pc = client.pull_consumer(READER_GROUP)
     mq = MessageQueue(part.topic, part.broker, part.queue_id)
+    lmq = is_lmq(part.topic)
+    if lmq and client.instance.find_subscribe_addr(part.broker) is None:
+        client.call(_pin_brokers, client.instance)
     offset, end = part.start, part.end
     if offset == EARLIEST:
         offset = min(pc.min_offset(mq), end)
@@ -216,10 +279,11 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     flt = opts.mqtt_filter
     if flt is not None:
         from spark_sinks.mqtt import topic_matches
+    ahead = _Prefetch(pc, mq, opts.pull_batch, end)
     while offset < end:
-        res = pc.pull(mq, None, offset, min(opts.pull_batch, end - offset))
+        res = ahead.pull(offset)
         if res.status is PullStatus.FOUND and res.messages:
-            msgs = res.messages
+            msgs = _as_lmq(res.messages, part.topic, offset) if lmq else res.messages
             first = msgs[0].queue_offset
             if first > offset:
                 _data_loss(opts, f"{mq}: offsets {offset}..{first - 1} are gone")

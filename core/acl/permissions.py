@@ -66,6 +66,8 @@ ADMIN_CODES = frozenset({
     # messages visible again, so only an admin account (a gateway's) may name holders.
     R.POP_HOLDER_REGISTER,
     R.POP_HOLDER_RELEASE,
+    # Purging drops every ready message of a queue for all its consumers (AMQP Queue.Purge).
+    R.POP_PURGE,
 })
 
 #: Name-server codes that change the registry (or a broker's liveness).
@@ -80,6 +82,11 @@ NAMESRV_WRITE_CODES = frozenset({
     R.DELETE_TOPIC_IN_NAMESRV,
     R.UPDATE_NAMESRV_CONFIG,
     R.GET_NAMESRV_CONFIG,
+    # The HA controller (docs/ha.md): brokers' leases and roles, and the switch.
+    R.CONTROLLER_HEARTBEAT,
+    R.CONTROLLER_ALTER_SYNC_SET,
+    R.CONTROLLER_GET_STATE,
+    R.CONTROLLER_ELECT,
 })
 
 

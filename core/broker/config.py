@@ -130,6 +130,16 @@ class BrokerConfig(RemotingListenerConfig):
     ha_max_slaves: int = 4
     #: SLAVE: how often topics and consumer offsets are pulled from the master.
     ha_config_sync_s: float = 10.0
+    #: Failover (docs/ha.md): the HA controller "host:port" (a name server started with
+    #: controller_enable). Then the controller picks the master among the brokers of a
+    #: broker name (each with its own broker_id > 0; the master is listed as id 0);
+    #: broker_role says ASYNC_MASTER or SYNC_MASTER for whichever one writes.
+    controller_addr: str | None = None
+    #: Heartbeat to the controller; each renews the master's write lease.
+    controller_heartbeat_s: float = 1.0
+    #: A slave further behind than this leaves the in-sync set (it can no longer be
+    #: elected, and SYNC sends stop waiting for it).
+    ha_max_gap_bytes: int = 64 * 1024 * 1024
 
     # delay levels, transactions, queue locks
     message_delay_level: str = DEFAULT_DELAY_LEVELS
@@ -171,7 +181,14 @@ class BrokerConfig(RemotingListenerConfig):
         if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ValueError(f"broker_role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, "
                              f"not {self.broker_role!r}")
-        if self.broker_role == "SLAVE":
+        if self.controller_addr:
+            if self.controller_heartbeat_s <= 0 or self.ha_max_gap_bytes <= 0:
+                raise ValueError("controller_heartbeat_s and ha_max_gap_bytes must be > 0")
+            if self.broker_role == "SLAVE" or self.broker_id <= 0 or not self.ha_secret:
+                raise ValueError("with controller_addr every broker needs broker_id > 0, "
+                                 "ha_secret and broker_role ASYNC_MASTER or SYNC_MASTER "
+                                 "(the controller decides which one writes)")
+        elif self.broker_role == "SLAVE":
             if self.broker_id <= 0:
                 raise ValueError("a SLAVE needs broker_id > 0")
             if not self.ha_master_address or not self.ha_secret:

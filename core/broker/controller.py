@@ -28,7 +28,7 @@ from core.acl import credentials_or_none, guard_from_file, remoting_client
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
-from core.broker.ha import HAMaster, HASlave, SyncStatus
+from core.broker.ha import ControllerLink, HAMaster, HASlave, SyncStatus
 from core.broker.lock_manager import RebalanceLockManager
 from core.broker.long_polling import PullRequestHoldService
 from core.broker.offsets import ConsumerOffsetManager
@@ -152,9 +152,15 @@ class BrokerController:
         self.lock_manager = RebalanceLockManager(self)
 
         # Replication (docs/ha.md): a master streams to slaves when ha_secret is set.
+        # With a controller (controller_addr) the role changes at run time: every broker
+        # has both sides, and writes need the controller's lease (ha_link.can_write).
+        self.ha_link = ControllerLink(self) if config.controller_addr else None
         self.ha_master = HAMaster(self) if config.broker_role != "SLAVE" and config.ha_secret else None
-        self.ha_slave = HASlave(self) if config.broker_role == "SLAVE" else None
+        self.ha_slave = (HASlave(self) if config.broker_role == "SLAVE" or self.ha_link is not None
+                         else None)
         self.sync_master = config.broker_role == "SYNC_MASTER"
+        self.restart_hook: Callable[[], None] | None = None  # `lmq broker`: re-exec
+        self._write_services_started = False
 
         self.table = self.build_processor_table()
         if config.acl_enable:
@@ -215,26 +221,41 @@ class BrokerController:
     async def put_message(self, inner: InnerMessage) -> PutResult:
         """Append one message; under SYNC_FLUSH wait for the group commit covering it
         (FLUSH_DISK_TIMEOUT when it does not come within `sync_flush_timeout_ms`)."""
-        if self.closing or self.ha_slave is not None:
+        if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put(inner)
         return await self._after_put(result)
 
     async def put_messages(self, inners: list[InnerMessage]) -> PutResult:
         """Append a batch (same topic and queue, consecutive offsets)."""
-        if self.closing or self.ha_slave is not None:
+        if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put_batch(inners)
         return await self._after_put(result)
 
+    def _may_write(self) -> bool:
+        if self.ha_link is not None:
+            return self.ha_link.can_write()
+        return self.ha_slave is None
+
     def _refused(self) -> PutResult:
         if self.closing:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "broker is shutting down")
+        if self.ha_link is not None and self.ha_link.role == "MASTER":
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "no write lease from the controller")
         # RocketMQ's slave store answers SERVICE_NOT_AVAILABLE to a put.
         return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "the broker is a slave")
 
     async def _after_put(self, result: PutResult) -> PutResult:
         if result.status is not PutStatus.OK:
+            return result
+        link = self.ha_link
+        if link is not None and not link.can_write():
+            # The lease ran out while the record was appended (a pause between the check
+            # and the write): it is not acknowledged, and the next master does not have
+            # it; this broker cuts it when it rejoins as a slave (docs/ha.md).
+            result.status = PutStatus.SERVICE_NOT_AVAILABLE
+            result.remark = "write lease lapsed"
             return result
         ha = self.ha_master
         if ha is not None:
@@ -302,11 +323,45 @@ class BrokerController:
             "brokerAddr": self.broker_addr,
             "clusterName": cfg.cluster_name,
             "haServerAddr": f"{ip}:{self.ha_port}",
-            "brokerId": str(cfg.broker_id),
+            "brokerId": str(self.registered_id),
             "compressed": "false",
             "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF),
         }
         return RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body)
+
+    @property
+    def registered_id(self) -> int:
+        """The id in the routes: 0 while this broker holds the write lease."""
+        link = self.ha_link
+        if link is not None:
+            return 0 if link.can_write() else self.config.broker_id
+        return self.config.broker_id
+
+    # -- role changes under a controller (core/broker/ha/controller_link.py)
+    def on_promoted(self) -> None:
+        """Start what only a master runs (delay levels, transaction checks, POP)."""
+        self._start_write_services()
+        self.request_register()
+
+    def _start_write_services(self) -> None:
+        nursery = self._nursery
+        if self._write_services_started or nursery is None:
+            return
+        self._write_services_started = True
+        for service in self.services:
+            run = getattr(service, "run", None)
+            if run is not None and service is not self.lock_manager:
+                nursery.start_soon(run)
+
+    def restart(self) -> None:
+        """Deposed: stop; `lmq broker` then starts again as a slave (re-exec)."""
+        from core.broker.ha import controller_link
+
+        hook = self.restart_hook or controller_link.PROCESS_RESTART_HOOK
+        if hook is not None:
+            hook()
+        else:
+            self.stop()
 
     @property
     def ha_port(self) -> int:
@@ -340,11 +395,12 @@ class BrokerController:
             log.warning("register to name server %s failed: %s", addr, failure)
 
     async def _register_loop(self) -> None:
-        # serve() registered once before reporting itself started.
+        # serve() registered once before reporting itself started (and made the event).
         while True:
-            self._register_event = trio.Event()
             with trio.move_on_after(self.config.register_interval_s):
                 await self._register_event.wait()
+            # A new event before registering: a request made meanwhile is not lost.
+            self._register_event = trio.Event()
             await self.register_all()
 
     async def _unregister_all(self) -> None:
@@ -355,7 +411,7 @@ class BrokerController:
             "brokerName": cfg.broker_name,
             "brokerAddr": self.broker_addr,
             "clusterName": cfg.cluster_name,
-            "brokerId": str(cfg.broker_id),
+            "brokerId": str(self.registered_id),
         }
         # A fresh client: this runs after the serving nursery (and its client) is gone.
         with trio.move_on_after(UNREGISTER_TIMEOUT_S):
@@ -439,7 +495,15 @@ class BrokerController:
         self._stop = trio.Event()
         if self._stop_requested:
             self._stop.set()
+        self._register_event = trio.Event()
         self.load()
+        if self.ha_link is not None:
+            # Learn the role first: a deposed master cuts what no later master has.
+            async with remoting_client(
+                self.namesrv_credentials, request_timeout=self.config.register_timeout_s,
+                ssl_context=self._namesrv_ssl()
+            ) as client:
+                await self.ha_link.bootstrap(client)
         await trio.to_thread.run_sync(self.store.start)
         try:
             for service in self.services:
@@ -466,10 +530,14 @@ class BrokerController:
                         if run is not None and (self.ha_slave is None
                                                 or service is self.lock_manager):
                             await nursery.start(run)
+                    self._write_services_started = self.ha_slave is None
                     if self.ha_master is not None:
                         await nursery.start(self.ha_master.serve)
                     if self.ha_slave is not None:
                         await nursery.start(self.ha_slave.run)
+                    if self.ha_link is not None:
+                        await self.ha_link.beat()  # role (and lease) before registering
+                        await nursery.start(self.ha_link.run)
                     nursery.start_soon(self._persist_offsets_loop)
                     nursery.start_soon(
                         self._every, self.config.client_scan_interval_s, self._scan_clients,

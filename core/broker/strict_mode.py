@@ -19,13 +19,10 @@ from core.remoting.processor import ProcessorTable, RequestContext
 
 __all__ = ["APACHE_5_CODES", "restrict"]
 
-# Everything in RequestCode except our private codes. BATCH_ACK_MESSAGE appeared in
-# Apache 5.1.3; all others are in 5.0.0.
-_PRIVATE = frozenset({
-    RequestCode.POP_HOLDER_REGISTER,
-    RequestCode.POP_HOLDER_RELEASE,
-    RequestCode.POP_DEAD_LETTER,
-})
+# Everything in RequestCode except our private codes (the 900000-900999 range: POP holders,
+# dead-letter, purge, the HA controller). BATCH_ACK_MESSAGE appeared in Apache 5.1.3; all
+# others are in 5.0.0.
+_PRIVATE = frozenset(c for c in RequestCode if 900000 <= c <= 900999)
 APACHE_5_CODES: frozenset[int] = frozenset(int(c) for c in RequestCode if c not in _PRIVATE)
 
 

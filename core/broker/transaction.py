@@ -4,6 +4,9 @@
 * `prepare(inner)` turns a `TRAN_MSG=true` send into a half message: topic
   `RMQ_SYS_TRANS_HALF_TOPIC` queue 0, real destination in `REAL_TOPIC`/`REAL_QID`,
   transaction bits of the sysflag cleared. Consumers never see it.
+* A prepared *batch* send is kept as one half message holding the whole batch, and its
+  commit appends all of the batch's messages at once (an lmq extension,
+  core/broker/transaction_batch.py).
 * `end_transaction(...)` commits (re-stores the half message under its real topic, sysflag
   COMMIT, PREPARED TRANSACTION OFFSET = half offset) or rolls back (nothing stored); both
   then write an op record to `RMQ_SYS_TRANS_OP_HALF_TOPIC` (same queue id, tag `d`, body =
@@ -49,6 +52,7 @@ from core.broker.message_util import (
     real_destination,
 )
 from core.broker.metadata import atomic_write_json, read_json
+from core.broker.transaction_batch import BATCH_HALF, committed_batch
 from core.common.codec import RecordError, decode_record, encode_host, encode_record
 from core.common.message import InnerMessage, MessageExt
 from core.common.names import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
@@ -149,8 +153,11 @@ class TransactionalMessageService:
             atomic_write_json(self.path, data)
 
     # ------------------------------------------------------------------ send path
-    def prepare(self, inner: InnerMessage) -> None:
-        """Rewrite a `TRAN_MSG=true` message into a half message, in place (docs/protocol.md §9.4)."""
+    def prepare(self, inner: InnerMessage, batch: bool = False) -> None:
+        """Rewrite a `TRAN_MSG=true` message into a half message, in place (docs/protocol.md
+        §9.4); `batch`: it holds a whole prepared batch (transaction_batch.py)."""
+        if not batch:
+            inner.properties.pop(BATCH_HALF, None)  # reserved: only the broker sets it
         put_property(inner, MessageConst.REAL_TOPIC, inner.topic)
         put_property(inner, MessageConst.REAL_QUEUE_ID, inner.queue_id)
         inner.sys_flag = MessageSysFlag.reset_transaction_value(
@@ -198,12 +205,17 @@ class TransactionalMessageService:
         self._mark_resolved(key)
 
         if commit_or_rollback == MessageSysFlag.TRANSACTION_COMMIT_TYPE:
-            inner = self._final_message(half)
+            if BATCH_HALF in half.properties:  # a whole batch, one append (transaction_batch)
+                inner = committed_batch(half, self.broker.store_host)
+                put = self.broker.put_messages
+            else:
+                inner = self._final_message(half)
+                put = self.broker.put_message
             if inner is None:
                 self._unmark_resolved(key)
                 return ResponseCode.SYSTEM_ERROR, "The half message has no REAL_TOPIC"
             try:
-                result = await self.broker.put_message(inner)
+                result = await put(inner)
             except BaseException:
                 self._unmark_resolved(key)
                 raise

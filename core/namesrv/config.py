@@ -32,3 +32,18 @@ class NamesrvConfig(RemotingListenerConfig):
     acl_enable: bool = False
     #: The TOML ACL file (plain_acl.yml keys).
     acl_file: str | None = None
+
+    # -- HA controller (docs/ha.md, "Failover"): on in one name server only ------------
+    #: Elect and fence masters for replicated broker names.
+    controller_enable: bool = False
+    #: Where the controller keeps epochs, masters and in-sync sets (fsynced JSON).
+    controller_dir: str = "./data/controller"
+    #: A master's write lease, renewed by each of its heartbeats.
+    controller_lease_s: float = 3.0
+    #: Extra wait after a lease runs out before a new master is elected (clock rates,
+    #: scheduling): the old master has certainly stopped writing by then.
+    controller_lease_margin_s: float = 1.0
+    #: How often the controller looks for masters whose lease ran out.
+    controller_check_s: float = 0.2
+    #: Broker names one controller tracks (heartbeats of more are refused).
+    controller_max_broker_names: int = 1024

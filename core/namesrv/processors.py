@@ -61,6 +61,7 @@ class NamesrvProcessors:
         self.kv = kv
         self.config = config
         self.stats = NamesrvStats()
+        self.controller = None  # the HA controller when this name server runs it
         # Connection attribute marking that we watch its close (one callback each).
         self._watch_key = f"namesrv.{id(self)}.watched"
         # Ids of the open connections brokers registered through.
@@ -117,6 +118,9 @@ class NamesrvProcessors:
         conflict = self.routes.registration_conflict(
             name, broker_id, addr, conn.id, self._open_channels.__contains__
         )
+        if conflict is not None and broker_id == 0 and self.controller is not None \
+                and self.controller.is_master(name, addr):
+            conflict = None  # the controller elected it: it replaces a paused old master
         if conflict is not None:
             self.stats.refused_registrations += 1
             log.warning("REGISTER_BROKER from %s refused: %s", ctx.remote_addr, conflict)

@@ -34,6 +34,14 @@ class NameServer:
         self.processors = NamesrvProcessors(self.routes, self.kv, self.config)
         self.table = ProcessorTable()
         self.processors.register(self.table)
+        self.controller = None
+        if self.config.controller_enable:
+            from core.namesrv.controller import Controller
+
+            self.controller = Controller(self.config)
+            self.controller.load()
+            self.controller.register(self.table)
+            self.processors.controller = self.controller
         if self.config.acl_enable:
             self.table.guard = guard_from_file(self.config.acl_file)
         self.server = RemotingServer.from_config(self.table, self.config, "name server")
@@ -61,6 +69,8 @@ class NameServer:
                 nursery.cancel_scope.cancel()
             port = await nursery.start(self.server.serve)
             nursery.start_soon(self._scan_loop)
+            if self.controller is not None:
+                await nursery.start(self.controller.run)
             log.info("name server listening on %s:%d", self.config.host, port)
             task_status.started(port)
 

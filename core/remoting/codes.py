@@ -91,6 +91,12 @@ class RequestCode(IntEnum):
     POP_HOLDER_REGISTER = 900001
     POP_HOLDER_RELEASE = 900002
     POP_DEAD_LETTER = 900003
+    POP_PURGE = 900004
+    # HA controller on a name server (docs/ha.md, "Failover"); JSON bodies.
+    CONTROLLER_HEARTBEAT = 900101
+    CONTROLLER_ALTER_SYNC_SET = 900102
+    CONTROLLER_GET_STATE = 900103
+    CONTROLLER_ELECT = 900104
 
 
 class ResponseCode(IntEnum):

@@ -22,9 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import trio
 
@@ -36,12 +34,23 @@ from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.errors import AmqpError
+from gateway.amqp.model import (
+    AmqpBrokerConfig,
+    Exchange,
+    Queue,
+    bind_route,
+    inequivalent,
+    not_found,
+    quote_text,
+    show,
+)
+from gateway.amqp.queue_args import parse_expiration, parse_queue_args
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
-from gateway.routing.route_table import Route, RouteError
+from gateway.routing.route_table import Route
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
-           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "EXCHANGE_TYPES"]
+           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ PREDEFINED = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout",
 PROP_EXCHANGE = "AMQP_EX"
 PROP_ROUTING_KEY = "AMQP_RK"
 PROP_PROPERTIES = "AMQP_P"
+#: The per-message TTL (the `expiration` property, ms) of a stored publish, when it has one.
+PROP_TTL = "AMQP_TTL"
 #: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
 _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
              ("message_id", "AMQP_MESSAGE_ID"))
@@ -63,96 +74,21 @@ MAX_BATCH_BYTES = 1024 * 1024
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
-_SAFE = " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # printable ASCII except % (quote keeps these)
-
-
-@dataclass
-class AmqpBrokerConfig:
-    """Settings of the AMQP broker side (defaults documented in docs/amqp.md)."""
-
-    store_topic: str = "LMQ_AMQP_STORE"
-    store_queues: int = 4
-    producer_group: str = "AMQP_GATEWAY"
-    send_timeout_s: float = 5.0
-    #: Octets of publishes of one connection received but not yet stored; past it the
-    #: connection's socket is not read until stores complete (back-pressure).
-    max_publish_backlog_bytes: int = 4 * 1024 * 1024
-    #: Queues and exchanges one gateway process keeps (a declare past it: 406 on the channel).
-    max_queues: int = 100_000
-    max_exchanges: int = 10_000
-    #: Bindings of one queue.
-    max_bindings_per_queue: int = 1_000
-    #: POP invisibility of a delivery not yet acknowledged (RabbitMQ's consumer_timeout
-    #: is 30 min); a gateway crash returns its deliveries at once (holder), not after this.
-    invisible_ms: int = 30 * 60 * 1000
-    #: How long one POP request waits for a message (a consumer's cancel waits for it).
-    poll_ms: int = 1000
-    #: Messages per POP request (the broker's POP_MAX_NUMS is 32).
-    pop_batch: int = 32
-    #: Prefix of the POP consumer group of a queue (group = prefix + the queue's LMQ).
-    group_prefix: str = "GID_AMQP"
-    #: POP holder id of this gateway process (default: random per process).
-    holder_id: str = ""
-
-
-@dataclass
-class Exchange:
-    name: str
-    type: str
-    durable: bool = True
-    auto_delete: bool = False
-    internal: bool = False
-    arguments: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Queue:
-    name: str
-    lmq: str
-    durable: bool = False
-    exclusive: bool = False
-    auto_delete: bool = False
-    arguments: dict[str, Any] = field(default_factory=dict)
-    owner: int | None = None  # connection id of an exclusive queue
-    routes: set[Route] = field(default_factory=set)
-    consumers: int = 0  # consumers on this gateway
-    exclusive_consumer: bool = False  # an exclusive consume holds it (on this gateway)
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _inequivalent(what: str, name: str, arg: str, received: Any, current: Any) -> AmqpError:
-    return AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - inequivalent arg "
-                     f"'{arg}' for {what} '{name}' in vhost '/': received {received} but "
-                     f"current is {current}")
-
-
-def _not_found(what: str, name: str) -> AmqpError:
-    return AmqpError(errors.NOT_FOUND, f"NOT_FOUND - no {what} '{name}' in vhost '/'")
-
-
-def _bind_route(exchange: Exchange, routing_key: str, arguments: Mapping[str, Any],
-                dest: str) -> Route:
-    kind = exchange.type
-    try:
-        if kind == "headers":
-            x_match = arguments.get("x-match", "all")
-            if isinstance(x_match, bytes):
-                x_match = x_match.decode("utf-8", "replace")
-            return Route.headers_route(exchange.name, arguments, dest, x_match=str(x_match))
-        return Route(kind, "" if kind == "fanout" else routing_key, dest, exchange.name)
-    except RouteError as exc:
-        raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid "
-                        f"binding: {exc}") from None
 
 
 class AmqpBroker:
     """Exchanges, queues, bindings and publishes of one gateway process."""
 
     def __init__(self, client: ClientInstance, broker_addr: str, broker_name: str,
-                 routes: RouteLog, config: AmqpBrokerConfig | None = None) -> None:
+                 routes: RouteLog, config: AmqpBrokerConfig | None = None,
+                 vhost: str = "/") -> None:
+        #: Names of this virtual host's exchanges (in routes) and queues (LMQs) carry the
+        #: vhost, except in "/" (so MQTT's amq.topic bridge and older data keep theirs).
+        self.vhost = vhost
+        self._ns = "" if vhost == "/" else f"\x00{vhost}\x00"
+        self._vhosts: dict[str, AmqpBroker] = {}
+        #: The declaration log shared with the cluster's other gateways (decl_log.py).
+        self.decl: Any = None
         self.client = client
         self.addr = broker_addr
         self.broker_name = broker_name
@@ -161,6 +97,13 @@ class AmqpBroker:
         self.exchanges: dict[str, Exchange] = {
             name: Exchange(name, kind) for name, kind in PREDEFINED.items()}
         self.queues: dict[str, Queue] = {}
+        #: Exchange-to-exchange bindings (routes whose destination is an exchange).
+        self.exchange_routes: set[Route] = set()
+        #: Queues with x-max-length, by LMQ: a publish reaching one counts it first.
+        self.limited: dict[str, Queue] = {}
+        from gateway.amqp.dead_letter import QueuePolicy  # it imports this module
+
+        self.policy = QueuePolicy(self)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
         self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
         self._pop_clients: dict[str, PopClient] = {}
@@ -190,8 +133,43 @@ class AmqpBroker:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._ack_loop)
+            nursery.start_soon(self.policy.expiry_loop)
+            if self.config.share_declarations:
+                from gateway.amqp.decl_log import DeclLog  # it imports this module
+
+                self.decl = DeclLog(self, self.holder_id)
+                await nursery.start(self.decl.run)  # replayed before we serve
             task_status.started()
             await trio.sleep_forever()
+
+    def for_vhost(self, vhost: str) -> AmqpBroker:
+        """The broker side of another virtual host: its own exchanges and queues, this
+        one's broker connection, POP clients, ack task and nursery."""
+        if vhost == self.vhost:
+            return self
+        child = self._vhosts.get(vhost)
+        if child is None:
+            if self.nursery is None:
+                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
+                                "running")
+            child = AmqpBroker(self.client, self.addr, self.broker_name, self.routes,
+                               self.config, vhost)
+            child.holder_id = self.holder_id
+            child._pop_clients = self._pop_clients
+            child.ack_later = self.ack_later  # type: ignore[method-assign]
+            child.nursery = self.nursery
+            child.decl = self.decl
+            self.nursery.start_soon(child.policy.expiry_loop)
+            self._vhosts[vhost] = child
+        return child
+
+    def qualified(self, name: str) -> str:
+        """An exchange's or queue's name in the routing table / LMQ name space."""
+        return self._ns + name
+
+    def plain(self, qualified: str) -> str:
+        ns = self._ns
+        return qualified[len(ns):] if ns and qualified.startswith(ns) else qualified
 
     def ack_later(self, pop: PopClient, message: Any) -> None:
         """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
@@ -245,7 +223,7 @@ class AmqpBroker:
                          auto_delete: bool, internal: bool, arguments: Mapping[str, Any]) -> None:
         if passive:
             if name not in self.exchanges:
-                raise _not_found("exchange", name)
+                raise not_found("exchange", name)
             return
         if name == "" or name.startswith("amq."):
             # RabbitMQ refuses every active declare of a reserved name, existing or not.
@@ -263,7 +241,7 @@ class AmqpBroker:
                                            ("auto_delete", auto_delete, old.auto_delete),
                                            ("internal", internal, old.internal)):
                 if received != current:
-                    raise _inequivalent("exchange", name, arg, _show(received), _show(current))
+                    raise inequivalent("exchange", name, arg, show(received), show(current))
             return
         if len(self.exchanges) >= self.config.max_exchanges + len(PREDEFINED):
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
@@ -271,6 +249,9 @@ class AmqpBroker:
                             f"({self.config.max_exchanges}) is reached")
         self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
                                         dict(arguments))
+        if self.decl is not None:
+            self.decl.append("x+", self.vhost, name, t=kind, d=durable, ad=auto_delete,
+                             i=internal, a=dict(arguments))
 
     async def exchange_delete(self, name: str, if_unused: bool) -> None:
         if name == "" or name.startswith("amq."):
@@ -278,14 +259,81 @@ class AmqpBroker:
                             f"permitted on exchange '{name}'")
         if name not in self.exchanges:
             return  # RabbitMQ answers delete-ok for a missing exchange
-        bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == name]
-        if if_unused and bound:
+        qname = self.qualified(name)
+        bound = [(q, r) for q in self.queues.values() for r in q.routes if r.exchange == qname]
+        e2e = [r for r in self.exchange_routes if r.exchange == qname]
+        if if_unused and (bound or e2e):
+            # RabbitMQ: in use = it is the source of a binding.
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange "
                             f"'{name}' in vhost '/' in use")
-        del self.exchanges[name]
-        for queue, route in bound:
-            queue.routes.discard(route)
+        if self.decl is not None:
+            self.decl.append("x-", self.vhost, name)
+        await self.forget_exchange(name)
+
+    async def forget_exchange(self, name: str) -> None:
+        """Drop the exchange and the bindings this gateway made from or to it."""
+        if self.exchanges.pop(name, None) is None or name == "" or name.startswith("amq."):
+            return
+        qname = self.qualified(name)
+        for queue in self.queues.values():
+            for route in [r for r in queue.routes if r.exchange == qname]:
+                queue.routes.discard(route)
+                await self.routes.remove_route(route)
+        for route in [r for r in self.exchange_routes if qname in (r.exchange, r.dest)]:
+            self.exchange_routes.discard(route)
             await self.routes.remove_route(route)
+
+    def adopt_exchange(self, name: str, kind: str, durable: bool, auto_delete: bool,
+                       internal: bool, arguments: Mapping[str, Any]) -> None:
+        """Another gateway declared it (decl_log.py)."""
+        if name not in self.exchanges and kind in EXCHANGE_TYPES:
+            self.exchanges[name] = Exchange(name, kind, durable, auto_delete, internal,
+                                            dict(arguments))
+
+    def adopt_queue(self, name: str, durable: bool, auto_delete: bool,
+                    arguments: Mapping[str, Any]) -> None:
+        """Another gateway declared it (decl_log.py); x-expires stays that gateway's."""
+        if name in self.queues:
+            return
+        try:
+            args = parse_queue_args(name, arguments, durable, False)
+            lmq = lmq_names.encode(lmq_names.AMQP, self.qualified(name)).topic
+        except (AmqpError, ValueError) as exc:
+            log.warning("AMQP shared declaration of queue %r skipped: %s", name, exc)
+            return
+        queue = Queue(name, lmq, durable, False, auto_delete, dict(arguments), None,
+                      args=args, adopted=True)
+        self.queues[name] = queue
+        if args.max_length is not None:
+            self.limited[lmq] = queue
+
+    async def forget_queue(self, name: str) -> None:
+        """Another gateway deleted it: cancel its consumers here, drop the bindings made
+        here (its messages are already gone)."""
+        queue = self.queues.get(name)
+        if queue is not None and not queue.exclusive:
+            await self._drop_queue(queue, share=False)
+
+    async def exchange_bind(self, destination: str, source: str, routing_key: str,
+                            arguments: Mapping[str, Any], bind: bool = True) -> None:
+        """Exchange.Bind / Unbind: messages reaching `source` also go through
+        `destination` (a route of the shared table whose destination is an exchange)."""
+        dest = self._exchange_for_bind(destination)
+        route = bind_route(self._exchange_for_bind(source), self.qualified(source),
+                            routing_key, arguments, self.qualified(dest.name),
+                            dest_exchange=True)
+        if not bind:
+            self.exchange_routes.discard(route)
+            await self.routes.remove_route(route)
+            return
+        if route in self.exchange_routes:
+            return
+        if len(self.exchange_routes) >= self.config.max_exchange_bindings:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - "
+                            f"{len(self.exchange_routes)} exchange-to-exchange bindings "
+                            "(the limit)")
+        self.exchange_routes.add(route)
+        await self.routes.add_route(route)
 
     # ------------------------------------------------------------------ queues
     def queue_declare(self, name: str, *, passive: bool, durable: bool, exclusive: bool,
@@ -296,7 +344,8 @@ class AmqpBroker:
                             f"exclusive access to locked queue '{name}' in vhost '/'")
         if passive:
             if queue is None:
-                raise _not_found("queue", name)
+                raise not_found("queue", name)
+            self._touch(queue)
             return queue
         if name.startswith("amq."):
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue name '{name}' "
@@ -306,12 +355,14 @@ class AmqpBroker:
                                            ("exclusive", exclusive, queue.exclusive),
                                            ("auto_delete", auto_delete, queue.auto_delete)):
                 if received != current:
-                    raise _inequivalent("queue", name, arg, _show(received), _show(current))
+                    raise inequivalent("queue", name, arg, show(received), show(current))
             for key in set(arguments) | set(queue.arguments):
                 if arguments.get(key) != queue.arguments.get(key):
-                    raise _inequivalent("queue", name, key, _show(arguments.get(key)),
-                                        _show(queue.arguments.get(key)))
+                    raise inequivalent("queue", name, key, show(arguments.get(key)),
+                                        show(queue.arguments.get(key)))
+            self._touch(queue)
             return queue
+        args = parse_queue_args(name, arguments, durable, exclusive)
         if len(self.queues) >= self.config.max_queues:
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - cannot "
                             f"declare queue '{name}': queue limit in vhost '/' "
@@ -319,30 +370,79 @@ class AmqpBroker:
         if not name:
             name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode()[:22]
         try:
-            lmq = lmq_names.encode(lmq_names.AMQP, name).topic
+            lmq = lmq_names.encode(lmq_names.AMQP, self.qualified(name)).topic
         except ValueError:  # not UTF-8 (the codec keeps raw octets as lone surrogates)
             raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - queue name "
                             "is not valid UTF-8") from None
         queue = Queue(name, lmq, durable, exclusive, auto_delete, dict(arguments),
-                      owner if exclusive else None)
+                      owner if exclusive else None, args=args)
         self.queues[name] = queue
+        if args.max_length is not None:
+            self.limited[lmq] = queue
+        self._touch(queue)
+        if self.decl is not None and not exclusive:
+            self.decl.append("q+", self.vhost, name, d=durable, ad=auto_delete,
+                             a=dict(arguments))
         return queue
 
-    async def queue_delete(self, name: str, owner: int) -> int:
+    def _touch(self, queue: Queue) -> None:
+        if queue.args.expires is not None and not queue.adopted:
+            queue.touch()
+            self.policy.schedule_expiry(queue)
+
+    async def delete_expired(self, queue: Queue) -> None:
+        """x-expires passed with the queue unused: it goes."""
+        await self._drop_queue(queue)
+
+    async def queue_delete(self, name: str, owner: int, if_unused: bool = False,
+                           if_empty: bool = False) -> int:
+        """Queue.Delete: the number of messages deleted with it."""
         queue = self.queues.get(name)
         if queue is None:
             return 0  # RabbitMQ answers delete-ok for a missing queue
         if queue.exclusive and queue.owner != owner:
             raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
                             f"exclusive access to locked queue '{name}' in vhost '/'")
-        await self._drop_queue(queue)
-        return 0
+        if if_unused and queue.consumers > 0:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
+                            f"'{name}' in vhost '/' in use")
+        if if_empty and await self.message_count(queue) > 0:
+            raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
+                            f"'{name}' in vhost '/' is not empty")
+        return await self._drop_queue(queue)
 
-    async def _drop_queue(self, queue: Queue) -> None:
+    async def queue_purge(self, name: str, owner: int) -> int:
+        """Queue.Purge: drop the messages waiting for delivery (not the unacknowledged
+        ones, as RabbitMQ); how many."""
+        queue = self._queue_for(name, owner)
+        try:
+            return await self.queue_pop(queue).purge(queue.lmq)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - purge failed: "
+                            f"{exc}") from None
+
+    async def _drop_queue(self, queue: Queue, share: bool = True) -> int:
+        """Forget the queue, remove its routes, cancel its consumers (Basic.Cancel) and
+        drop its messages in the broker (unless `share` is False: another gateway did);
+        how many messages went."""
         self.queues.pop(queue.name, None)
+        self.limited.pop(queue.lmq, None)
+        for consumer in list(queue.subscribers):
+            await consumer.deliveries.cancel_by_server(consumer.tag)
+        queue.expires_at = None
         routes, queue.routes = queue.routes, set()
         for route in routes:
             await self.routes.remove_route(route)
+        if not share:
+            return 0
+        if self.decl is not None and not queue.exclusive:
+            self.decl.append("q-", self.vhost, queue.name)
+        try:
+            return await self.queue_pop(queue).purge(queue.lmq, everything=True)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            # Its messages stay in the LMQ; a queue declared again by that name sees them.
+            log.warning("AMQP purge of deleted queue %r failed: %r", queue.name, exc)
+            return 0
 
     async def message_count(self, queue: Queue) -> int:
         """Messages of the queue not yet acknowledged (Declare-Ok's message_count; unlike
@@ -362,8 +462,12 @@ class AmqpBroker:
 
     async def consumer_gone(self, queue: Queue) -> None:
         """An auto-delete queue goes with its last consumer (counted on this gateway)."""
-        if queue.auto_delete and queue.consumers <= 0 and self.queues.get(queue.name) is queue:
+        if queue.consumers > 0 or self.queues.get(queue.name) is not queue:
+            return
+        if queue.auto_delete:
             await self._drop_queue(queue)
+        else:
+            self._touch(queue)  # x-expires counts from the last consumer's going
 
     async def connection_ended(self, owner: int) -> None:
         """Exclusive queues die with their connection."""
@@ -372,12 +476,14 @@ class AmqpBroker:
 
     def consumable(self, name: str, owner: int) -> Queue:
         """The queue for consume/get: 404 if unknown, 405 if another's exclusive queue."""
-        return self._queue_for(name, owner)
+        queue = self._queue_for(name, owner)
+        self._touch(queue)  # x-expires: in use
+        return queue
 
     def _queue_for(self, name: str, owner: int) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
-            raise _not_found("queue", name)
+            raise not_found("queue", name)
         if queue.exclusive and queue.owner != owner:
             raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
                             f"exclusive access to locked queue '{name}' in vhost '/'")
@@ -389,14 +495,14 @@ class AmqpBroker:
                             "permitted on the default exchange")
         exchange = self.exchanges.get(name)
         if exchange is None:
-            raise _not_found("exchange", name)
+            raise not_found("exchange", name)
         return exchange
 
     async def queue_bind(self, queue_name: str, exchange_name: str, routing_key: str,
                          arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
-                            arguments, queue.lmq)
+        route = bind_route(self._exchange_for_bind(exchange_name),
+                            self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         if route in queue.routes:
             return
         if len(queue.routes) >= self.config.max_bindings_per_queue:
@@ -408,8 +514,8 @@ class AmqpBroker:
     async def queue_unbind(self, queue_name: str, exchange_name: str, routing_key: str,
                            arguments: Mapping[str, Any], owner: int) -> None:
         queue = self._queue_for(queue_name, owner)
-        route = _bind_route(self._exchange_for_bind(exchange_name), routing_key,
-                            arguments, queue.lmq)
+        route = bind_route(self._exchange_for_bind(exchange_name),
+                            self.qualified(exchange_name), routing_key, arguments, queue.lmq)
         queue.routes.discard(route)
         await self.routes.remove_route(route)
 
@@ -422,25 +528,28 @@ class AmqpBroker:
             return [queue.lmq] if queue is not None else []
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
-            raise _not_found("exchange", exchange_name)
+            raise not_found("exchange", exchange_name)
         if exchange.internal:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
                             f"internal exchange '{exchange_name}' in vhost '/'")
-        return sorted(self.routes.table.amqp_lmqs(exchange_name, routing_key, headers))
+        return sorted(self.routes.table.amqp_lmqs(self.qualified(exchange_name), routing_key,
+                                                  headers))
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:
         """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
         props = {
             MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
-            PROP_EXCHANGE: _quote(exchange_name),
-            PROP_ROUTING_KEY: _quote(routing_key),
+            PROP_EXCHANGE: quote_text(exchange_name),
+            PROP_ROUTING_KEY: quote_text(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
         }
+        if properties.expiration is not None:
+            props[PROP_TTL] = str(parse_expiration(properties.expiration))
         for attr, key in _READABLE:
             value = getattr(properties, attr)
             if value:
-                props[key] = _quote(value)
+                props[key] = quote_text(value)
         return encode_properties(props).encode()
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
@@ -487,16 +596,3 @@ class AmqpBroker:
             return False
         self.stats["stored"] += len(items)
         return result is not None
-
-
-def _quote(text: str) -> str:
-    # Octets that are not UTF-8 arrive as lone surrogates (surrogateescape): keep them.
-    return quote(text, safe=_SAFE, errors="surrogateescape")
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"'{_flag(value)}'"
-    if value is None:
-        return "none"
-    return f"'{value}'"

@@ -136,7 +136,7 @@ class ServerConnection:
     def __init__(
         self,
         *,
-        vhost_exists: Callable[[str], bool] = lambda vhost: vhost == "/",
+        vhost_exists: Callable[[str], bool | str] = lambda vhost: vhost == "/",
         channel_max: int = DEFAULT_CHANNEL_MAX,
         frame_max: int = DEFAULT_FRAME_MAX,
         heartbeat: int = DEFAULT_HEARTBEAT,
@@ -348,7 +348,10 @@ class ServerConnection:
         elif isinstance(method, ConnectionTuneOk):
             self._tune_ok(method)
         else:
-            if not self._vhost_exists(method.virtual_host):
+            access = self._vhost_exists(method.virtual_host)
+            if isinstance(access, str):  # the vhost exists, this user may not use it
+                raise AmqpError(errors.NOT_ALLOWED, access, 0, 10, 40)
+            if not access:
                 raise AmqpError(errors.NOT_ALLOWED, f"NOT_ALLOWED - vhost "
                                 f"{method.virtual_host} not found", 0, 10, 40)
             self.vhost = method.virtual_host

@@ -16,7 +16,6 @@ import base64
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from urllib.parse import unquote
 
 import trio
 
@@ -24,17 +23,11 @@ from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopStatus
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
-from gateway.amqp.broker import (
-    PROP_EXCHANGE,
-    PROP_PROPERTIES,
-    PROP_ROUTING_KEY,
-    AmqpBroker,
-    Queue,
-)
+from gateway.amqp.broker import PROP_TTL, AmqpBroker, Queue
 from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
+from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
-from gateway.amqp.methods import BasicGetEmpty, BasicGetOk
-from gateway.amqp.properties import EMPTY_PROPERTIES
+from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -42,21 +35,17 @@ log = logging.getLogger(__name__)
 
 #: Pause after a failed POP before the consumer loop tries again.
 RETRY_DELAY_S = 0.5
+#: Expired messages one Basic.Get skips (dead-letters) before it answers Get-Empty.
+MAX_GET_SKIPS = 64
 _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 
 
-def _envelope(m: PopMessage) -> tuple[str, str, bytes]:
-    props = m.message.properties
-    raw = props.get(PROP_PROPERTIES)
-    return (unquote(props.get(PROP_EXCHANGE, ""), errors="surrogateescape"),
-            unquote(props.get(PROP_ROUTING_KEY, ""), errors="surrogateescape"),
-            base64.b64decode(raw) if raw else EMPTY_PROPERTIES)
-
-
 class Consumer:
-    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled")
+    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries")
 
-    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool) -> None:
+    def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
+                 deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
         self.tag = tag
         self.queue = queue
         self.queue_lmq = queue.lmq
@@ -80,7 +69,7 @@ class Deliveries:
         self.flush = flush
         self.prefetch = 0  # 0 = unlimited
         self.next_tag = 1
-        self.unacked: dict[int, tuple[PopClient, PopMessage]] = {}
+        self.unacked: dict[int, tuple[PopClient, PopMessage, Queue]] = {}
         self.consumers: dict[str, Consumer] = {}
         self.closed = False
         #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
@@ -99,8 +88,11 @@ class Deliveries:
         if queue.exclusive_consumer or (exclusive and queue.consumers):
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{queue.name}' in "
                             "vhost '/' in exclusive use")
-        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack)
+        consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack, self)
         queue.consumers += 1
+        queue.subscribers.add(consumer)
+        if queue.args.single_active:
+            queue.waiting.append(consumer)
         queue.exclusive_consumer = exclusive
         nursery = self.broker.nursery
         if nursery is None:
@@ -113,10 +105,29 @@ class Deliveries:
         if consumer is None:
             return None
         consumer.cancelled = True
-        consumer.queue.consumers -= 1
-        consumer.queue.exclusive_consumer = False
+        queue = consumer.queue
+        queue.consumers -= 1
+        queue.exclusive_consumer = False
+        queue.subscribers.discard(consumer)
+        if consumer in queue.waiting:
+            # x-single-active-consumer: the next in line takes over (all waiters wake, so
+            # this consumer's loop ends too).
+            queue.waiting.remove(consumer)
+            queue.active_changed.set()
+            queue.active_changed = trio.Event()
         self._wake()
         return consumer
+
+    async def cancel_by_server(self, tag: str) -> None:
+        """The queue is gone: stop the consumer and tell the client (Basic.Cancel, the
+        `consumer_cancel_notify` capability)."""
+        if self.cancel(tag) is None or self.closed:
+            return
+        self.send(encode_method_frame(self.channel, BasicCancel(tag, True)))
+        try:
+            await self.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
 
     def _wake(self) -> None:
         self._room.set()
@@ -138,7 +149,13 @@ class Deliveries:
 
     async def _consume(self, consumer: Consumer) -> None:
         cfg = self.broker.config
+        queue = consumer.queue
+        checks = queue.args.checks_delivery
         while not consumer.cancelled and not self.closed:
+            if queue.waiting and queue.waiting[0] is not consumer:
+                # x-single-active-consumer: wait until the consumers before it are gone.
+                await queue.active_changed.wait()
+                continue
             room = batch = self._room_left()
             if consumer.no_ack:
                 room = batch = cfg.pop_batch
@@ -163,12 +180,18 @@ class Deliveries:
                 for m in result.messages:
                     await self._requeue(consumer.pop, m)
                 return
+            now = now_ms()
             for m in result.messages:
+                if checks or PROP_TTL in m.message.properties:
+                    fault = delivery_fault(queue, m, now)
+                    if fault is not None:
+                        await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
+                        continue
                 tag = self.next_tag
                 self.next_tag += 1
-                exchange, key, raw = _envelope(m)
+                exchange, key, raw = envelope(m)
                 if not consumer.no_ack:
-                    self.unacked[tag] = (consumer.pop, m)
+                    self.unacked[tag] = (consumer.pop, m, queue)
                 self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
                                          exchange, key, raw, m.body, self.frame_max))
             try:
@@ -180,29 +203,42 @@ class Deliveries:
                     self.broker.ack_later(consumer.pop, m)
 
     # ------------------------------------------------------------------ get
-    async def get(self, pop: PopClient, queue_lmq: str, no_ack: bool) -> None:
-        try:
-            result = await pop.pop(queue_lmq, max_nums=1,
-                                   invisible_ms=self.broker.config.invisible_ms, poll_ms=0)
-        except _BROKER_ERRORS as exc:
-            raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
-        if result.status is not PopStatus.FOUND or not result.messages:
+    async def get(self, pop: PopClient, queue: Queue, no_ack: bool) -> None:
+        checks = queue.args.checks_delivery
+        for _ in range(MAX_GET_SKIPS):
+            try:
+                result = await pop.pop(queue.lmq, max_nums=1,
+                                       invisible_ms=self.broker.config.invisible_ms,
+                                       poll_ms=0)
+            except _BROKER_ERRORS as exc:
+                raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
+            if result.status is not PopStatus.FOUND or not result.messages:
+                break
+            m = result.messages[0]
+            if checks or PROP_TTL in m.message.properties:
+                fault = delivery_fault(queue, m, now_ms())
+                if fault is not None:  # expired: the next one (bounded)
+                    await self.broker.policy.dead_letter(queue, pop, m, fault)
+                    continue
+            break
+        else:
+            result = None
+        if result is None or result.status is not PopStatus.FOUND or not result.messages:
             self.send(encode_method_frame(self.channel, BasicGetEmpty("")))
             return
-        m = result.messages[0]
         tag = self.next_tag
         self.next_tag += 1
         if no_ack:
             await self._settle(pop.ack, m)
         else:
-            self.unacked[tag] = (pop, m)
-        exchange, key, raw = _envelope(m)
+            self.unacked[tag] = (pop, m, queue)
+        exchange, key, raw = envelope(m)
         self.send(encode_content(self.channel, BasicGetOk(tag, m.redelivered, exchange, key,
                                                           result.rest_num),
                                  raw, m.body, self.frame_max))
 
     # ------------------------------------------------------------------ settling
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, PopClient, PopMessage]]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, PopClient, PopMessage, Queue]]:
         if multiple:
             tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
             return [(t, *self.unacked.pop(t)) for t in tags]
@@ -216,10 +252,10 @@ class Deliveries:
     async def ack(self, tag: int, multiple: bool) -> None:
         taken = self._take(tag, multiple)
         if self.tx is not None:
-            self.tx.extend((t, pop, m, "ack") for t, pop, m in taken)
+            self.tx.extend((t, pop, m, q, "ack") for t, pop, m, q in taken)
             return
         ack_later = self.broker.ack_later
-        for _, pop, m in taken:
+        for _, pop, m, _ in taken:
             ack_later(pop, m)
         self._wake()
 
@@ -227,27 +263,32 @@ class Deliveries:
         taken = self._take(tag, multiple)
         if self.tx is not None:
             how = "requeue" if requeue else "reject"
-            self.tx.extend((t, pop, m, how) for t, pop, m in taken)
+            self.tx.extend((t, pop, m, q, how) for t, pop, m, q in taken)
             return
-        for _, pop, m in taken:
-            await self._settle(pop.nack if requeue else pop.reject, m)
+        for _, pop, m, queue in taken:
+            if requeue:
+                await self._settle(pop.nack, m)
+            else:
+                await self.broker.policy.dead_letter(queue, pop, m, "rejected")
         self._wake()
 
     async def commit(self) -> None:
         """Tx.Commit: apply the acks, nacks and rejects of the transaction."""
         pending, self.tx = self.tx or [], []
-        for _, pop, m, how in pending:
+        for _, pop, m, queue, how in pending:
             if how == "ack":
                 self.broker.ack_later(pop, m)
+            elif how == "requeue":
+                await self._settle(pop.nack, m)
             else:
-                await self._settle(pop.nack if how == "requeue" else pop.reject, m)
+                await self.broker.policy.dead_letter(queue, pop, m, "rejected")
         self._wake()
 
     def rollback(self) -> None:
         """Tx.Rollback: the settled deliveries are unacknowledged again."""
         pending, self.tx = self.tx or [], []
-        for tag, pop, m, _ in pending:
-            self.unacked[tag] = (pop, m)
+        for tag, pop, m, queue, _ in pending:
+            self.unacked[tag] = (pop, m, queue)
         self.unacked = dict(sorted(self.unacked.items()))
 
     async def _settle(self, how: Callable[[PopMessage], Awaitable[bool]], m: PopMessage) -> None:
@@ -262,7 +303,7 @@ class Deliveries:
     async def recover(self) -> None:
         """Basic.Recover with requeue: every unacknowledged delivery back to its queue."""
         pending, self.unacked = list(self.unacked.values()), {}
-        for pop, m in pending:
+        for pop, m, _ in pending:
             await self._requeue(pop, m)
         self._wake()
 

@@ -87,6 +87,9 @@ class AmqpService:
                         nursery.cancel_scope.cancel()
                     else:
                         log.info("AMQP gateway listening on %s:%d", self.config.host, port)
+                        if self.server.tls_port is not None:
+                            log.info("AMQP over TLS listening on %s:%d", self.config.host,
+                                     self.server.tls_port)
                         started = True
                         task_status.started(port)
         if not started:

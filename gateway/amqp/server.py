@@ -31,6 +31,8 @@ from gateway.amqp.connection import (
     ServerConnection,
 )
 from gateway.amqp.session import AmqpSession
+from gateway.amqp.users import UserFile
+from gateway.mqtt.transport import server_ssl_context
 
 __all__ = ["AmqpServer", "AmqpServerConfig"]
 
@@ -56,43 +58,69 @@ class AmqpServerConfig:
     guest_loopback_only: bool = True
     #: After a connection ends, at most this long to drop its exclusive queues' bindings.
     cleanup_timeout_s: float = 5.0
+    #: Users, virtual hosts and permissions (JSON, `lmq amqp user ...`); "" = RabbitMQ's
+    #: default (vhost "/", guest/guest). Read again when it changes.
+    users_file: str = ""
+    #: AMQPS (AMQP over TLS) listener: port (5671 by convention; None = none, 0 = a free
+    #: one), the certificate chain and private key (PEM files), as the MQTT gateway's.
+    tls_port: int | None = None
+    certfile: str = ""
+    keyfile: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tls_port is not None and not (self.certfile and self.keyfile):
+            raise ValueError("tls_port needs certfile and keyfile")
     read_size: int = 65536
 
 
-def _is_loopback(stream: trio.SocketStream) -> bool:
+def _is_loopback(stream: Any) -> bool:
     try:
-        host = stream.socket.getpeername()[0]
+        raw = getattr(stream, "transport_stream", stream)  # under TLS: the TCP stream
+        host = raw.socket.getpeername()[0]
         return ipaddress.ip_address(host.split("%")[0]).is_loopback
     except (OSError, ValueError, AttributeError, IndexError):
         return False
-
-
-def _guest_only(username: str, password: str) -> bool:
-    return username == "guest" and password == "guest"
 
 
 class AmqpServer:
     """`await server.serve(task_status=...)` binds and reports the bound port."""
 
     def __init__(self, config: AmqpServerConfig | None = None,
-                 authenticate: Callable[[str, str], bool] = _guest_only,
-                 vhost_exists: Callable[[str], bool] = lambda vhost: vhost == "/",
+                 authenticate: Callable[[str, str], bool] | None = None,
+                 vhost_exists: Callable[[str], bool] | None = None,
                  broker: AmqpBroker | None = None) -> None:
         self.config = config or AmqpServerConfig()
         self.broker = broker
-        self.authenticate = authenticate
+        #: The users file (gateway/amqp/users.py) unless a test passes its own checks.
+        self.users = UserFile(self.config.users_file or None) \
+            if authenticate is None else None
+        self.authenticate = authenticate or self.users.authenticate
         self.vhost_exists = vhost_exists
         self.connections = 0
         self.port = 0
+        self.tls_port: int | None = None
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        cfg = self.config
+        listeners: list[Any] = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
         self.port = listeners[0].socket.getsockname()[1]
+        if cfg.tls_port is not None:
+            try:
+                ctx = server_ssl_context(cfg.certfile, cfg.keyfile)
+                tls = await trio.open_ssl_over_tcp_listeners(cfg.tls_port, ctx, host=cfg.host)
+            except BaseException:
+                for listener in listeners:
+                    await listener.aclose()
+                raise
+            # The TLS handshake happens on the first read, inside the connection's
+            # handshake_timeout_s like everything before Open-Ok.
+            self.tls_port = tls[0].transport_listener.socket.getsockname()[1]
+            listeners += tls
         async with trio.open_nursery() as nursery:
             task_status.started(self.port)
             await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: Any) -> None:
         cfg = self.config
         if self.connections >= cfg.max_connections:
             await stream.aclose()  # before the protocol header: nothing to say yet
@@ -105,6 +133,8 @@ class AmqpServer:
         except OSError as exc:
             if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
                 raise
+        except trio.TooSlowError:
+            pass
         finally:
             self.connections -= 1
             await trio.aclose_forcefully(stream)
@@ -112,7 +142,16 @@ class AmqpServer:
     async def _run(self, stream: trio.SocketStream) -> None:
         cfg = self.config
         now = trio.current_time()
-        conn = ServerConnection(vhost_exists=self.vhost_exists, channel_max=cfg.channel_max,
+        users = self.users
+        if self.vhost_exists is not None:
+            access = self.vhost_exists
+        elif users is not None:
+            def access(vhost: str) -> bool | str:
+                return users.db.vhost_access(conn.username, vhost)
+        else:
+            def access(vhost: str) -> bool | str:
+                return vhost == "/"
+        conn = ServerConnection(vhost_exists=access, channel_max=cfg.channel_max,
                                 frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
         conn.decoder.max_message_size = cfg.max_message_size
         conn.peer_loopback = _is_loopback(stream)
@@ -183,6 +222,14 @@ class AmqpServer:
                 ok = False
             conn.login(bool(ok), trio.current_time())
         elif session is not None:
+            if kind is ConnectionOpened:
+                perms = None if self.users is None else \
+                    self.users.db.permissions_of(event.username, event.vhost)
+                try:
+                    session.opened(event.username, event.vhost, perms)
+                except errors.AmqpError as exc:
+                    conn.close(exc.reply_code, exc.text, 10, 40)
+                return
             await session.handle(event)
         elif kind is MethodReceived or kind is ContentReceived:
             method = event.method if kind is MethodReceived else event.content.method

@@ -46,16 +46,22 @@ from gateway.amqp.methods import (
     BasicReturn,
     ConfirmSelect,
     ConfirmSelectOk,
+    ExchangeBind,
+    ExchangeBindOk,
     ExchangeDeclare,
     ExchangeDeclareOk,
     ExchangeDelete,
     ExchangeDeleteOk,
+    ExchangeUnbind,
+    ExchangeUnbindOk,
     QueueBind,
     QueueBindOk,
     QueueDeclare,
     QueueDeclareOk,
     QueueDelete,
     QueueDeleteOk,
+    QueuePurge,
+    QueuePurgeOk,
     QueueUnbind,
     QueueUnbindOk,
     TxCommit,
@@ -65,6 +71,7 @@ from gateway.amqp.methods import (
     TxSelect,
     TxSelectOk,
 )
+from gateway.amqp.queue_args import parse_expiration
 
 __all__ = ["AmqpSession"]
 
@@ -74,6 +81,8 @@ _NO_BARRIER = frozenset({BasicAck, BasicNack, BasicReject, BasicQos})
 log = logging.getLogger(__name__)
 
 _connection_ids = itertools.count(1)
+#: Permission answers one connection caches ((kind, resource) -> allowed).
+_ALLOWED_CACHE = 1024
 
 
 class _Channel:
@@ -112,6 +121,36 @@ class AmqpSession:
         self._storing = False
         self._ended = False
         self._stores_done = trio.Event()
+        self.username = ""
+        self.vhost = "/"
+        #: The user's permissions on the vhost (gateway/amqp/users.py); None: all allowed.
+        self.permissions: Any = None
+        self._allowed: dict[tuple[str, str, str], bool] = {}
+
+    def opened(self, username: str, vhost: str, permissions: Any) -> None:
+        """Connection.Open-Ok went out: the vhost's broker side and the user's rights."""
+        self.username, self.vhost, self.permissions = username, vhost, permissions
+        self.broker = self.broker.for_vhost(vhost)
+
+    def _allow(self, kind: str, what: str, name: str) -> None:
+        """403 ACCESS_REFUSED unless the user's `kind` pattern matches `name` (RabbitMQ's
+        check; answers cached per connection, at most `_ALLOWED_CACHE` of them)."""
+        perms = self.permissions
+        if perms is None:
+            return
+        if what == "exchange" and name == "":
+            name = "amq.default"
+        key = (kind, what, name)
+        ok = self._allowed.get(key)
+        if ok is None:
+            ok = perms.allows(kind, name)
+            if len(self._allowed) >= _ALLOWED_CACHE:
+                self._allowed.clear()
+            self._allowed[key] = ok
+        if not ok:
+            raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - {kind} access to "
+                            f"{what} '{name}' in vhost '{self.vhost}' refused for user "
+                            f"'{self.username}'")
 
     async def handle(self, event: Any) -> None:
         kind = type(event)
@@ -143,6 +182,8 @@ class AmqpSession:
             raise
         except AmqpError as exc:
             exc.channel = channel
+            if self.vhost != "/":
+                exc.text = exc.text.replace("in vhost '/'", f"in vhost '{self.vhost}'")
             if exc.class_id == 0:
                 exc.class_id, exc.method_id = method.CLASS_ID, method.METHOD_ID
             if exc.connection_level:
@@ -193,25 +234,40 @@ class AmqpSession:
     async def _method(self, channel: int, state: _Channel, method: Any) -> None:
         broker, send = self.broker, self.conn.send
         kind = type(method)
+        allow = self._allow
         if kind is QueueDeclare:
+            if not method.passive and method.queue:
+                allow("configure", "queue", method.queue)
             queue = broker.queue_declare(
                 method.queue, passive=method.passive, durable=method.durable,
                 exclusive=method.exclusive, auto_delete=method.auto_delete,
                 arguments=method.arguments or {}, owner=self.id)
+            if not method.passive and not method.queue and self.permissions is not None:
+                try:  # RabbitMQ checks the server-generated name
+                    allow("configure", "queue", queue.name)
+                except AmqpError:
+                    await broker.queue_delete(queue.name, self.id)
+                    raise
             state.last_queue = queue.name
             if not method.nowait:
                 count = await broker.message_count(queue)
                 send(channel, QueueDeclareOk(queue.name, count, queue.consumers))
         elif kind is QueueBind:
+            allow("write", "queue", self._queue_name(state, method.queue))
+            allow("read", "exchange", method.exchange)
             await broker.queue_bind(self._queue_name(state, method.queue), method.exchange,
                                     method.routing_key, method.arguments or {}, self.id)
             if not method.nowait:
                 send(channel, QueueBindOk())
         elif kind is QueueUnbind:
+            allow("write", "queue", self._queue_name(state, method.queue))
+            allow("read", "exchange", method.exchange)
             await broker.queue_unbind(self._queue_name(state, method.queue), method.exchange,
                                       method.routing_key, method.arguments or {}, self.id)
             send(channel, QueueUnbindOk())
         elif kind is ExchangeDeclare:
+            if not method.passive:
+                allow("configure", "exchange", method.exchange)
             broker.exchange_declare(
                 method.exchange, method.exchange_type, passive=method.passive,
                 durable=method.durable, auto_delete=method.auto_delete,
@@ -219,13 +275,28 @@ class AmqpSession:
             if not method.nowait:
                 send(channel, ExchangeDeclareOk())
         elif kind is ExchangeDelete:
+            allow("configure", "exchange", method.exchange)
             await broker.exchange_delete(method.exchange, method.if_unused)
             if not method.nowait:
                 send(channel, ExchangeDeleteOk())
         elif kind is QueueDelete:
-            count = await broker.queue_delete(self._queue_name(state, method.queue), self.id)
+            allow("configure", "queue", self._queue_name(state, method.queue))
+            count = await broker.queue_delete(self._queue_name(state, method.queue), self.id,
+                                              method.if_unused, method.if_empty)
             if not method.nowait:
                 send(channel, QueueDeleteOk(count))
+        elif kind is QueuePurge:
+            allow("read", "queue", self._queue_name(state, method.queue))
+            count = await broker.queue_purge(self._queue_name(state, method.queue), self.id)
+            if not method.nowait:
+                send(channel, QueuePurgeOk(count))
+        elif kind is ExchangeBind or kind is ExchangeUnbind:
+            allow("write", "exchange", method.destination)
+            allow("read", "exchange", method.source)
+            await broker.exchange_bind(method.destination, method.source, method.routing_key,
+                                       method.arguments or {}, kind is ExchangeBind)
+            if not method.nowait:
+                send(channel, ExchangeBindOk() if kind is ExchangeBind else ExchangeUnbindOk())
         elif kind is BasicAck:
             await state.deliveries.ack(method.delivery_tag, method.multiple)
         elif kind is BasicNack:
@@ -238,6 +309,7 @@ class AmqpSession:
             state.deliveries.prefetch = method.prefetch_count
             send(channel, BasicQosOk())
         elif kind is BasicConsume:
+            allow("read", "queue", self._queue_name(state, method.queue))
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
             tag = state.deliveries.consume(method.consumer_tag, queue,
                                            broker.queue_pop(queue), method.no_ack,
@@ -258,8 +330,9 @@ class AmqpSession:
             if kind is BasicRecover:
                 send(channel, BasicRecoverOk())
         elif kind is BasicGet:
+            allow("read", "queue", self._queue_name(state, method.queue))
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
-            await state.deliveries.get(broker.queue_pop(queue), queue.lmq, method.no_ack)
+            await state.deliveries.get(broker.queue_pop(queue), queue, method.no_ack)
         elif kind is TxSelect:
             if state.confirm:
                 raise AmqpError(errors.PRECONDITION_FAILED, "PRECONDITION_FAILED - cannot "
@@ -306,13 +379,23 @@ class AmqpSession:
             raise AmqpError(errors.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", 0,
                             60, 40)
         broker = self.broker
+        if self.permissions is not None:
+            self._allow("write", "exchange", method.exchange)
         props = content.properties
+        if props.expiration is not None:
+            parse_expiration(props.expiration)  # 406 for a malformed one, as RabbitMQ
         lmqs = broker.route(method.exchange, method.routing_key, props.headers)
         entry: list | None = None
         if state.confirm:
             entry = [state.next_publish_tag, None]
             state.next_publish_tag += 1
             state.confirms.append(entry)
+        trim: list = []
+        rejected = False
+        if broker.limited and state.tx_pubs is None:
+            limited = [q for lmq in lmqs if (q := broker.limited.get(lmq)) is not None]
+            if limited:
+                lmqs, trim, rejected = await self._admit(method, content, lmqs, limited)
         if not lmqs:
             broker.stats["unroutable"] += 1
             if method.mandatory:
@@ -322,7 +405,7 @@ class AmqpSession:
                                          method.routing_key),
                     content.raw_properties, content.body, self.conn.frame_max))
             if entry is not None:
-                entry[1] = True
+                entry[1] = not rejected
                 self._confirm(channel, state)
             return
         pb = broker.stored_properties(method.exchange, method.routing_key, props,
@@ -334,7 +417,37 @@ class AmqpSession:
                                 "transaction larger than max_publish_backlog_bytes")
             state.tx_pubs.append((pb, content.body))
             return
+        if rejected and entry is not None:
+            entry.append("rejected")  # stored, but a queue refused it: Basic.Nack
         await self._enqueue([(pb, content.body, entry, channel, state)])
+        if trim:
+            while self._pub_bytes:  # stored first, then the oldest go
+                await self._pub_space.wait()
+            for queue in trim:
+                await broker.policy.trim(queue)
+
+    async def _admit(self, method: Any, content: Any, lmqs: list[str],
+                     limited: list) -> tuple[list[str], list, bool]:
+        """x-max-length: the LMQs the publish may reach, the drop-head queues to trim
+        after it is stored, and whether a reject-publish queue refused it."""
+        while self._pub_bytes:  # count with this connection's earlier publishes stored
+            await self._pub_space.wait()
+        policy = self.broker.policy
+        refused: set[str] = set()
+        trim = []
+        for queue in limited:
+            mode = queue.args.overflow
+            if mode == "drop-head":
+                trim.append(queue)
+            elif await policy.over_limit(queue):
+                refused.add(queue.lmq)
+                policy.stats["rejected"] += 1
+                if mode == "reject-publish-dlx":
+                    await policy.republish(queue, method.exchange, method.routing_key,
+                                           content.properties, content.body, "maxlen")
+        if refused:
+            lmqs = [lmq for lmq in lmqs if lmq not in refused]
+        return lmqs, trim, bool(refused)
 
     async def _enqueue(self, pubs: list[tuple]) -> None:
         """Hand publishes to the store loop (started on demand); back-pressure."""
@@ -408,7 +521,8 @@ class AmqpSession:
                 touched = {}
                 for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
                     if entry is not None:
-                        entry[1] = bool(stored)
+                        # A third item: a reject-publish queue refused it (Basic.Nack).
+                        entry[1] = bool(stored) and len(entry) == 2
                         touched[channel] = state
                 for channel, state in touched.items():
                     self._confirm(channel, state)

@@ -58,4 +58,6 @@ async def run_standalone(namesrv_addr: str, server_config: AmqpServerConfig | No
             cfg = server.config
             log.info("AMQP gateway %s listening on %s:%d (broker %s at %s)", gateway_id,
                      cfg.host, port, name, addr)
+            if server.tls_port is not None:
+                log.info("AMQP over TLS listening on %s:%d", cfg.host, server.tls_port)
             task_status.started(port)

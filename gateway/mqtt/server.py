@@ -53,6 +53,10 @@ READ_SWEEP_S = 0.25
 #: How often an embedded gateway (`lmq serve`) looks for other MQTT gateways in the route
 #: log's consumer group (GET_CONSUMER_LIST_BY_GROUP, a read).
 PEERS_CHECK_S = 2.0
+#: Route-log members that write MQTT LMQs too: other MQTT gateways, and writers that are
+#: no gateway (the Spark sink's mqttTopic rows join as "writer-…"; they apply no routes,
+#: so no SUBSCRIBE waits for them).
+FOREIGN_WRITER_PREFIXES = ("mqtt-", "writer-")
 
 
 @dataclass
@@ -297,7 +301,7 @@ class MqttGateway:
         writers: BrokerLink.share_lmqs)."""
         routes = self.routes
         while not self.link.foreign_writers:
-            if any(g != self.gateway_id and g.startswith("mqtt-")
+            if any(g != self.gateway_id and g.startswith(FOREIGN_WRITER_PREFIXES)
                    for g in routes.live_gateways()):
                 self.link.share_lmqs()
                 return

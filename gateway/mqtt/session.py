@@ -22,13 +22,12 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.mqtt.message import MqttMessage
-from gateway.mqtt.topics import topic_matches
+from gateway.mqtt.topics import filter_matcher
 
 if TYPE_CHECKING:
     from gateway.mqtt.broker_link import LmqState
@@ -70,7 +69,7 @@ def compile_filter(topic_filter: str) -> Callable[[str], bool]:
         parent = topic_filter[:-2]
         prefix = parent + "/"
         return lambda topic: topic == parent or topic.startswith(prefix)
-    return partial(topic_matches, topic_filter)
+    return filter_matcher(topic_filter)
 
 
 class Cursor:

@@ -57,6 +57,9 @@ def add_ha_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ha-port", type=int,
                         help="master: HA listener port (default broker port + 1; 0 = free)")
     parser.add_argument("--ha-master-address", help="slave: the master's HA host:port")
+    parser.add_argument("--controller-addr", metavar="HOST:PORT",
+                        help="failover: the HA controller (a name server started with "
+                        "--controller); it decides which broker of the name writes")
 
 
 def ha_overrides(args: argparse.Namespace) -> dict:
@@ -67,6 +70,7 @@ def ha_overrides(args: argparse.Namespace) -> dict:
         "broker_role": args.broker_role,
         "ha_listen_port": args.ha_port,
         "ha_master_address": args.ha_master_address,
+        "controller_addr": getattr(args, "controller_addr", None),
         "ha_secret": os.environ.get("LMQ_HA_SECRET") or None,
     }
 

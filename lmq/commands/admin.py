@@ -7,6 +7,7 @@
     lmq admin message id MSGID [-t TOPIC] | message key TOPIC KEY
     lmq admin send TOPIC BODY [--tags A --keys "k1 k2" -p name=value]
     lmq admin tail TOPIC|%LMQ%name [--from-beginning] [-n COUNT]
+    lmq admin ha status | ha switch BROKER_NAME [--to ID]   (controller mode, docs/ha.md)
 
 Human tables by default, ``--json`` for scripts. Every failure (unknown topic, broker or
 name server down, bad arguments) is one line on stderr and a non-zero exit.
@@ -137,6 +138,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_runner(_tail))
 
     parser.set_defaults(func=lambda args: _usage(parser))
+
+
+    ha_parser = cmds.add_parser("ha", help="replication roles, epochs and lag (docs/ha.md)")
+    ha_parser.set_defaults(func=lambda args: _usage(ha_parser))
+    ha = ha_parser.add_subparsers(dest="ha_command", metavar="ACTION")
+    ctl = argparse.ArgumentParser(add_help=False)
+    ctl.add_argument("--controller", metavar="HOST:PORT",
+                     help="the HA controller (default: the first name server)")
+    p = ha.add_parser("status", parents=[common, ctl],
+                      help="each broker's role, epoch and replication lag")
+    p.set_defaults(func=_runner(_ha_status))
+    p = ha.add_parser("switch", parents=[common, ctl],
+                      help="hand writing over to an in-sync slave (waits out the lease)")
+    p.add_argument("broker_name")
+    p.add_argument("--to", type=int, metavar="ID", help="the slave's broker id "
+                   "(default: the in-sync slave with the most data)")
+    p.set_defaults(func=_runner(_ha_switch))
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -441,3 +459,46 @@ async def _tail(admin, args) -> None:
         await admin.tail(args.topic, show, from_beginning=args.from_beginning,
                          expression=args.expression, cluster=args.cluster, max_messages=args.count)
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# HA controller (docs/ha.md, "Failover")
+
+
+def _controller_addr(admin, args) -> str:
+    return args.controller or admin.client.config.namesrv_addrs[0]
+
+
+async def _ha_status(admin, args) -> Table:
+    from core.remoting.codes import RequestCode
+
+    resp = await admin.api.call(_controller_addr(admin, args), RequestCode.CONTROLLER_GET_STATE)
+    state = json.loads(resp.body_bytes() or b"{}")
+    rows = []
+    for name, g in sorted(state.items()):
+        for bid, r in sorted(g.get("replicas", {}).items(), key=lambda kv: int(kv[0])):
+            rows.append({"brokerName": name, "brokerId": int(bid), "addr": r.get("addr"),
+                         "role": r.get("role"), "epoch": r.get("epoch"),
+                         "inSync": "yes" if r.get("inSync") else "no",
+                         "lagBytes": r.get("lagBytes", ""), "lagS": r.get("lagS", ""),
+                         "lastSeenS": r.get("lastSeenS"),
+                         "lease": g.get("leaseLeftS") if r.get("role") == "MASTER" else ""})
+    return Table(rows, [("brokerName", "BROKER"), ("brokerId", "ID"), ("addr", "ADDRESS"),
+                        ("role", "ROLE"), ("epoch", "EPOCH"), ("inSync", "IN-SYNC"),
+                        ("lagBytes", "LAG BYTES"), ("lagS", "LAG S"),
+                        ("lastSeenS", "SEEN S AGO"), ("lease", "LEASE S")],
+                 json_data=state, empty="(no broker reports to this controller)")
+
+
+async def _ha_switch(admin, args) -> Text:
+    from core.remoting.codes import RequestCode
+
+    ext = {"brokerName": args.broker_name}
+    if args.to is not None:
+        ext["brokerId"] = str(args.to)
+    resp = await admin.api.call(_controller_addr(admin, args), RequestCode.CONTROLLER_ELECT, ext)
+    state = json.loads(resp.body_bytes() or b"{}")
+    return Text(f"switch of {args.broker_name} requested: the master's lease is no longer "
+                f"renewed; a new master is elected when it has run out (epoch now "
+                f"{state.get('epoch')})", state)
+

@@ -72,4 +72,32 @@ def run(args: argparse.Namespace) -> int:
     server = EmbeddedServer(broker_config, None, services=[banner_service(exporter)])
     if exporter is not None:
         exporter.server = server  # read at scrape time
-    return run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)
+    restart = _arm_restart() if broker_config.controller_addr else None
+    code = run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)
+    if restart is not None and restart:
+        # Deposed by the HA controller: start again (as a slave, cutting what no later
+        # master has) with the same command line. The data-dir lock is close-on-exec.
+        import os
+        import sys
+
+        log.warning("restarting as a slave")
+        os.execv(sys.executable, [sys.executable, "-m", "lmq", *sys.argv[1:]])
+    return code
+
+
+def _arm_restart() -> list:
+    """A deposed broker stops as on SIGTERM, then `run` re-executes it."""
+    import os
+    import signal
+
+    from core.broker.ha import controller_link
+
+    flag: list = []
+
+    def hook() -> None:
+        if not flag:
+            flag.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    controller_link.PROCESS_RESTART_HOOK = hook
+    return flag

@@ -12,13 +12,19 @@ published with QoS 1 to ``devices/<id>/telemetry``); and two Spark queries on
 * aggregates: per device and event-time window (``--window`` seconds, watermark
   ``--watermark`` seconds): readings, mean / max temperature, mean humidity, min battery,
   appended to Parquet under ``<out>/aggregates`` as windows close;
-* alerts: every reading above ``--threshold`` degrees, written exactly once by the lmq
-  sink to the topic ``--alerts-topic`` (key = device id, value = the reading as JSON).
-  Publishing them back to MQTT subscribers (``alerts/<device>``) needs the gateway to
-  deliver sink output, which it does not yet; read them with a native consumer or Spark.
+* alerts: every reading above ``--threshold`` degrees, published exactly once by the lmq
+  sink as MQTT traffic to ``alerts/<device>`` (QoS 1, value = the reading as JSON): its
+  ``mqttTopic`` column. An MQTT subscriber on ``alerts/#`` (the operator) receives them;
+  the demo measures the latency from each reading's publish to its alert's arrival.
+
+The sink multi-dispatches MQTT rows into the subscribers' LMQs (INNER_MULTI_DISPATCH), a
+right the broker gives only to ACL accounts with ``innerProperties`` or when
+``allow_inner_properties_without_acl`` is set: the `lmq serve` this demo starts (loopback
+only) sets it; a cluster given with ``-n`` must grant it.
 
 Every reading sent is also logged to ``<out>/readings.jsonl`` (to check the results).
-Progress (readings sent, rows in, batches, backlog, alerts) prints every 2 s; at the end
+Progress (readings sent, rows in, batches, backlog, alerts written / received, alert
+latency) prints every 2 s; at the end
 (duration or Ctrl-C) the simulator stops, the queries drain what was sent and stop, and
 the servers it started stop.
 """
@@ -38,6 +44,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from lmq.commands._demo_alerts import AlertSubscriber, percentile
 
 READINGS_SCHEMA = "device string, ts long, temperature double, humidity double, battery int"
 TELEMETRY_FILTER = "devices/+/telemetry"
@@ -64,7 +72,6 @@ def add_iot_arguments(p) -> None:
     p.add_argument("--watermark", type=int, default=5, help="late-data allowance, seconds")
     p.add_argument("--trigger", type=float, default=1.0, help="micro-batch interval, seconds")
     p.add_argument("--out", default=None, help="output directory (default: a new temp dir)")
-    p.add_argument("--alerts-topic", default="IOT_ALERTS", help="topic the alerts go to")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--seed", type=int, default=1, help="simulator random seed")
     p.add_argument("-n", "--namesrv-addr", help="use this cluster (with --mqtt-port)")
@@ -196,9 +203,11 @@ def start_queries(spark, namesrv: str, out: Path, args) -> tuple:
              .trigger(processingTime=trigger).start())
     alerts = (readings.where(F.col("temperature") > F.lit(args.threshold))
               .select(F.col("device").alias("key"),
-                      F.to_json(F.struct("device", "ts", "temperature")).alias("value")))
+                      F.to_json(F.struct("device", "ts", "temperature")).alias("value"),
+                      F.concat(F.lit("alerts/"), "device").alias("mqttTopic"),
+                      F.lit(1).alias("qos")))
     alert_q = (alerts.writeStream.queryName("iot_alerts").format("lmq")
-               .option("lmq.namesrv", namesrv).option("topic", args.alerts_topic)
+               .option("lmq.namesrv", namesrv)
                .option("checkpointLocation", str(out / "checkpoints" / "alerts"))
                .trigger(processingTime=trigger).start())
     return agg_q, alert_q
@@ -215,13 +224,27 @@ def _progress(q) -> list[dict]:
     return out
 
 
-def alerts_stored(namesrv: str, topic: str) -> int:
-    """Messages in the alerts topic (the sink's committed alerts)."""
-    from spark_sinks.options import parse_source_options
-    from spark_sinks.source import queue_bounds
+def alerts_written(spark, namesrv: str, since_ms: int) -> tuple[int, list[int]]:
+    """Alerts the sink stored (committed) as MQTT traffic on alerts/<device>, and, for the
+    readings published at or after `since_ms`, the milliseconds from the reading's publish
+    to its alert's store time, sorted."""
+    from pyspark.sql import functions as F
 
-    opts = parse_source_options({"lmq.namesrv": namesrv, "subscribe": topic}, streaming=False)
-    return sum(hi - lo for lo, hi in queue_bounds(opts).values())
+    rows = (spark.read.format("lmq").option("lmq.namesrv", namesrv)
+            .option("mqttTopic", "alerts/+").load()
+            .select((F.unix_millis("timestamp")
+                     - F.get_json_object(F.col("value").cast("string"), "$.ts")
+                     .cast("long")).alias("ms"),
+                    F.get_json_object(F.col("value").cast("string"), "$.ts").cast("long")
+                    .alias("ts")).collect())
+    return len(rows), sorted(r.ms for r in rows if r.ms is not None and r.ts >= since_ms)
+
+
+def _latency(sub, since_ms: int | None) -> str:
+    lat = sub.latencies_ms(since_ms or 0)
+    if not lat:
+        return "-"
+    return f"p50 {percentile(lat, 0.5) / 1000:.2f}s p90 {percentile(lat, 0.9) / 1000:.2f}s"
 
 
 def _backlog(q) -> int | None:
@@ -259,11 +282,17 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
                 raise KeyboardInterrupt
             stop.set()
         old_handler = signal.signal(signal.SIGINT, on_sigint)
+    sub = AlertSubscriber(mqtt_port).start()          # subscribed before any alert
     agg_q, alert_q = start_queries(spark, namesrv, out, args)
     sim = Simulator(mqtt_port, args.devices, args.rate, out / "readings.jsonl", args.seed).start()
     t0 = time.monotonic()
+    # Latencies count the readings published once both queries ran their first batch
+    # (before that, readings wait for Spark to start).
+    warm_ms = None
     try:
         while not stop.is_set():
+            if warm_ms is None and agg_q.lastProgress and alert_q.lastProgress:
+                warm_ms = int(time.time() * 1000)
             if sim.error is not None:
                 raise RuntimeError(f"device simulator failed: {sim.error}")
             for q in (agg_q, alert_q):
@@ -273,7 +302,8 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
                 print(f"[{time.monotonic() - t0:6.1f}s] readings sent {sim.sent:,}  rows in "
                       f"{_rows_in(agg_q):,}  batches {len(_progress(agg_q))}  backlog "
                       f"{_backlog(agg_q) if _backlog(agg_q) is not None else '-'}  "
-                      f"alerts {alerts_stored(namesrv, args.alerts_topic):,}", flush=True)
+                      f"alerts received {len(sub.received):,} (latency {_latency(sub, warm_ms)})",
+                      flush=True)
             if args.duration and time.monotonic() - t0 >= args.duration:
                 break
             stop.wait(2.0)
@@ -288,13 +318,32 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
         finally:
             agg_q.stop()
             alert_q.stop()
+            if warm_ms is None:
+                warm_ms = int(time.time() * 1000)
+            written, stored_ms = alerts_written(spark, namesrv, warm_ms)
+            deadline = time.monotonic() + 5        # the last alerts' way to the subscriber
+            while len(sub.received) < written and time.monotonic() < deadline:
+                time.sleep(0.1)
+            sub.stop()
             if old_handler is not None:
                 signal.signal(signal.SIGINT, old_handler)
-    result = {"readings_sent": sim.sent, "rows_in": _rows_in(agg_q),
-              "alerts": alerts_stored(namesrv, args.alerts_topic), "out": str(out)}
+    lat = sub.latencies_ms(warm_ms)
+    result = {"readings_sent": sim.sent, "rows_in": _rows_in(agg_q), "alerts": written,
+              "alerts_received": len(sub.received),
+              "alert_latency_p50_ms": percentile(lat, 0.5),
+              "alert_latency_p90_ms": percentile(lat, 0.9),
+              "alert_stored_p50_ms": percentile(stored_ms, 0.5),
+              "alert_stored_p90_ms": percentile(stored_ms, 0.9), "out": str(out)}
+    with open(out / "alerts_received.jsonl", "w", encoding="utf-8") as f:
+        for topic, alert, latency in sub.received:
+            f.write(json.dumps({"topic": topic, "alert": alert, "latency_ms": latency}) + "\n")
     if not quiet:
-        print(f"stopped: {result['readings_sent']:,} readings sent, {result['alerts']:,} "
-              f"alerts written to topic {args.alerts_topic}, aggregates in {out / 'aggregates'}")
+        stored = "-" if not stored_ms else (f"p50 {percentile(stored_ms, 0.5) / 1000:.2f}s "
+                                            f"p90 {percentile(stored_ms, 0.9) / 1000:.2f}s")
+        print(f"stopped: {result['readings_sent']:,} readings sent, {written:,} alerts "
+              f"written to alerts/<device>, {len(sub.received):,} received over MQTT (latency "
+              f"{_latency(sub, warm_ms)}, trigger {args.trigger:g}s; publish to alert stored: "
+              f"{stored}), aggregates in {out / 'aggregates'}")
     return result
 
 
@@ -315,8 +364,12 @@ def _servers(args):
 
     data = tempfile.mkdtemp(prefix="lmq-demo-iot-")
     ns, broker, mqtt = free_port(), free_port(), free_port()
+    config = os.path.join(data, "demo.toml")
+    with open(config, "w", encoding="utf-8") as f:
+        # the sink multi-dispatches MQTT alerts; this server listens on loopback only
+        f.write("[broker]\nallow_inner_properties_without_acl = true\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lmq", "serve", "--data-dir", data,
+        [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", data, "--config", config,
          "--host", "127.0.0.1", "--namesrv-port", str(ns),
          "--broker-port", str(broker), "--mqtt-port", str(mqtt), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C stops the demo, not it

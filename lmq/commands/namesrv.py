@@ -46,6 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--log-level", default="INFO", type=log_level, metavar="LEVEL",
         help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default %(default)s)",
     )
+    parser.add_argument(
+        "--controller", action="store_true",
+        help="also run the HA controller (failover of replicated brokers: docs/ha.md); "
+        "on one name server only",
+    )
+    parser.add_argument("--controller-dir", default=defaults.controller_dir, metavar="DIR",
+                        help="where the controller keeps its state (default %(default)s)")
+    parser.add_argument("--controller-lease", type=float, default=defaults.controller_lease_s,
+                        metavar="SECONDS",
+                        help="a master's write lease (default %(default)s)")
     add_remoting_security_options(parser, broker=False)
     add_metrics_options(parser)
     parser.set_defaults(func=run)
@@ -60,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = NamesrvConfig(
             host=args.host, port=args.port, broker_expiry_s=args.broker_expiry,
-            acl_enable=bool(args.acl_file), acl_file=args.acl_file, **security
+            acl_enable=bool(args.acl_file), acl_file=args.acl_file,
+            controller_enable=args.controller, controller_dir=args.controller_dir,
+            controller_lease_s=args.controller_lease, **security
         )
     except (TypeError, ValueError) as exc:
         log.error("bad configuration: %s", exc)

@@ -122,6 +122,10 @@ def add_amqp_options(parser: argparse.ArgumentParser) -> None:
                         help="AMQP gateway TOML file (keys = AmqpServerConfig / "
                              "AmqpBrokerConfig fields, docs/amqp.md)")
     parser.add_argument("--no-amqp", action="store_true", help="do not run the AMQP gateway")
+    parser.add_argument("--amqp-tls-port", type=int,
+                        help="AMQPS port (5671 by convention; needs --amqp-certfile/-keyfile)")
+    parser.add_argument("--amqp-certfile", help="AMQPS certificate chain (PEM)")
+    parser.add_argument("--amqp-keyfile", help="AMQPS private key (PEM)")
 
 
 def amqp_services(args: argparse.Namespace) -> list:
@@ -137,6 +141,9 @@ def amqp_services(args: argparse.Namespace) -> list:
     source = args.amqp_config or "the flags"
     server_kw.update({k: v for k, v in (("host", args.host), ("port", args.amqp_port))
                       if v is not None})
+    server_kw.update({k: v for k, v in (("tls_port", args.amqp_tls_port),
+                                        ("certfile", args.amqp_certfile),
+                                        ("keyfile", args.amqp_keyfile)) if v is not None})
     problem = (mapping_type_error(AmqpServerConfig, server_kw, source)
                or mapping_type_error(AmqpBrokerConfig, broker_kw, source))
     if problem:

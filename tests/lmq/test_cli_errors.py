@@ -31,7 +31,7 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
 
 
 def serve_args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["serve", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
+    return ["serve", "--no-grpc", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
             "--broker-port", "0", "--no-mqtt", *extra]
 
 
@@ -80,7 +80,7 @@ def test_taken_port_named_with_its_listener(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = lmq("serve", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
+        r = lmq("serve", "--no-grpc", "--data-dir", str(tmp_path / "data"), "--namesrv-port", "0",
                 "--broker-port", str(port), "--no-mqtt")
     assert r.returncode == 1
     assert f"port {port} (broker)" in one_line_error(r)
@@ -123,7 +123,7 @@ def test_closed_pipe_is_a_quiet_exit(tmp_path):
 
     addr = f"127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
+        [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", str(tmp_path / "data"),
          "--namesrv-port", addr.split(":")[1], "--broker-port", "0", "--no-mqtt"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -222,7 +222,7 @@ def test_taken_mqtt_port_named_embedded_and_standalone(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         server = subprocess.Popen(
-            [sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
+            [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", str(tmp_path / "data"),
              "--namesrv-port", addr.split(":")[1], "--broker-port", "0", "--mqtt-port", str(port)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:

@@ -39,7 +39,7 @@ def _serve(tmp_path):
     write_toml(cfg, {"acl_enable": True, "acl_file": str(acl), "namesrv_access_key": ADMIN[0],
                      "namesrv_secret_key": ADMIN[1], "broker": BROKER_TEST_CONFIG})
     ports = {name: free_port() for name in ("namesrv", "broker", "mqtt", "amqp")}
-    proc = Proc(["serve", "--data-dir", str(tmp_path / "data"), "--config", str(cfg),
+    proc = Proc(["serve", "--no-grpc", "--data-dir", str(tmp_path / "data"), "--config", str(cfg),
                  "--namesrv-port", str(ports["namesrv"]), "--broker-port", str(ports["broker"]),
                  "--mqtt-port", str(ports["mqtt"]), "--amqp-port", str(ports["amqp"]),
                  "--metrics-port", "0", "--dashboard-interval", "0.2"], tmp_path)

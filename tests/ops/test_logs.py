@@ -34,7 +34,7 @@ class Server:
         write_toml(cfg, {"broker": BROKER_TEST_CONFIG})
         self.mqtt_port = free_port()
         self.log = root / ("lmq.log" if log_file else "stdout.log")
-        argv = [sys.executable, "-m", "lmq", "serve", "--data-dir", str(root / "data"),
+        argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", str(root / "data"),
                 "--config", str(cfg), "--namesrv-port", str(free_port()),
                 "--broker-port", str(free_port()), "--mqtt-port", str(self.mqtt_port),
                 "--no-amqp", "--metrics-port", "0", *extra]

@@ -87,7 +87,7 @@ def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None,
     broker_cfg = tmp_path / "broker.toml"
     write_toml(broker_cfg, {"broker": BROKER_TEST_CONFIG})
     mqtt_port = free_port()
-    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--config", str(broker_cfg),
+    argv = ["serve", "--no-grpc", "--data-dir", str(tmp_path / "data"), "--config", str(broker_cfg),
             "--namesrv-port", str(namesrv_port or free_port()), "--broker-port", str(free_port()),
             "--mqtt-port", str(mqtt_port), "--amqp-port", str(free_port()),
             "--metrics-port", "0", *extra]

@@ -19,7 +19,7 @@ import time
 
 from spark_sinks import LmqDataSource
 from spark_sinks.conn import client_for
-from spark_sinks.sink import LmqStreamWriter, _all_halves, _producer, parse_sink_options
+from spark_sinks.sink import LmqStreamWriter, _all_chunks, _producer, parse_sink_options
 from spark_sinks.txn import write_record
 
 
@@ -47,7 +47,7 @@ class FaultyStreamWriter(LmqStreamWriter):
                 opts = self.opts
                 client = client_for(opts.namesrv, opts.request_timeout)
                 client.call(write_record, client.instance, _producer(opts).target,
-                            opts.commit_topic, self.query, batchId, _all_halves(messages))
+                            opts.commit_topic, self.query, batchId, _all_chunks(messages))
                 _hang(marker)
             if mode == "hang-after-commit":
                 super().commit(messages, batchId)

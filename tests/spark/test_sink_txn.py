@@ -3,8 +3,8 @@ this process, against a real broker): crashes before and after the commit record
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
-from pyspark.sql import Row
 from pyspark.sql.types import StringType, StructField, StructType
 
 from core.client.blocking import BlockingClient
@@ -40,7 +40,9 @@ def writer(addr, topic, query="q-test"):
 
 
 def rows(prefix, n):
-    return [Row(value=f"{prefix}{i}", key=f"k{i}") for i in range(n)]
+    """One Arrow record batch, as Spark hands them to the sink's tasks."""
+    return [pa.RecordBatch.from_pydict({"value": [f"{prefix}{i}" for i in range(n)],
+                                        "key": [f"k{i}" for i in range(n)]})]
 
 
 def test_replayed_batch_after_crash_before_commit_is_written_once(lmq_cluster):
@@ -48,7 +50,7 @@ def test_replayed_batch_after_crash_before_commit_is_written_once(lmq_cluster):
     topic_with_queues(addr, "SinkCrash1", 2)
     first = writer(addr, "SinkCrash1", "q-crash1")
     lost = first.write(iter(rows("r", 5)))          # tasks wrote; the driver died here
-    assert len(lost.halves) == 5 and visible(addr, "SinkCrash1") == []
+    assert sum(c.count for c in lost.chunks) == 5 and visible(addr, "SinkCrash1") == []
     again = writer(addr, "SinkCrash1", "q-crash1")   # restarted query replays batch 0
     msg = again.write(iter(rows("r", 5)))
     again.commit([msg], 0)
@@ -68,7 +70,7 @@ def test_crash_after_commit_record_before_end_transaction(lmq_cluster):
     client = client_for(addr, opts.request_timeout)
     # the driver stored the record, then died before END_TRANSACTION
     client.call(write_record, client.instance, _producer(opts).target, opts.commit_topic,
-                "q-crash2", 0, msg.halves)
+                "q-crash2", 0, msg.chunks)
     assert visible(addr, "SinkCrash2") == []
     again = writer(addr, "SinkCrash2", "q-crash2")
     again.commit([again.write(iter(rows("r", 4)))], 0)
@@ -114,6 +116,6 @@ def test_back_check_answers_from_the_commit_record(lmq_cluster):
             "SPARK_QUERY": "q-check", "SPARK_BATCH": str(batch), "UNIQ_KEY": uniq})
         return client.call(_check_half, client.instance, w.opts, msg)
 
-    assert ask(listed.halves[0].uniq, 7) is S.COMMIT_MESSAGE
+    assert ask(listed.chunks[0].half_uniq, 7) is S.COMMIT_MESSAGE
     assert ask("0A0000000000000000000000000000FF", 7) is S.ROLLBACK_MESSAGE
-    assert ask(listed.halves[0].uniq, 8) is S.UNKNOW
+    assert ask(listed.chunks[0].half_uniq, 8) is S.UNKNOW

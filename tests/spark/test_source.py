@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -197,3 +198,26 @@ def test_fail_on_data_loss_both_ways(spark, small_files_cluster):
     offsets = sorted(r.queueOffset for r in rows)
     assert 0 < offsets[0] and offsets == list(range(offsets[0], 200))
     assert all(r.value[:4] == f"{r.queueOffset:04d}".encode() for r in rows)
+
+
+def test_reads_past_short_pulls_in_order(lmq_cluster):
+    """Bodies large enough that a pull returns fewer messages than it asked for (the
+    broker's max_pull_bytes): the pulls kept in flight for the following offsets are dropped
+    and the range is still read whole, in order, each message once."""
+    from core.client import Message, MessageQueue
+    from core.client.blocking import BlockingClient
+    from spark_sinks.options import parse_source_options
+    from spark_sinks.source import QueueRange, read_range
+
+    addr = lmq_cluster["addr"]
+    topic_with_queues(addr, "SrcBig", 1)
+    bodies = [os.urandom(100_000) for _ in range(40)]   # incompressible: 2 per 256 KiB pull
+    with BlockingClient(addr) as c, c.producer("PG_SRC_BIG") as p:
+        for body in bodies:
+            p.send_to_queue(Message("SrcBig", body), MessageQueue("SrcBig", "broker-a", 0))
+    opts = parse_source_options({"lmq.namesrv": addr, "subscribe": "SrcBig"}, streaming=False)
+    got = []
+    for rb in read_range(opts, QueueRange("SrcBig", "broker-a", 0, 0, 40)):
+        got.extend(zip(rb.column("queueOffset").to_pylist(), rb.column("value").to_pylist(),
+                       strict=True))
+    assert got == list(enumerate(bodies))

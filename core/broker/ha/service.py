@@ -2,19 +2,21 @@
 
 Wire protocol on the HA port (all integers big-endian):
 
-    master -> slave   "LMQHA1" + nonce[32]
-    slave  -> master  hmac[32] + int64 slave_max_offset + uint16 len + broker name
-                      hmac = HMAC-SHA256(ha_secret, "slave" + nonce + broker name)
-    master -> slave   hmac[32] + uint16 len + master remoting address
-                      hmac = HMAC-SHA256(ha_secret, "master" + nonce + broker name)
+    master -> slave   "LMQHA2" + nonce[32]
+    slave  -> master  hmac[32] + int64 slave_max_offset + int32 broker id + int32 epoch
+                      + uint16 len + broker name
+                      hmac = HMAC-SHA256(ha_secret, "slave" + nonce + name + id + epoch)
+    master -> slave   hmac[32] + int32 master epoch + uint16 len + master remoting address
+                      hmac = HMAC-SHA256(ha_secret, "master" + nonce + name + epoch)
     then
     master -> slave   int64 offset + int32 length + CommitLog bytes  (length 0: heartbeat,
                       offset = master max offset)
     slave  -> master  int64 slave max offset (after every chunk, and every heartbeat)
 
 The master streams from the offset the slave reports; a chunk is whole records within
-one CommitLog file (core/store/ha). SYNC_MASTER sends wait until some slave reports an
-offset at or past the end of their record (`wait_replicated`).
+one CommitLog file (core/store/ha). SYNC_MASTER sends wait until some slave (under a
+controller: every slave of the in-sync set) reports an offset at or past the end of their
+record (`wait_replicated`). Epochs are 0 without a controller (docs/ha.md, "Failover").
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import struct
 import trio
 
 from core.broker.offsets import TOPIC_GROUP_SEPARATOR
+from core.broker.subscription_group import SubscriptionGroupConfig
 from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
@@ -39,10 +42,11 @@ from core.store.ha import ReplicaError, append_chunk, read_chunk
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LMQHA1"
+MAGIC = b"LMQHA2"
 _NONCE = 32
 _MAC = 32
 _I64 = struct.Struct(">q")
+_ID_EPOCH = struct.Struct(">ii")
 _HEADER = struct.Struct(">qi")
 _MAX_NAME = 1024
 _MAX_HANDSHAKES = 16  # connections in the handshake at once, beyond ha_max_slaves
@@ -59,8 +63,8 @@ class HAProtocolError(Exception):
     pass
 
 
-def _mac(secret: str, role: bytes, nonce: bytes, name: bytes) -> bytes:
-    return hmac.new(secret.encode(), role + nonce + name, hashlib.sha256).digest()
+def _mac(secret: str, role: bytes, nonce: bytes, name: bytes, extra: bytes = b"") -> bytes:
+    return hmac.new(secret.encode(), role + nonce + name + extra, hashlib.sha256).digest()
 
 
 async def _recv_exactly(stream, n: int) -> bytes:
@@ -89,7 +93,13 @@ class HAMaster:
         self.store = broker.store
         self.port: int | None = None
         self.slaves: dict[int, int] = {}  # connection id -> offset it reported
-        self.acked = -1  # greatest offset a connected slave reported
+        self.slave_ids: dict[int, int] = {}  # connection id -> the slave's broker id
+        self.caught_up_at: dict[int, float] = {}  # connection id -> last time at our end
+        # Under a controller: broker ids whose report every SYNC send waits for (the
+        # in-sync set minus this broker, plus slaves proposed for it). None = any slave.
+        self.ack_ids: set[int] | None = None
+        self.acked = -1  # offset every waited-for slave holds
+        self.acked_high = -1  # greatest `acked` so far (what SYNC sends were told)
         self._data = trio.Event()
         self._waiters: list[tuple[int, int, trio.Event]] = []  # (end offset, seq, event)
         self._seq = itertools.count()
@@ -106,7 +116,7 @@ class HAMaster:
         """SYNC_MASTER: OK once a slave holds [.., end_offset); SLAVE_NOT_AVAILABLE when no
         slave is connected; FLUSH_SLAVE_TIMEOUT after `timeout_s`. Waiters sit in a heap by
         offset, so a report wakes only the sends it covers."""
-        if not self.slaves:
+        if not self._has_replicas():
             return SyncStatus.SLAVE_NOT_AVAILABLE
         if self.acked < end_offset:
             ev = trio.Event()
@@ -115,14 +125,32 @@ class HAMaster:
                 await ev.wait()
         if self.acked >= end_offset:
             return SyncStatus.OK
-        if not self.slaves:
+        if not self._has_replicas():
             return SyncStatus.SLAVE_NOT_AVAILABLE
         return SyncStatus.FLUSH_SLAVE_TIMEOUT
 
+    def _has_replicas(self) -> bool:
+        return bool(self.slaves) if self.ack_ids is None else bool(self.ack_ids)
+
+    def slave_offset(self, broker_id: int) -> int:
+        """The greatest offset a connected slave with this id reported (-1: none)."""
+        return max((off for cid, off in self.slaves.items()
+                    if self.slave_ids.get(cid) == broker_id), default=-1)
+
+    def set_ack_ids(self, ids: set[int] | None) -> None:
+        """Controller mode: the slaves every SYNC send must reach (docs/ha.md)."""
+        self.ack_ids = None if ids is None else set(ids)
+        self._set_acked()
+
     def _set_acked(self) -> None:
-        self.acked = max(self.slaves.values(), default=-1)
+        if self.ack_ids is None:
+            self.acked = max(self.slaves.values(), default=-1)
+        else:
+            self.acked = min((self.slave_offset(i) for i in self.ack_ids), default=-1)
+        if self.acked > self.acked_high:
+            self.acked_high = self.acked
         waiters = self._waiters
-        if not self.slaves:  # nobody left to wait for: answer every waiting send now
+        if not self._has_replicas():  # nobody to wait for: answer every waiting send now
             for _end, _seq, ev in waiters:
                 ev.set()
             waiters.clear()
@@ -176,8 +204,10 @@ class HAMaster:
             log.warning("HA: refused slave %s: already %d slaves", peer, len(self.slaves))
             await trio.aclose_forcefully(stream)
             return
+        offset, slave_id = offset
         cid = self._next_id = self._next_id + 1
         self.slaves[cid] = offset
+        self.slave_ids[cid] = slave_id
         self._set_acked()
         log.info("HA: slave %s connected at offset %d", peer, offset)
         try:
@@ -189,30 +219,45 @@ class HAMaster:
             log.warning("HA: slave %s dropped: %s", peer, exc)
         finally:
             self.slaves.pop(cid, None)
+            self.slave_ids.pop(cid, None)
+            self.caught_up_at.pop(cid, None)
             self._set_acked()
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, stream) -> int:
+    async def _handshake(self, stream) -> tuple[int, int]:
         cfg = self.config
         nonce = os.urandom(_NONCE)
         await stream.send_all(MAGIC + nonce)
         mac = await _recv_exactly(stream, _MAC)
         offset, = _I64.unpack(await _recv_exactly(stream, 8))
+        id_epoch = await _recv_exactly(stream, _ID_EPOCH.size)
+        slave_id, slave_epoch = _ID_EPOCH.unpack(id_epoch)
         n, = struct.unpack(">H", await _recv_exactly(stream, 2))
         if n > _MAX_NAME:
             raise HAProtocolError("broker name too long")
         name = await _recv_exactly(stream, n)
-        if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"slave", nonce, name)):
+        if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"slave", nonce, name, id_epoch)):
             raise HAProtocolError("bad credentials")
         if name.decode("utf-8", "replace") != cfg.broker_name:
             raise HAProtocolError(f"slave of broker {name!r}, this is {cfg.broker_name!r}")
         if offset < 0 or offset > self.store.max_physical_offset:
             raise HAProtocolError(f"slave offset {offset} is ahead of this master")
+        link = self.broker.ha_link
+        epoch = 0
+        if link is not None:
+            # Controller mode: only the master of the current epoch streams, and only to
+            # a slave whose data is a prefix of ours (docs/ha.md, "Failover").
+            problem = link.check_slave(slave_epoch, offset)
+            if problem:
+                raise HAProtocolError(problem)
+            epoch = link.epoch
         addr = self.broker.broker_addr.encode()
+        ep = struct.pack(">i", epoch)
         await stream.send_all(
-            _mac(cfg.ha_secret, b"master", nonce, name) + struct.pack(">H", len(addr)) + addr
+            _mac(cfg.ha_secret, b"master", nonce, name, ep) + ep
+            + struct.pack(">H", len(addr)) + addr
         )
-        return offset
+        return offset, slave_id
 
     async def _read_reports(self, stream, cid: int, scope: trio.CancelScope) -> None:
         try:
@@ -220,7 +265,10 @@ class HAMaster:
                 with trio.fail_after(self.config.ha_housekeeping_s):
                     data = await _recv_exactly(stream, 8)
                 # A report past our own end would acknowledge sends the slave cannot hold.
-                off = min(_I64.unpack(data)[0], self.store.max_physical_offset)
+                end = self.store.max_physical_offset
+                off = min(_I64.unpack(data)[0], end)
+                if off == end:
+                    self.caught_up_at[cid] = trio.current_time()
                 if off > self.slaves.get(cid, -1):
                     self.slaves[cid] = off
                     self._set_acked()
@@ -270,25 +318,54 @@ class HASlave:
         self.connected = False
         self.master_offset = -1  # the master's max offset at its last heartbeat
         self._sync_now = trio.Event()
+        # The master's HA address: fixed by config, or set by the controller link.
+        self.master_address: str | None = self.config.ha_master_address
+        self._retargeted = trio.Event()
+        self._session_scope: trio.CancelScope | None = None
+        self._run_scope: trio.CancelScope | None = None
+
+    def retarget(self, address: str | None) -> None:
+        """Follow another master (controller mode): drop the current session."""
+        if address == self.master_address:
+            return
+        self.master_address = address
+        self.master_broker_addr = None
+        if self._session_scope is not None:
+            self._session_scope.cancel()
+        self._retargeted.set()
+
+    def stop(self) -> None:
+        """Stop replicating (this broker was promoted)."""
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        self.connected = False
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._config_sync_loop)
-            while True:
-                try:
-                    await self._session()
-                except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
-                        trio.BrokenResourceError, trio.ClosedResourceError,
-                        trio.TooSlowError) as exc:
-                    log.warning("HA: connection to master %s failed: %s",
-                                self.config.ha_master_address, exc)
-                self.connected = False
-                await trio.sleep(self.config.ha_reconnect_s)
+        with trio.CancelScope() as self._run_scope:
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._config_sync_loop)
+                while True:
+                    if self.master_address is None:
+                        self._retargeted = trio.Event()
+                        await self._retargeted.wait()
+                        continue
+                    address = self.master_address
+                    try:
+                        with trio.CancelScope() as self._session_scope:
+                            await self._session(address)
+                    except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
+                            trio.BrokenResourceError, trio.ClosedResourceError,
+                            trio.TooSlowError) as exc:
+                        log.warning("HA: connection to master %s failed: %s", address, exc)
+                    self.connected = False
+                    if address == self.master_address:
+                        await trio.sleep(self.config.ha_reconnect_s)
 
-    async def _session(self) -> None:
+    async def _session(self, address: str) -> None:
         cfg = self.config
-        host, port = split_addr(cfg.ha_master_address)
+        link = self.broker.ha_link
+        host, port = split_addr(address)
         with trio.fail_after(cfg.ha_handshake_timeout_s):
             stream = await trio.open_tcp_stream(host, port)
         async with stream:
@@ -298,19 +375,30 @@ class HASlave:
                     raise HAProtocolError("not an HA port")
                 nonce = hello[len(MAGIC):]
                 name = cfg.broker_name.encode()
+                local_epoch = link.local_epoch if link is not None else 0
+                id_epoch = _ID_EPOCH.pack(cfg.broker_id, local_epoch)
                 await stream.send_all(
-                    _mac(cfg.ha_secret, b"slave", nonce, name)
-                    + _I64.pack(self.store.max_physical_offset)
+                    _mac(cfg.ha_secret, b"slave", nonce, name, id_epoch)
+                    + _I64.pack(self.store.max_physical_offset) + id_epoch
                     + struct.pack(">H", len(name)) + name
                 )
                 mac = await _recv_exactly(stream, _MAC)
-                if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"master", nonce, name)):
+                ep = await _recv_exactly(stream, 4)
+                if not hmac.compare_digest(mac, _mac(cfg.ha_secret, b"master", nonce, name, ep)):
                     raise HAProtocolError("master failed authentication")
+                epoch, = struct.unpack(">i", ep)
+                if epoch < local_epoch:
+                    raise HAProtocolError(f"master epoch {epoch} is older than ours "
+                                          f"({local_epoch}): a deposed master")
                 n, = struct.unpack(">H", await _recv_exactly(stream, 2))
                 self.master_broker_addr = (await _recv_exactly(stream, n)).decode()
+            if link is not None and epoch > local_epoch:
+                # The master checked that our data is a prefix of its own: from here on
+                # our tail is the data of its epoch.
+                await link.adopt_epoch(epoch)
             self.connected = True
             self._sync_now.set()  # topics and offsets at once, then every ha_config_sync_s
-            log.info("HA: replicating from %s at offset %d", cfg.ha_master_address,
+            log.info("HA: replicating from %s at offset %d", address,
                      self.store.max_physical_offset)
             limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
             while True:
@@ -338,8 +426,9 @@ class HASlave:
             self._sync_now = trio.Event()
 
     async def sync_config(self) -> None:
-        """Topics and consumer offsets from the master (RocketMQ's slave does the same
-        with GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET)."""
+        """Topics, consumer offsets and subscription groups from the master (RocketMQ's
+        slave does the same with GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET /
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
         broker = self.broker
         client = broker.client
         if client is None:
@@ -362,3 +451,11 @@ class HASlave:
                 topic, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)
                 for q, off in queues.items():
                     om.commit(group, topic, int(q), int(off))
+        resp = await client.invoke(addr, RemotingCommand.request(
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}), timeout)
+        if resp.code == 0 and resp.body:
+            sgm = broker.subscription_group_manager
+            for name, data in json.loads(resp.body).get("subscriptionGroupTable", {}).items():
+                current = sgm.table.get(name)
+                if current is None or current.to_json() != data:
+                    sgm.update(SubscriptionGroupConfig.from_json(data))

@@ -392,11 +392,16 @@ class PopService:
                 need = max_nums - batch.count - len(records)
                 if need > 0 and len(qs.inflight) < POP_MAX_INFLIGHT_PER_QUEUE:
                     need = min(need, POP_MAX_INFLIGHT_PER_QUEUE - len(qs.inflight))
-                    got = store.get(topic, qid, qs.next_offset, need, config.max_pull_bytes, filt)
+                    start = qs.next_offset
+                    got = store.get(topic, qid, start, need, config.max_pull_bytes, filt)
                     status = got.status.name
                     if status == "FOUND":
-                        for buf in got.buffers:
-                            offset = _queue_offset(buf, topic, is_lmq)
+                        # Unfiltered and as many records as offsets read: they are the
+                        # consecutive offsets from `start` (no need to parse an LMQ
+                        # record's properties for its offset).
+                        dense = filt is None and got.next_begin_offset - start == len(got.buffers)
+                        for i, buf in enumerate(got.buffers):
+                            offset = start + i if dense else _queue_offset(buf, topic, is_lmq)
                             entry = qs.hand_out(offset, pop_time, invisible_ms)
                             self._hold(entry, holder, group, topic, qid, offset)
                             records.append((offset, buf, 1))
@@ -495,6 +500,38 @@ class PopService:
             return False
         self._park(group, topic, queue_id, qs, offset, entry)
         return True
+
+    def purge(self, group: str, topic: str, queue_id: int, everything: bool = False) -> int:
+        """Drop the messages of (group, topic, queue) that wait for delivery: the ones
+        never handed out (the cursor moves to the queue's end) and the ones visible
+        again. Deliveries awaiting acknowledgement stay, unless `everything` (the queue
+        is being deleted: its state goes too). Returns how many waiting messages were
+        dropped (unacknowledged ones are not counted)."""
+        key = (group, topic, queue_id)
+        qs = self.queue_state(group, topic, queue_id, INIT_MODE_MIN)
+        journal = self.journal
+        end = max(self.broker.store.max_offset(topic, queue_id), qs.next_offset)
+        purged = end - qs.next_offset
+        for offset, entry in list(qs.inflight.items()):
+            if entry.deadline == DEAD_LETTERING:
+                continue  # the revive timer is storing it in the %DLQ% topic
+            if entry.deadline != 0 and not everything:
+                continue
+            held = self._held.get(entry.holder) if entry.holder is not None else None
+            if held is not None:
+                held.discard((group, topic, queue_id, offset))
+            qs.drop(offset)
+            journal.gone(group, topic, queue_id, offset)
+            if entry.deadline == 0:
+                purged += 1  # counted as RabbitMQ does: ready messages only
+        if end != qs.next_offset:
+            qs.next_offset = end
+            journal.cursor(group, topic, queue_id, end)
+        journal.flush()
+        self._commit(group, topic, queue_id, qs)
+        if everything and not qs.inflight:
+            del self.state.queues[key]
+        return purged
 
     def change_invisible(self, group: str, topic: str, queue_id: int, offset: int,
                          pop_time: int, invisible_ms: int) -> int | None:

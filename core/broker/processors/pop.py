@@ -1,5 +1,6 @@
 """POP_MESSAGE (200050), ACK_MESSAGE (200051), BATCH_ACK_MESSAGE (200151) and
-CHANGE_MESSAGE_INVISIBLETIME (200053): RocketMQ 5 POP consumption (docs/pop.md).
+CHANGE_MESSAGE_INVISIBLETIME (200053): RocketMQ 5 POP consumption (docs/pop.md); the
+private holder, dead-letter and purge requests (900001-900004).
 
 Header fields are Apache RocketMQ 5's. The state lives in `core.broker.pop`; this module
 parses and checks requests, runs long polls, and builds the responses.
@@ -220,6 +221,25 @@ class PopProcessor:
                          f"no in-flight message at offset {offset} with this receipt handle")
         return cmd.make_response(ResponseCode.SUCCESS)
 
+    async def purge(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
+        """POP_PURGE (900004): drop what waits for delivery in (group, topic, queue);
+        `all` = true drops the unacknowledged deliveries and the queue state too.
+        Response header `purged` = how many."""
+        group = required_group(cmd, "consumerGroup")
+        topic = required_topic(cmd)
+        queue_id = ext_int32(cmd, "queueId", required=True)
+        _, denied = self._check_access(cmd, group, topic)
+        if denied is not None:
+            if denied.code == ResponseCode.TOPIC_NOT_EXIST:  # nothing stored: nothing to drop
+                return cmd.make_response(ResponseCode.SUCCESS, None, {"purged": "0"})
+            return denied
+        everything = cmd.ext_str("all") == "true"
+        try:
+            purged = self.service.purge(group, topic, queue_id, everything)
+        except PopStateFull as exc:
+            return error(cmd, ResponseCode.SYSTEM_BUSY, str(exc))
+        return cmd.make_response(ResponseCode.SUCCESS, None, {"purged": str(purged)})
+
     async def batch_ack(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         data = parse_json_body(cmd)
         acks = data.get("acks") if isinstance(data, dict) else None
@@ -299,3 +319,4 @@ def register(table, broker) -> None:
     table.register(RequestCode.POP_HOLDER_REGISTER, proc.register_holder)
     table.register(RequestCode.POP_HOLDER_RELEASE, proc.release_holder)
     table.register(RequestCode.POP_DEAD_LETTER, proc.dead_letter)
+    table.register(RequestCode.POP_PURGE, proc.purge)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from core.acl import may_write_inner
 from core.broker.topic_config import TopicConfig
+from core.broker.transaction_batch import prepare_batch
 from core.common import names
 from core.common.codec import RecordError, decode_batch
 from core.common.message import InnerMessage, MessageBatch
@@ -427,7 +428,12 @@ class SendProcessor:
         limit = self.config.max_message_size
         if names.is_retry_topic(h.topic):
             return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "retry topic is not allowed for batch")
-        if MessageSysFlag.transaction_value(h.sys_flag) != MessageSysFlag.TRANSACTION_NOT_TYPE:
+        tran = MessageSysFlag.transaction_value(h.sys_flag)
+        if tran != MessageSysFlag.TRANSACTION_NOT_TYPE and (
+            # lmq extension: a prepared batch becomes one half message (transaction_batch.py)
+            tran != MessageSysFlag.TRANSACTION_PREPARED_TYPE
+            or self.broker.transaction_service is None
+        ):
             return error(
                 cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction"
             )
@@ -456,6 +462,12 @@ class SendProcessor:
             refused = self._check_batch_inner(cmd, h, batch_props, body)
             if refused is not None:
                 return refused
+        if tran == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
+            half = prepare_batch(broker.transaction_service, h, queue_id, body, batch_props,
+                                 sys_flag, broker.encode_client_host(remote), broker.store_host)
+            if isinstance(half, str):
+                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, half)
+            return self._response(cmd, await broker.put_message(half), queue_id)
         if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.

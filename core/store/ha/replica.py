@@ -14,13 +14,33 @@ from __future__ import annotations
 
 import struct
 
-from core.common.codec import BLANK_MAGIC, parse_layout
+from core.common.codec import BLANK_MAGIC, MAGIC_V1
 from core.store.commitlog import END_FILE_MIN_BLANK
 from core.store.put_path import _KV_COMMIT_BYTES
 from core.store.recovery import _dispatch
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _QID_QOFF = struct.Struct(">i4xq")
+_I32 = struct.Struct(">i")
+_SYS_FLAG = 36
+_BORN_HOST = 48
+_V6_BORN, _V6_STORE = 1 << 4, 1 << 5  # MessageSysFlag.BORNHOST_V6 / STOREHOST_V6
+
+
+def _topic_bytes(rec) -> bytes:
+    """TOPIC of a record `valid_record` accepted (no checks: the layout is known good)."""
+    sys_flag = _I32.unpack_from(rec, _SYS_FLAG)[0]
+    p = _BORN_HOST + (20 if sys_flag & _V6_BORN else 8) + 8 + (20 if sys_flag & _V6_STORE else 8)
+    p += 12
+    body_length = _I32.unpack_from(rec, p)[0]
+    p += 4 + body_length
+    if _SIZE_MAGIC.unpack_from(rec, 0)[1] == MAGIC_V1:
+        n = rec[p]
+        p += 1
+    else:
+        n = struct.unpack_from(">h", rec, p)[0]
+        p += 2
+    return bytes(rec[p : p + n])
 
 
 class ReplicaError(Exception):
@@ -98,6 +118,7 @@ def append_chunk(store, phys: int, data) -> int:
     end = pos + n
     p = pos
     bad = None
+    woken: dict[tuple[bytes, int], int] = {}  # (topic, queue) -> new max offset
     while p < end:
         if p + END_FILE_MIN_BLANK > fs:
             p = end
@@ -114,14 +135,13 @@ def append_chunk(store, phys: int, data) -> int:
         store._last_store_ms = _dispatch(store, at, rec, True)
         if listener is not None:
             qid, qoff = _QID_QOFF.unpack_from(rec, 12)
-            lay = parse_layout(rec)
-            topic = bytes(rec[lay.topic_start : lay.topic_start + lay.topic_length]).decode(
-                "utf-8", "replace"
-            )
-            listener(topic, qid, qoff + 1)
+            woken[(_topic_bytes(rec), qid)] = qoff + 1
         p += total
         if kv.ops >= store._kv_max_ops:
             kv.commit(mf.start + p)
+    # Held pulls and LMQ waiters: once per queue and chunk, not once per record.
+    for (topic, qid), top in woken.items():
+        listener(topic.decode("utf-8", "replace"), qid, top)
     if bad is not None:
         mf.zero_from(p)  # a later chunk must not find leftovers after the valid end
     store._wpos = p

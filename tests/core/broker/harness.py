@@ -255,7 +255,7 @@ class ServerProcess:
         if self.standalone_broker:
             args += ["broker", "--namesrv-addr", self.namesrv_addr]
         else:
-            args += ["serve", "--no-amqp", "--namesrv-port", str(self.namesrv_port)]
+            args += ["serve", "--no-grpc", "--no-amqp", "--namesrv-port", str(self.namesrv_port)]
         args += [
             "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
             "--broker-port", str(self.broker_port), "--broker-name", self.broker_name,

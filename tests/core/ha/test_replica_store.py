@@ -72,3 +72,18 @@ def test_corrupt_or_misplaced_chunk_is_refused(tmp_path):
     finally:
         master.shutdown()
         slave.shutdown()
+
+
+def test_held_pulls_are_woken_once_per_queue_and_chunk(tmp_path):
+    master, slave = _store(tmp_path / "m"), _store(tmp_path / "s")
+    calls = []
+    slave.dispatch_listener = lambda topic, qid, top: calls.append((topic, qid, top))
+    try:
+        for i in range(10):
+            assert master.put(InnerMessage(f"Topic-{i % 2}", b"v" * i, queue_id=i % 2)).ok
+        assert master.put(InnerMessage("T", b"", properties={"KEYS": "k"})).ok
+        assert _replicate(master, slave) == 1
+        assert sorted(calls) == [("T", 0, 1), ("Topic-0", 0, 5), ("Topic-1", 1, 5)]
+    finally:
+        master.shutdown()
+        slave.shutdown()

@@ -268,9 +268,11 @@ def test_hostile_handshakes_are_refused_and_the_slave_carries_on(tmp_path):
                     hello = b""
                     while len(hello) < 38:
                         hello += await stream.receive_some(38 - len(hello))
-                    mac = hmac.new(secret.encode(), b"slave" + hello[6:] + name,
+                    id_epoch = struct.pack(">ii", 2, 0)
+                    mac = hmac.new(secret.encode(), b"slave" + hello[6:] + name + id_epoch,
                                    hashlib.sha256).digest()
-                    await stream.send_all(mac + struct.pack(">qH", offset, len(name)) + name)
+                    await stream.send_all(mac + struct.pack(">q", offset) + id_epoch
+                                          + struct.pack(">H", len(name)) + name)
                     with trio.move_on_after(5):
                         return await stream.receive_some(100)
                     return b"timeout"
@@ -280,4 +282,18 @@ def test_hostile_handshakes_are_refused_and_the_slave_carries_on(tmp_path):
             assert await attempt(b"bk", 1 << 40) == b""  # ahead of the master
             assert ha.refused == 3
             assert (await send(client, master, b"still")).code == ResponseCode.SUCCESS
+    trio.run(main)
+
+
+def test_slave_syncs_subscription_groups(tmp_path):
+    from core.broker.subscription_group import SubscriptionGroupConfig
+
+    async def main():
+        async with cluster(tmp_path, role="ASYNC_MASTER") as (client, master, slave, _ns, _n):
+            await wait_for(lambda: slave.ha_slave.master_broker_addr)
+            master.subscription_group_manager.update(
+                SubscriptionGroupConfig("GroupOnMaster", retry_max_times=3))
+            await slave.ha_slave.sync_config()
+            got = slave.subscription_group_manager.table.get("GroupOnMaster")
+            assert got is not None and got.retry_max_times == 3
     trio.run(main)

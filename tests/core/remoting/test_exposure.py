@@ -57,7 +57,8 @@ def test_lmq_serve_defaults_listen_on_loopback_only(tmp_path: Path) -> None:
     ip = non_loopback_ip()
     if ip is None:
         pytest.skip("this machine has no non-loopback address")
-    ports = {"namesrv": free_port(), "broker": free_port(), "mqtt": free_port()}
+    ports = {"namesrv": free_port(), "broker": free_port(), "mqtt": free_port(),
+             "amqp": free_port(), "grpc": free_port()}
     (tmp_path / "broker.toml").write_text(
         "[broker]\ncommitlog_file_size = 16777216\npreallocate_files = false\n"
     )
@@ -65,7 +66,8 @@ def test_lmq_serve_defaults_listen_on_loopback_only(tmp_path: Path) -> None:
         sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
         "--config", str(tmp_path / "broker.toml"),
         "--namesrv-port", str(ports["namesrv"]), "--broker-port", str(ports["broker"]),
-        "--mqtt-port", str(ports["mqtt"]),
+        "--mqtt-port", str(ports["mqtt"]), "--amqp-port", str(ports["amqp"]),
+        "--grpc-port", str(ports["grpc"]),
     ]  # no --host: the defaults are under test
     with open(tmp_path / "server.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log)

@@ -130,7 +130,7 @@ class Gateway:
 
     def argv(self) -> list[str]:
         argv = [
-            sys.executable, "-m", "lmq", "serve", "--host", "127.0.0.1", "--no-amqp",
+            sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1", "--no-amqp",
             "--data-dir", str(self.data_dir),
             "--namesrv-port", str(self.namesrv_port),
             "--broker-port", str(self.broker_port),

@@ -242,7 +242,7 @@ class ServeProcess:
             fh.write("[broker]\ncommitlog_file_size = 8388608\n"
                      "consume_queue_units_per_file = 20000\npreallocate_files = false\n"
                      "allow_inner_properties_without_acl = true\n")
-        cmd = [sys.executable, "-m", "lmq", "serve", "--data-dir", self.data_dir, "--config", toml,
+        cmd = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--data-dir", self.data_dir, "--config", toml,
                "--host", "127.0.0.1", "--no-amqp", "--namesrv-port", str(self.namesrv_port),
                "--broker-port", str(self.broker_port), "--mqtt-port", str(self.mqtt_port),
                "--log-level", "INFO", *self.extra]

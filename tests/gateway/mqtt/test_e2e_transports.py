@@ -164,7 +164,7 @@ def test_standalone_gateway_process(tmp_path):
     write_toml(tmp_path / "broker.toml", {"broker": {
         **BROKER_TEST_CONFIG, "allow_inner_properties_without_acl": True}})
     write_toml(tmp_path / "mqtt.toml", DEFAULT_TEST_CONFIG)
-    brokers = _Proc([sys.executable, "-m", "lmq", "serve", "--no-mqtt", "--host", "127.0.0.1",
+    brokers = _Proc([sys.executable, "-m", "lmq", "serve", "--no-grpc", "--no-mqtt", "--host", "127.0.0.1",
                      "--data-dir", str(tmp_path / "store"), "--config", str(tmp_path / "broker.toml"),
                      "--namesrv-port", str(ns_port), "--broker-port", str(broker_port)],
                     tmp_path / "serve.log")
