@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
 from tests.gateway.mqtt.cluster_support import Cluster
-from tests.gateway.mqtt.e2e_support import Client, collect, uid
+from tests.gateway.mqtt.e2e_support import Client, RawClient, collect, uid
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +126,36 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     assert pub.publish(topic, b"after", qos=1) == 0
     after = y.receive_one()
     assert (after.payload, after.dup) == (b"after", False)
+
+
+def test_inbound_qos2_id_moves_with_the_session(cluster: Cluster, clients) -> None:
+    """A QoS 2 PUBLISH received on A (PUBREC sent), the client gone before its PUBREL, the
+    session resumed on B: B knows the packet id, so a retransmitted PUBLISH is not stored
+    again and the PUBREL completes normally (not 0x92 Packet Identifier not found)."""
+    a, b = cluster.gateways
+    topic = f"q2/{uid()}"
+    cid = "q2-" + uid()
+    sub = _client(clients, b.port)
+    sub.connect()
+    sub.subscribe(topic, qos=2)
+    keep = Properties(session_expiry_interval=300)
+    first = RawClient(a.port)
+    try:
+        assert first.connect(cid, clean_start=False, properties=keep).reason_code == 0
+        first.send(Publish(topic, b"once", qos=2, packet_id=7))
+        assert first.expect(Pubrec).packet_id == 7
+        first.disconnect()
+    finally:
+        first.close()
+    time.sleep(0.5)  # A's disconnect record reached the cluster
+    second = RawClient(b.port)
+    try:
+        assert second.connect(cid, clean_start=False, properties=keep).session_present
+        second.send(Publish(topic, b"once", qos=2, packet_id=7, dup=True))
+        assert second.expect(Pubrec).packet_id == 7
+        second.send(Pubrel(7))
+        done = second.expect(Pubcomp)
+        assert (done.packet_id, done.reason_code) == (7, 0)
+    finally:
+        second.close()
+    assert [m.payload for m in sub.drain()] == [b"once"]
