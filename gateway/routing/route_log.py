@@ -342,7 +342,10 @@ class RouteLog:
     async def _sweep_loop(self) -> None:
         while True:
             await trio.sleep(self.config.sweep_interval_s)
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - a failed round must not stop the gateway
+                log.exception("sweep of abandoned routes failed; retried next round")
 
     async def sweep(self) -> int:
         """Remove the clean-session routes of gateways that have been out of the group
@@ -363,7 +366,7 @@ class RouteLog:
         for hook in self.sweepers:
             try:
                 await hook()
-            except (MQClientError, RemotingError, OSError) as exc:
+            except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
                 log.warning("sweep of abandoned state failed: %r", exc)
         if not self.is_sweeper():
             return 0
