@@ -317,12 +317,15 @@ class SharedGroup:
                 link._watch(st)  # wakes the members when any gateway writes the LMQ
             v0 = st.version
             pc = self._client(broker)
-            result = await pc.pop(self.lmq, max_nums=room, invisible_ms=SHARE_INVISIBLE_MS,
-                                  init_mode=INIT_MODE_MAX)
+            # Not cancelled half-way (a member's connection closing): messages the broker
+            # handed out must reach this group, or be released (bounded by the timeout).
+            with trio.CancelScope(shield=True):
+                result = await pc.pop(self.lmq, max_nums=room,
+                                      invisible_ms=SHARE_INVISIBLE_MS, init_mode=INIT_MODE_MAX)
             if result.status != PopStatus.FOUND:
                 part.end_version = v0  # nothing visible: the next write or repoll
                 continue
-            if self.closed or self.parts.get(broker) is not part:
+            if self.closed or not self.members or self.parts.get(broker) is not part:
                 self._nacks.extend((pc, pm) for pm in result.messages)
                 self._work.set()
                 continue
