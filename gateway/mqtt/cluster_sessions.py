@@ -106,6 +106,8 @@ class ClusterSessions:
         self._owners: dict[str, str] = {}
         #: client id -> stamp of the record found expired (ended when found again)
         self._doomed: dict[str, int] = {}
+        #: client id -> (route log clock) time before which its record is not read again
+        self._next_read: dict[str, float] = {}
         #: gateways whose sweeper this may be (ids starting with this)
         self.sweep_prefix = "mqtt-"
         #: publishes a will of a session whose gateway vanished: (client id, Will)
@@ -256,12 +258,17 @@ class ClusterSessions:
                 away = routes.absent_for(known)
                 if away is None or away < timeout:
                     continue  # its gateway is live (or not away for long): it decides
+            clock = routes.clock()
+            if clock < self._next_read.get(cid, clock):
+                continue  # read lately; nothing due before then
             if reads <= 0:
                 break
             reads -= 1
             stored = await self.fetch(cid)
             if stored is None:
-                continue  # no record (never written, or cut by retention): not judged
+                # No record (never written, or cut by retention): not judged.
+                self._next_read[cid] = clock + timeout
+                continue
             self._owners[cid] = stored.gateway
             routes.watch_gateways.add(stored.gateway)
             if stored.gateway == self.gateway_id:
@@ -277,6 +284,12 @@ class ClusterSessions:
                 if exp is None or now < gone + exp * 1000:
                     # Not expired; only a will whose delay ran out to send.
                     if will_due is None or now < will_due:
+                        # Read again when something falls due (at most `timeout` on).
+                        wait_ms = timeout * 1000
+                        for due in (None if exp is None else gone + exp * 1000, will_due):
+                            if due is not None:
+                                wait_ms = min(wait_ms, max(0.0, due - now))
+                        self._next_read[cid] = clock + wait_ms / 1000
                         continue
                     if self._doomed.get(cid) != stored.stamp:
                         self._doomed[cid] = stored.stamp  # confirmed next round
@@ -300,10 +313,12 @@ class ClusterSessions:
             for route in routes.table.owner_routes(owner):
                 routes.post("remove", route)
             self._owners.pop(cid, None)
+            self._next_read.pop(cid, None)
             ended += 1
         if len(self._owners) > 2 * len(routes.table.persistent_owners()) + 1000:
             self._owners.clear()  # sessions ended elsewhere: keep the memo bounded
             self._doomed.clear()
+            self._next_read.clear()
         return ended
 
     def _send_will(self, client_id: str, stored: StoredSession) -> None:

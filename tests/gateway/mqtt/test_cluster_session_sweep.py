@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import trio
 
+from gateway.mqtt import cluster_sessions
 from gateway.mqtt.cluster_sessions import ClusterSessions, will_record
 from gateway.mqtt.packets import Properties, Will
 from gateway.routing.route_table import Route
@@ -142,6 +143,47 @@ def test_delayed_will_of_a_vanished_gateway_is_published_once(tmp_path):
             stored = await cs.fetch("dev-w")
             assert stored.will is None and stored.record is not None  # session kept
             assert (await cs.fetch("dev-later")).will is not None
+            nursery.cancel_scope.cancel()
+
+    run(tmp_path, fn, allow_inner_properties_without_acl=True)
+
+
+def test_sessions_that_never_expire_do_not_starve_the_read_budget(tmp_path, monkeypatch):
+    """Records read lately and not due are not read again each round: with a budget of
+    two reads per round, a session listed after three never-expiring ones is still ended."""
+    monkeypatch.setattr(cluster_sessions, "SWEEP_READS", 2)
+    timeout = 60.0
+
+    async def fn(gateway):
+        skew = [0.0]
+        async with trio.open_nursery() as nursery:
+            a = await start(nursery, gateway("mqtt-a", cfg(orphan_timeout_s=timeout,
+                                                            sweep_interval_s=3600.0)))
+            skewed(a, skew)
+            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
+                                   addr=lambda _b: a.addr)
+            cs = ClusterSessions(link, a.addr, a.broker_name, "mqtt-a")
+            x = ClusterSessions(link, a.addr, a.broker_name, "mqtt-x")
+            await nursery.start(cs.run)
+            await nursery.start(x.run)
+            a.sweepers.append(partial(cs.sweep_sessions, a))
+            gone = int(time.time() * 1000) - 3_600_000
+            cids = ["n0", "n1", "n2", "last"]
+            for cid in cids:
+                await x.post_record(_session(cid, None if cid != "last" else 2, gone)).wait()
+                await a.add_route(Route("mqtt", f"{cid}/#", f"L-{cid}", owner=f"p:{cid}"))
+            await a.sweep()
+            await a.sweep()  # mqtt-x seen gone
+            skew[0] += timeout + 1
+            last = Route("mqtt", "last/#", "L-last", owner="p:last")
+            for _ in range(8):
+                await a.sweep()
+                if last not in a.table:
+                    break
+                await trio.sleep(0.05)  # the remove posted in this round is applied
+            assert last not in a.table
+            assert all(Route("mqtt", f"{c}/#", f"L-{c}", owner=f"p:{c}") in a.table
+                       for c in cids[:3])
             nursery.cancel_scope.cancel()
 
     run(tmp_path, fn, allow_inner_properties_without_acl=True)
