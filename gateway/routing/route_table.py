@@ -32,7 +32,7 @@ from typing import Any
 from gateway.routing.topic_trie import TopicTrie
 
 __all__ = [
-    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable",
+    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable", "clean_owner_gateway",
     "MAX_EXCHANGE_HOPS", "MAX_PATTERN_BYTES", "MAX_HEADER_ARGS", "MAX_ENTRY_BYTES",
 ]
 
@@ -147,6 +147,14 @@ class LogEntry:
         return cls(op, route, version)
 
 
+def clean_owner_gateway(owner: str) -> str | None:
+    """The gateway id in a clean session's route owner `c:<gateway id>:<client id>`."""
+    if not owner.startswith("c:"):
+        return None
+    end = owner.find(":", 2)
+    return owner[2:end] if end > 2 else None
+
+
 def _word(w: str) -> str:
     """One AMQP word as a trie level: injective, and no `/`, `+` or `#` left in it."""
     if "\\" in w or "/" in w or "+" in w or "#" in w:
@@ -198,6 +206,11 @@ class RouteTable:
         self._direct: dict[tuple[str, str], set[tuple[bool, str]]] = {}
         self._fanout: dict[str, set[tuple[bool, str]]] = {}
         self._headers: dict[str, list[Route]] = {}
+        #: routes of clean sessions (owner `c:<gateway id>:...`) by gateway id: what a
+        #: sweep removes when that gateway vanished (RouteLog.sweep)
+        self._clean: dict[str, set[Route]] = {}
+        #: routes of persistent sessions (owner `p:...`) by owner (sweep of expired ones)
+        self._persistent: dict[str, set[Route]] = {}
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -208,6 +221,22 @@ class RouteTable:
     def routes(self) -> Iterator[Route]:
         return iter(self._routes)
 
+    def clean_gateways(self) -> list[str]:
+        """Gateway ids that own routes of clean sessions."""
+        return list(self._clean)
+
+    def clean_routes(self, gateway: str) -> list[Route]:
+        """The routes owned by clean sessions of `gateway`."""
+        return list(self._clean.get(gateway, ()))
+
+    def persistent_owners(self) -> list[str]:
+        """Owners `p:<client id>` of persistent sessions' routes."""
+        return list(self._persistent)
+
+    def owner_routes(self, owner: str) -> list[Route]:
+        """The routes of a persistent session's owner `p:<client id>`."""
+        return list(self._persistent.get(owner, ()))
+
     # ------------------------------------------------------------------ changes
     def add(self, route: Route) -> bool:
         """Add `route`; False if it was there. RouteError past `max_routes`."""
@@ -216,6 +245,11 @@ class RouteTable:
         if len(self._routes) >= self.max_routes:
             raise RouteError(f"routing table full ({self.max_routes} routes)")
         self._routes.add(route)
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            self._clean.setdefault(gw, set()).add(route)
+        elif route.owner.startswith("p:"):
+            self._persistent.setdefault(route.owner, set()).add(route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
@@ -235,6 +269,11 @@ class RouteTable:
         if route not in self._routes:
             return False
         self._routes.discard(route)
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            _discard(self._clean, gw, route)
+        elif route.owner.startswith("p:"):
+            _discard(self._persistent, route.owner, route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
