@@ -456,8 +456,6 @@ class BrokerController:
                 payload = self.offset_manager.snapshot()
                 if payload is not None:
                     await trio.to_thread.run_sync(self.offset_manager.write, payload)
-                self.subscription_group_manager.persist()
-                self.topic_config_manager.persist()
             except Exception:
                 log.exception("persisting consumer offsets failed")
 
@@ -539,6 +537,9 @@ class BrokerController:
                         await self.ha_link.beat()  # role (and lease) before registering
                         await nursery.start(self.ha_link.run)
                     nursery.start_soon(self._persist_offsets_loop)
+                    # Topics and groups: written off the loop as they change (persister.py).
+                    await nursery.start(self.topic_config_manager.persister.run)
+                    await nursery.start(self.subscription_group_manager.persister.run)
                     nursery.start_soon(
                         self._every, self.config.client_scan_interval_s, self._scan_clients,
                         "client scan",

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.broker.metadata import atomic_write_json, read_json
+from core.broker.metadata import encode_json, read_json
+from core.broker.persister import FilePersister
 from core.common import names
 from core.common.sysflag import PermName
 
@@ -127,7 +128,8 @@ class TopicConfigManager:
         self._max_auto_created = max_auto_created_topics
         self.auto_created: set[str] = set()
         self._cap_logged = False
-        self._dirty = False
+        # Writes topics.json off the event loop once the controller runs it (persister.py).
+        self.persister = FilePersister(self.path, self._encode)
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> None:
@@ -151,12 +153,22 @@ class TopicConfigManager:
         self.persist(force=True)
 
     def persist(self, *, force: bool = False) -> None:
-        if not (self._dirty or force):
-            return
+        """Write topics.json now if it changed (sync: load, shutdown, tools)."""
+        self.persister.write_now(force=force)
+
+    def _encode(self) -> bytes:
         data = self.wrapper_json()
         data["autoCreatedTopics"] = sorted(self.auto_created)
-        atomic_write_json(self.path, data)
-        self._dirty = False
+        return encode_json(data)
+
+    def _mark_dirty(self) -> None:
+        """The running persister writes the change soon; without one, write it now."""
+        if not self.persister.mark_dirty():
+            self.persist()
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is on disk (administrator requests)."""
+        await self.persister.flush()
 
     def wrapper_json(self) -> dict[str, Any]:
         """TopicConfigSerializeWrapper (docs/protocol.md §6.5) of every configured topic."""
@@ -201,8 +213,7 @@ class TopicConfigManager:
     # ------------------------------------------------------------------ changes
     def _changed(self) -> None:
         self.data_version.bump()
-        self._dirty = True
-        self.persist()
+        self._mark_dirty()
         if self.on_change is not None:
             self.on_change()
 
@@ -279,8 +290,7 @@ class TopicConfigManager:
         self.auto_created.discard(tc.topic_name)
         if self.table.get(tc.topic_name) == tc:
             if adopted:
-                self._dirty = True
-                self.persist()
+                self._mark_dirty()
             return
         self.table[tc.topic_name] = tc
         self._changed()
