@@ -39,6 +39,7 @@ from core.broker.topic_config import TopicConfigManager
 from core.broker.transaction import TransactionalMessageService
 from core.common.codec import encode_host
 from core.common.message import InnerMessage
+from core.common.properties import MessageConst
 from core.common.sysflag import PermName
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
@@ -224,14 +225,14 @@ class BrokerController:
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put(inner)
-        return await self._after_put(result)
+        return await self._after_put(result, inner)
 
     async def put_messages(self, inners: list[InnerMessage]) -> PutResult:
         """Append a batch (same topic and queue, consecutive offsets)."""
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put_batch(inners)
-        return await self._after_put(result)
+        return await self._after_put(result, inners[0] if inners else None)
 
     def _may_write(self) -> bool:
         if self.ha_link is not None:
@@ -246,7 +247,7 @@ class BrokerController:
         # RocketMQ's slave store answers SERVICE_NOT_AVAILABLE to a put.
         return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "the broker is a slave")
 
-    async def _after_put(self, result: PutResult) -> PutResult:
+    async def _after_put(self, result: PutResult, inner: InnerMessage | None) -> PutResult:
         if result.status is not PutStatus.OK:
             return result
         link = self.ha_link
@@ -257,6 +258,16 @@ class BrokerController:
             result.status = PutStatus.SERVICE_NOT_AVAILABLE
             result.remark = "write lease lapsed"
             return result
+        if inner is not None and self.topic_config_manager.persister.dirty:
+            # A topic created for this write reaches the disk (in a thread, persister.py)
+            # before the write is acknowledged: a killed process must not leave
+            # acknowledged records of a topic it forgot. Other writes do not wait.
+            try:
+                for topic in (inner.topic, inner.properties.get(MessageConst.REAL_TOPIC)):
+                    if topic:
+                        await self.topic_config_manager.wait_created_durable(topic)
+            except OSError:
+                result.status = PutStatus.FLUSH_DISK_TIMEOUT
         ha = self.ha_master
         if ha is not None:
             ha.notify_append()

@@ -37,6 +37,8 @@ class FilePersister:
         self._changes = 0  # changes made so far
         self._durable = 0  # changes covered by the last successful write
         self._failed = 0  # changes covered by the last failed write
+        self._attempts = 0  # writes finished (either way)
+        self._failed_attempt = 0  # number of the last failed one
         self._error: OSError | None = None
         self._running = False
         self._wake = trio.Event()
@@ -88,11 +90,14 @@ class FilePersister:
         try:
             await trio.to_thread.run_sync(self._write, payload, target)
         except OSError as exc:
-            self._failed = max(self._failed, target)
+            self._failed = target
             self._error = exc
+            self._attempts += 1
+            self._failed_attempt = self._attempts
             raise
         else:
             self._durable = max(self._durable, target)
+            self._attempts += 1
         finally:
             self._notify()
 
@@ -116,15 +121,26 @@ class FilePersister:
             self._running = False
             self._notify()
 
-    async def flush(self) -> None:
-        """Return once every change made before the call is on disk; raises the OSError of
-        a failed write that held them."""
-        target = self._changes
+    @property
+    def changes(self) -> int:
+        """Number of the latest change (`flush(upto=...)` waits for one)."""
+        return self._changes
+
+    def is_durable(self, change: int) -> bool:
+        return self._durable >= change
+
+    async def flush(self, upto: int | None = None) -> None:
+        """Return once every change made before the call (or up to change `upto`) is on
+        disk; raises the OSError of a write that held them and failed after the call (the
+        persister keeps trying)."""
+        target = self._changes if upto is None else upto
+        start = self._attempts
         while self._durable < target:
             if not self._running:
                 await self._write_in_thread()
                 continue
-            if self._failed >= target and self._error is not None:
+            if self._failed_attempt > start and self._failed >= target:
+                assert self._error is not None
                 raise self._error
             done = self._done
             await done.wait()

@@ -130,6 +130,9 @@ class TopicConfigManager:
         self._cap_logged = False
         # Writes topics.json off the event loop once the controller runs it (persister.py).
         self.persister = FilePersister(self.path, self._encode)
+        # topic -> number of the change that created it, until that change is on disk
+        # (a write to the topic is acknowledged after it: `wait_created_durable`).
+        self._created: dict[str, int] = {}
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> None:
@@ -169,6 +172,16 @@ class TopicConfigManager:
     async def flush(self) -> None:
         """Wait until every change made so far is on disk (administrator requests)."""
         await self.persister.flush()
+
+    async def wait_created_durable(self, topic: str) -> None:
+        """Wait until `topic`, if it was created recently, is on disk (a no-op for a
+        topic whose creation is already durable; raises OSError when the write failed)."""
+        change = self._created.get(topic)
+        if change is None:
+            return
+        if not self.persister.is_durable(change):
+            await self.persister.flush(change)
+        self._created.pop(topic, None)
 
     def wrapper_json(self) -> dict[str, Any]:
         """TopicConfigSerializeWrapper (docs/protocol.md §6.5) of every configured topic."""
@@ -253,6 +266,7 @@ class TopicConfigManager:
         self.table[topic] = tc
         self.auto_created.add(topic)
         self._changed()
+        self._created[topic] = self.persister.changes
         return tc
 
     def create_retry_topic_in_send_message_method(
@@ -281,6 +295,7 @@ class TopicConfigManager:
         tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
         self._changed()
+        self._created[topic] = self.persister.changes
         return tc
 
     def update(self, tc: TopicConfig) -> None:
@@ -299,5 +314,6 @@ class TopicConfigManager:
         if self.table.pop(topic, None) is None:
             return False
         self.auto_created.discard(topic)
+        self._created.pop(topic, None)
         self._changed()
         return True

@@ -65,6 +65,13 @@ def writer(monkeypatch) -> GatedWriter:
     return gated
 
 
+async def wait_until(predicate) -> None:
+    """Let the broker's tasks run until `predicate()` holds (no wall-clock threshold)."""
+    with trio.fail_after(GATE_TIMEOUT_S):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
 def _on_disk(server, name: str) -> dict:
     with open(os.path.join(server.broker.config_dir, name), "rb") as f:
         return json.loads(f.read())
@@ -73,15 +80,27 @@ def _on_disk(server, name: str) -> dict:
 def test_auto_created_topics_do_not_hold_the_loop_and_survive_a_restart(tmp_path, writer):
     async def body(server, client):
         addr = server.broker.broker_addr
+        answered = []
+
+        async def send(topic):
+            async with RemotingClient(request_timeout=GATE_TIMEOUT_S * 2) as own:
+                answered.append((topic, (await own.invoke(addr, send_request(topic))).code))
+
         writer.armed = True
-        assert (await client.invoke(addr, send_request("AutoOne"))).code == SUCCESS
-        await writer.wait_entered()
-        # The write of AutoOne is blocked in its thread; the broker still serves, and a
-        # topic created now is written by the next write.
-        assert (await client.invoke(addr, send_request("AutoTwo"))).code == SUCCESS
-        assert writer.finished == 0
-        writer.release()
-        await server.broker.topic_config_manager.flush()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "AutoOne")
+            await writer.wait_entered()
+            # The write of AutoOne is blocked in its thread; the broker still serves...
+            resp = await client.invoke(addr, RemotingCommand.request(GET_ALL_TOPIC_CONFIG, {}))
+            assert resp.code == SUCCESS
+            assert "AutoOne" in json.loads(resp.body)["topicConfigTable"]
+            # ...a topic created now is written by the next write...
+            nursery.start_soon(send, "AutoTwo")
+            await wait_until(lambda: server.broker.topic_config_manager.get("AutoTwo"))
+            # ...and a send is acknowledged only once its new topic is on disk.
+            assert answered == [] and writer.finished == 0
+            writer.release()
+        assert sorted(answered) == [("AutoOne", SUCCESS), ("AutoTwo", SUCCESS)]
         table = _on_disk(server, "topics.json")["topicConfigTable"]
         assert {"AutoOne", "AutoTwo"} <= set(table)
         writer.armed = False
@@ -129,13 +148,15 @@ def test_admin_change_answers_once_durable_without_holding_the_loop(tmp_path, wr
             responses.append(await client.invoke(addr, cmd))
             answered.set()
 
+        assert (await client.invoke(addr, send_request("Bystander"))).code == SUCCESS
         writer.armed = True
         async with trio.open_nursery() as nursery:
             nursery.start_soon(admin, RemotingCommand.request(UPDATE_AND_CREATE_TOPIC, {
                 "topic": "AdminTopic", "defaultTopic": "TBW102", "readQueueNums": 2,
                 "writeQueueNums": 2, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
             await writer.wait_entered()
-            # The loop serves other connections while the admin's write runs...
+            # The loop serves other connections while the admin's write runs (a send to
+            # a topic that exists does not wait for it)...
             async with RemotingClient(request_timeout=GATE_TIMEOUT_S) as other:
                 resp = await other.invoke(addr, send_request("Bystander"))
             assert resp.code == SUCCESS
