@@ -225,14 +225,17 @@ class BrokerController:
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put(inner)
-        return await self._after_put(result, inner)
+        return await self._after_put(
+            result, (inner.topic, inner.properties.get(MessageConst.REAL_TOPIC))
+        )
 
     async def put_messages(self, inners: list[InnerMessage]) -> PutResult:
         """Append a batch (same topic and queue, consecutive offsets)."""
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put_batch(inners)
-        return await self._after_put(result, inners[0] if inners else None)
+        first = inners[0] if isinstance(inners, list) and inners else inners
+        return await self._after_put(result, (getattr(first, "topic", None),))
 
     def _may_write(self) -> bool:
         if self.ha_link is not None:
@@ -247,7 +250,7 @@ class BrokerController:
         # RocketMQ's slave store answers SERVICE_NOT_AVAILABLE to a put.
         return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "the broker is a slave")
 
-    async def _after_put(self, result: PutResult, inner: InnerMessage | None) -> PutResult:
+    async def _after_put(self, result: PutResult, topics: tuple[str | None, ...]) -> PutResult:
         if result.status is not PutStatus.OK:
             return result
         link = self.ha_link
@@ -258,12 +261,12 @@ class BrokerController:
             result.status = PutStatus.SERVICE_NOT_AVAILABLE
             result.remark = "write lease lapsed"
             return result
-        if inner is not None and self.topic_config_manager.persister.dirty:
+        if self.topic_config_manager.persister.dirty:
             # A topic created for this write reaches the disk (in a thread, persister.py)
             # before the write is acknowledged: a killed process must not leave
             # acknowledged records of a topic it forgot. Other writes do not wait.
             try:
-                for topic in (inner.topic, inner.properties.get(MessageConst.REAL_TOPIC)):
+                for topic in topics:
                     if topic:
                         await self.topic_config_manager.wait_created_durable(topic)
             except OSError:
