@@ -223,3 +223,30 @@ def test_sync_callers_still_write_at_once(tmp_path):
     tcm.create_topic_in_send_back_method("%RETRY%G", 1, 6)
     with open(tcm.path) as f:
         assert "%RETRY%G" in json.load(f)["topicConfigTable"]
+
+
+def test_admin_change_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(persister_module, "RETRY_DELAY_S", 0.05)
+    real = metadata.atomic_write_bytes
+    disk = {"full": False}
+
+    def writer(path, payload):
+        if disk["full"] and os.path.basename(path) == "topics.json":
+            raise OSError(28, "No space left on device")
+        real(path, payload)
+
+    monkeypatch.setattr(persister_module, "atomic_write_bytes", writer)
+
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        disk["full"] = True
+        resp = await client.invoke(addr, RemotingCommand.request(UPDATE_AND_CREATE_TOPIC, {
+            "topic": "NoSpace", "defaultTopic": "TBW102", "readQueueNums": 1,
+            "writeQueueNums": 1, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
+        assert resp.code == 1 and "No space left" in resp.remark
+        # The persister keeps trying; once the disk has room the change is written.
+        disk["full"] = False
+        await server.broker.topic_config_manager.flush()
+        assert "NoSpace" in _on_disk(server, "topics.json")["topicConfigTable"]
+
+    run_embedded(body, tmp_path)
