@@ -13,7 +13,6 @@ COPY core core
 COPY gateway gateway
 COPY spark_sinks spark_sinks
 COPY lmq lmq
-COPY bench bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # -- runtime: the wheels, no compiler, a non-root user ----------------------------------

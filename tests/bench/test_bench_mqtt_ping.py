@@ -1,5 +1,5 @@
 """`lmq bench mqtt` also times PINGREQs during a phase's window and samples the server's
-anonymous memory (bench/_mqtt_ping.py, bench/mqtt.py). Tiny loads, real servers; no speed
+anonymous memory (lmq/bench/_mqtt_ping.py, lmq/bench/mqtt.py). Tiny loads, real servers; no speed
 is judged (the machine is shared)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from bench._mqtt_ping import Pinger
-from bench._mqtt_servers import start_lmq, start_mosquitto
-from bench.mqtt import options, run_phase
+from lmq.bench._mqtt_ping import Pinger
+from lmq.bench._mqtt_servers import start_lmq, start_mosquitto
+from lmq.bench.mqtt import options, run_phase
 
 TINY = ["--duration", "1", "--warmup", "0.3", "--drain", "10", "--pin", "off"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench._mqtt_open import generator_overloaded, is_open_phase
+from lmq.bench._mqtt_open import generator_overloaded, is_open_phase
 
 __all__ = ["CEILINGS", "flat_rows", "median_of", "notes_for", "primary", "print_table", "ratios"]
 

@@ -9,9 +9,9 @@ Process layout (2 cores are enough; every role has its own interpreter):
   loopback listener, anonymous, large queues, no persistence) measured with the same
   loads in the same run, run by run interleaved with ours; figures are printed as
   ratios ours / mosquitto;
-* the load generator: worker processes forked per phase (bench/_mqtt_loadgen.py: raw MQTT
+* the load generator: worker processes forked per phase (lmq/bench/_mqtt_loadgen.py: raw MQTT
   3.1.1, PUBLISHes pre-encoded with our codec, received bytes scanned, not decoded);
-* bench/_mqtt_sink.py, a server that does nothing but answer: what the generator reaches
+* lmq/bench/_mqtt_sink.py, a server that does nothing but answer: what the generator reaches
   against it (``gen_ceiling_*``) is the generator's own ceiling, the upper bound of any
   figure below.
 
@@ -31,7 +31,7 @@ idle               ``--idle-connections`` connected clients doing nothing: resid
                    restarted server process (not possible with ``--target``)
 =================  ===================================================================
 
-Open-loop phases (bench/_mqtt_open.py: publishers paced by a schedule or not at all,
+Open-loop phases (lmq/bench/_mqtt_open.py: publishers paced by a schedule or not at all,
 never by the subscribers): ``devices1000``, ``devices2000`` (any ``devices<N>``),
 ``steps``, ``unpaced_fanin_qos0``, ``unpaced_fanin_qos1``, ``unpaced_fanout100``; they
 report delivered/s during the window, loss after the drain, latency percentiles from each
@@ -62,18 +62,18 @@ from typing import Any
 
 import psutil
 
-from bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
-from bench._mqtt_open import (
+from lmq.bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
+from lmq.bench._mqtt_open import (
     OPEN_PHASES,
     is_open_phase,
     open_result,
     pin_cpus,
     run_open_phase,
 )
-from bench._mqtt_ping import Pinger
-from bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
-from bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
-from bench._mqtt_sink import sink_main
+from lmq.bench._mqtt_ping import Pinger
+from lmq.bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
+from lmq.bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
+from lmq.bench._mqtt_sink import sink_main
 
 __all__ = ["PHASES", "add_arguments", "options", "run", "run_phase"]
 
