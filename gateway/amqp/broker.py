@@ -44,10 +44,12 @@ from gateway.amqp.model import (
     quote_text,
     show,
 )
+from gateway.amqp.mqtt_bridge import mqtt_properties, mqtt_topic_of
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
+from gateway.mqtt.broker_link import AMQP_LMQ_PREFIXES, note_foreign_writer
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
-from gateway.routing.route_table import Route
+from gateway.routing.route_table import BRIDGE_EXCHANGE, Route
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
            "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
@@ -532,8 +534,16 @@ class AmqpBroker:
         if exchange.internal:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
                             f"internal exchange '{exchange_name}' in vhost '/'")
-        return sorted(self.routes.table.amqp_lmqs(self.qualified(exchange_name), routing_key,
-                                                  headers))
+        table = self.routes.table
+        lmqs = table.amqp_lmqs(self.qualified(exchange_name), routing_key, headers)
+        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+            # MQTT subscribers of filters matching the key's topic (`a.b` -> `a/b`).
+            topic = mqtt_topic_of(routing_key)
+            if topic is not None:
+                mqtt = table.mqtt_lmqs(topic)
+                if mqtt:
+                    lmqs |= mqtt
+        return sorted(lmqs)
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:
@@ -550,6 +560,13 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = quote_text(value)
+        if exchange_name == BRIDGE_EXCHANGE and not self._ns and \
+                not all(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+            # It reaches MQTT subscribers: stored as MQTT traffic is too (mqtt_bridge.py).
+            topic = mqtt_topic_of(routing_key)
+            if topic is not None:
+                props.update(mqtt_properties(topic, properties, int(time.time() * 1000)))
+                note_foreign_writer()  # an embedded MQTT gateway stops predicting tails
         return encode_properties(props).encode()
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Collection
 from typing import Any
@@ -79,6 +80,22 @@ CLUSTER_REFRESH_S = 30.0
 NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
+
+
+#: LMQs of AMQP queues (gateway/routing/lmq_names.py, namespace "a"): a publish reaching
+#: one is stored on the first master broker by name, where the AMQP gateways pop them.
+AMQP_LMQ_PREFIXES = ("%LMQ%a_", "%LMQ%a-")
+#: The BrokerLinks of this process (see `note_foreign_writer`).
+_LOCAL_LINKS: weakref.WeakSet = weakref.WeakSet()
+
+
+def note_foreign_writer() -> None:
+    """Something else in this process (the embedded AMQP gateway bridging `amq.topic`) is
+    about to write MQTT LMQs: every local MQTT gateway stops predicting LMQ tails and
+    reads them by long polls from now on (`BrokerLink.share_lmqs`). Called before that
+    write is sent, so no tail is predicted across it."""
+    for link in list(_LOCAL_LINKS):
+        link.share_lmqs()
 
 
 #: Every retained publish is also indexed here, so that every gateway learns it
@@ -151,6 +168,7 @@ class BrokerLink:
         self.foreign_writers = False
         self._watched: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
+        _LOCAL_LINKS.add(self)
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -324,9 +342,15 @@ class BrokerLink:
         for req in batch:
             topic = req.msg.topic
             lmqs = self.router(topic)
-            broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
+            crc = zlib.crc32(topic.encode("utf-8"))
+            broker, qid = queues[crc % nq]
             if lmqs:
                 req.routed = True
+                if nq > self.config.store_queues and \
+                        any(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+                    # Several brokers, and it reaches AMQP queues (amq.topic): stored where
+                    # the AMQP gateways pop them, the first master by name.
+                    broker, qid = queues[crc % self.config.store_queues]
             if req.msg.retain:
                 lmqs = (*lmqs, RETAINED_LMQ)
             if lmqs:

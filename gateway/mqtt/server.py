@@ -154,7 +154,7 @@ class MqttGateway:
                 await nursery.start(self.retained_follower.run)
                 await nursery.start(self.cluster_sessions.run)
                 self.nursery = nursery
-                self.link.router = self.routes.table.mqtt_lmqs_sorted
+                self.link.router = self.routes.table.mqtt_publish_lmqs  # amq.topic too
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)
                 if self.shared_lmqs:
