@@ -187,10 +187,8 @@ def test_amqp_publish_to_amq_topic_reaches_mqtt_subscribers(serve, amqp, mqtt):
         delivery_mode=1, headers={"x-mqtt-publish-qos": 2}))
     got = sub.receive(2)
     assert [(x.payload, x.qos) for x in got] == [(b"t0", 0), (b"t2", 2)]
-    assert got[1].properties.UserProperty if hasattr(got[1].properties, "UserProperty") \
-        else True  # the bridge's own header is not a user property
-    if hasattr(got[1].properties, "UserProperty"):
-        assert ("x-mqtt-publish-qos", "2") not in got[1].properties.UserProperty
+    # The bridge's own header is no user property.
+    assert not hasattr(got[1].properties, "UserProperty")
 
 
 def test_keys_that_are_no_mqtt_topic_stay_amqp(serve, amqp, mqtt):
@@ -216,3 +214,20 @@ def test_subscribe_then_amqp_publish_at_once_is_delivered(serve, amqp, mqtt):
         sub.subscribe(topic, qos=1)
         amqp.basic_publish("amq.topic", topic.replace("/", "."), b"%d" % i)
         assert sub.receive_one().payload == b"%d" % i
+
+
+def test_interleaved_mqtt_and_amqp_publishes_all_reach_the_subscriber(serve, amqp, mqtt):
+    # The embedded MQTT gateway predicts the tails of the LMQs it alone writes; once the
+    # AMQP gateway writes them too it must read them by pulls, or entries are skipped.
+    sub = mqtt()
+    topic = f"mix/{uid()}"
+    sub.subscribe(topic, qos=1)
+    pub = mqtt()
+    sent = []
+    for i in range(20):
+        sent.append(b"m%d" % i)
+        assert pub.publish(topic, sent[-1], qos=1) == 0
+        sent.append(b"a%d" % i)
+        amqp.basic_publish("amq.topic", topic.replace("/", "."), sent[-1],
+                           properties=pika.BasicProperties(delivery_mode=2))
+    assert [m.payload for m in sub.receive(len(sent))] == sent
