@@ -87,6 +87,10 @@ PublishDone = Callable[[int], None]
 AMQP_LMQ_PREFIXES = ("%LMQ%a_", "%LMQ%a-")
 #: The BrokerLinks of this process (see `note_foreign_writer`).
 _LOCAL_LINKS: weakref.WeakSet = weakref.WeakSet()
+#: Route-log member ids of the gateways of this process that call `note_foreign_writer`
+#: before writing MQTT LMQs (the embedded AMQP gateway): an embedded MQTT gateway does not
+#: count them as foreign writers (server.py, FOREIGN_WRITER_PREFIXES).
+LOCAL_WRITERS: set[str] = set()
 
 
 def note_foreign_writer() -> None:

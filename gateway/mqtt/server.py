@@ -26,7 +26,7 @@ import trio
 
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
-from gateway.mqtt.broker_link import RETAINED_LMQ, BrokerLink
+from gateway.mqtt.broker_link import LOCAL_WRITERS, RETAINED_LMQ, BrokerLink
 from gateway.mqtt.cluster_sessions import ClusterSessions
 from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
@@ -56,7 +56,7 @@ PEERS_CHECK_S = 2.0
 #: Route-log members that write MQTT LMQs too: other MQTT gateways, and writers that are
 #: no gateway (the Spark sink's mqttTopic rows join as "writer-…"; they apply no routes,
 #: so no SUBSCRIBE waits for them).
-FOREIGN_WRITER_PREFIXES = ("mqtt-", "writer-")
+FOREIGN_WRITER_PREFIXES = ("mqtt-", "writer-", "amqp-")  # amqp-: the amq.topic bridge
 
 
 @dataclass
@@ -302,7 +302,7 @@ class MqttGateway:
         routes = self.routes
         while not self.link.foreign_writers:
             if any(g != self.gateway_id and g.startswith(FOREIGN_WRITER_PREFIXES)
-                   for g in routes.live_gateways()):
+                   and g not in LOCAL_WRITERS for g in routes.live_gateways()):
                 self.link.share_lmqs()
                 return
             with trio.move_on_after(PEERS_CHECK_S):
