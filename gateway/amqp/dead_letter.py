@@ -75,7 +75,8 @@ def delivery_fault(queue: Queue, m: PopMessage, now_ms: int) -> str | None:
     deliver it."""
     ttl = queue.args.message_ttl
     mqtt_expiry = m.message.properties.get(K_EXPIRY)
-    if mqtt_expiry is not None and mqtt_expiry.isdigit() and now_ms >= int(mqtt_expiry):
+    if mqtt_expiry is not None and 0 < len(mqtt_expiry) <= 19 and mqtt_expiry.isdigit() \
+            and now_ms >= int(mqtt_expiry):
         return "expired"  # an MQTT publish past its Message Expiry Interval
     own = m.message.properties.get(PROP_TTL)
     if own is not None:

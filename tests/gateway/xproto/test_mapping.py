@@ -68,3 +68,22 @@ def test_amqp_message_seen_by_mqtt_and_back():
     assert from_properties(mqtt_properties("t", two, 0), b"").qos == 2
     bad = BasicProperties(delivery_mode=2, headers={"x-mqtt-publish-qos": 7})
     assert from_properties(mqtt_properties("t", bad, 0), b"").qos == 1
+
+
+def test_expired_mqtt_publish_is_not_delivered_to_amqp():
+    from types import SimpleNamespace
+
+    from gateway.amqp.dead_letter import delivery_fault
+    from gateway.amqp.queue_args import NO_ARGS
+
+    queue = SimpleNamespace(args=NO_ARGS)
+
+    def popped(props):
+        return SimpleNamespace(message=SimpleNamespace(properties=props, store_timestamp=0),
+                               delivery_count=1)
+
+    stored = to_properties(MqttMessage("t", b"", 1, expiry_at=5_000))
+    assert delivery_fault(queue, popped(stored), now_ms=4_999) is None
+    assert delivery_fault(queue, popped(stored), now_ms=5_000) == "expired"
+    for bad in ("", "x1", "9" * 5000):  # not ours: ignored, never an error
+        assert delivery_fault(queue, popped({"MQTT_EXPIRY_AT": bad}), now_ms=1) is None
