@@ -65,7 +65,8 @@ def mqtt_envelope(props: dict[str, str], now_ms: int) -> tuple[str, str, bytes] 
     content_type = reply_to = None
     if p is not NO_PROPERTIES:
         for name, value in p.user_properties:
-            headers[name] = value  # a repeated name: the last value (a table has one)
+            if _shortstr(name) is not None:  # a table's names are shortstrs: longer ones go
+                headers[name] = value  # a repeated name: the last value (a table has one)
         content_type = _shortstr(p.content_type)
         if p.response_topic:
             reply_to = _shortstr(mqtt_topic_to_key(p.response_topic))
@@ -81,9 +82,14 @@ def mqtt_envelope(props: dict[str, str], now_ms: int) -> tuple[str, str, bytes] 
     expiration = None
     if msg.expiry_at is not None:
         expiration = str(max(0, msg.expiry_at - now_ms))
-    raw = encode_properties(BasicProperties(
+    props_out = BasicProperties(
         content_type=content_type, headers=headers, delivery_mode=2 if msg.qos else 1,
-        correlation_id=correlation_id, reply_to=reply_to, expiration=expiration))
+        correlation_id=correlation_id, reply_to=reply_to, expiration=expiration)
+    try:
+        raw = encode_properties(props_out)
+    except ValueError:  # something the wire cannot carry: the delivery still goes out
+        raw = encode_properties(BasicProperties(delivery_mode=props_out.delivery_mode,
+                                                expiration=expiration))
     return BRIDGE_EXCHANGE, mqtt_topic_to_key(msg.topic), raw
 
 

@@ -87,3 +87,12 @@ def test_expired_mqtt_publish_is_not_delivered_to_amqp():
     assert delivery_fault(queue, popped(stored), now_ms=5_000) == "expired"
     for bad in ("", "x1", "9" * 5000):  # not ours: ignored, never an error
         assert delivery_fault(queue, popped({"MQTT_EXPIRY_AT": bad}), now_ms=1) is None
+
+
+def test_user_property_names_too_long_for_a_table_are_left_out():
+    long_name = "n" * 300
+    msg = MqttMessage("t", b"", 0, props=Properties(
+        user_properties=((long_name, "v"), ("ok", "w"))))
+    _, _, raw = mqtt_envelope(to_properties(msg), now_ms=0)
+    headers = decode_properties(raw).headers
+    assert long_name not in headers and headers["ok"] == "w"
