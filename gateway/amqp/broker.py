@@ -540,9 +540,9 @@ class AmqpBroker:
             # MQTT subscribers of filters matching the key's topic (`a.b` -> `a/b`).
             topic = mqtt_topic_of(routing_key)
             if topic is not None:
-                mqtt = table.mqtt_lmqs(topic)
+                mqtt = table.mqtt_lmqs_sorted(topic)  # remembered per topic
                 if mqtt:
-                    lmqs |= mqtt
+                    lmqs.update(mqtt)
         return sorted(lmqs)
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
