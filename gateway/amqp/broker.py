@@ -44,9 +44,8 @@ from gateway.amqp.model import (
     quote_text,
     show,
 )
-from gateway.amqp.mqtt_bridge import mqtt_properties, mqtt_topic_of
+from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
-from gateway.mqtt.broker_link import AMQP_LMQ_PREFIXES, note_foreign_writer
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
 from gateway.routing.route_table import BRIDGE_EXCHANGE, Route
@@ -537,12 +536,7 @@ class AmqpBroker:
         table = self.routes.table
         lmqs = table.amqp_lmqs(self.qualified(exchange_name), routing_key, headers)
         if exchange_name == BRIDGE_EXCHANGE and not self._ns:
-            # MQTT subscribers of filters matching the key's topic (`a.b` -> `a/b`).
-            topic = mqtt_topic_of(routing_key)
-            if topic is not None:
-                mqtt = table.mqtt_lmqs_sorted(topic)  # remembered per topic
-                if mqtt:
-                    lmqs.update(mqtt)
+            lmqs.update(mqtt_lmqs_of_key(table, routing_key))  # and MQTT subscribers
         return sorted(lmqs)
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
@@ -560,13 +554,8 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = quote_text(value)
-        if exchange_name == BRIDGE_EXCHANGE and not self._ns and \
-                not all(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
-            # It reaches MQTT subscribers: stored as MQTT traffic is too (mqtt_bridge.py).
-            topic = mqtt_topic_of(routing_key)
-            if topic is not None:
-                props.update(mqtt_properties(topic, properties, int(time.time() * 1000)))
-                note_foreign_writer()  # an embedded MQTT gateway stops predicting tails
+        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+            add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
         return encode_properties(props).encode()
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:

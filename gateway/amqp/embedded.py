@@ -20,7 +20,7 @@ import trio
 from core.client import ClientInstance
 from gateway.amqp.broker import AmqpBroker, AmqpBrokerConfig
 from gateway.amqp.server import AmqpServer, AmqpServerConfig
-from gateway.mqtt.broker_link import LOCAL_WRITERS
+from gateway.routing.bridge import LOCAL_WRITERS
 from gateway.routing.route_log import RouteLog
 
 __all__ = ["AmqpService", "amqp_config_tables"]

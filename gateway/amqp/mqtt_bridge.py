@@ -25,15 +25,22 @@ delivery-mode 2 and 0 otherwise (a subscriber receives the lower of that and its
 from __future__ import annotations
 
 import decimal
+import time
 from typing import Any
 
 from gateway.amqp.properties import BasicProperties, encode_properties
 from gateway.mqtt.message import MqttMessage, from_properties, to_properties
 from gateway.mqtt.packets import NO_PROPERTIES, Properties
-from gateway.routing.route_table import BRIDGE_EXCHANGE, amqp_key_to_topic, mqtt_topic_to_key
+from gateway.routing.bridge import AMQP_LMQ_PREFIXES, note_foreign_writer
+from gateway.routing.route_table import (
+    BRIDGE_EXCHANGE,
+    RouteTable,
+    amqp_key_to_topic,
+    mqtt_topic_to_key,
+)
 
-__all__ = ["QOS_HEADER", "CORRELATION_HEADER", "mqtt_envelope", "mqtt_properties",
-           "mqtt_topic_of"]
+__all__ = ["QOS_HEADER", "CORRELATION_HEADER", "add_mqtt_properties", "mqtt_envelope",
+           "mqtt_lmqs_of_key", "mqtt_properties", "mqtt_topic_of"]
 
 #: RabbitMQ's header for the QoS an MQTT message was published with.
 QOS_HEADER = "x-mqtt-publish-qos"
@@ -163,3 +170,24 @@ def mqtt_properties(topic: str, props: BasicProperties, now_ms: int) -> dict[str
         except ValueError:
             expiry_at = None  # refused earlier (406); never here
     return to_properties(MqttMessage(topic, b"", qos, False, v5, expiry_at))
+
+
+def mqtt_lmqs_of_key(table: RouteTable, routing_key: str) -> tuple[str, ...]:
+    """LMQs of the MQTT filters an `amq.topic` publish with `routing_key` reaches
+    (remembered per topic by the table)."""
+    topic = mqtt_topic_of(routing_key)
+    return () if topic is None else table.mqtt_lmqs_sorted(topic)
+
+
+def add_mqtt_properties(props: dict[str, str], routing_key: str,
+                        properties: BasicProperties, lmqs: list[str]) -> None:
+    """Add the `MQTT_*` properties to the stored properties `props` of an `amq.topic`
+    publish whose LMQs include MQTT ones, and tell the local MQTT gateways before it is
+    stored (routing/bridge.py)."""
+    if all(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+        return
+    topic = mqtt_topic_of(routing_key)
+    if topic is None:
+        return
+    props.update(mqtt_properties(topic, properties, int(time.time() * 1000)))
+    note_foreign_writer()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 import zlib
 from collections.abc import Callable, Collection
 from typing import Any
@@ -50,6 +49,7 @@ from gateway.mqtt.message import (
     to_properties,
 )
 from gateway.mqtt.packets import NO_PROPERTIES
+from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
@@ -80,26 +80,6 @@ CLUSTER_REFRESH_S = 30.0
 NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
-
-
-#: LMQs of AMQP queues (gateway/routing/lmq_names.py, namespace "a"): a publish reaching
-#: one is stored on the first master broker by name, where the AMQP gateways pop them.
-AMQP_LMQ_PREFIXES = ("%LMQ%a_", "%LMQ%a-")
-#: The BrokerLinks of this process (see `note_foreign_writer`).
-_LOCAL_LINKS: weakref.WeakSet = weakref.WeakSet()
-#: Route-log member ids of the gateways of this process that call `note_foreign_writer`
-#: before writing MQTT LMQs (the embedded AMQP gateway): an embedded MQTT gateway does not
-#: count them as foreign writers (server.py, FOREIGN_WRITER_PREFIXES).
-LOCAL_WRITERS: set[str] = set()
-
-
-def note_foreign_writer() -> None:
-    """Something else in this process (the embedded AMQP gateway bridging `amq.topic`) is
-    about to write MQTT LMQs: every local MQTT gateway stops predicting LMQ tails and
-    reads them by long polls from now on (`BrokerLink.share_lmqs`). Called before that
-    write is sent, so no tail is predicted across it."""
-    for link in list(_LOCAL_LINKS):
-        link.share_lmqs()
 
 
 #: Every retained publish is also indexed here, so that every gateway learns it
@@ -172,7 +152,7 @@ class BrokerLink:
         self.foreign_writers = False
         self._watched: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
-        _LOCAL_LINKS.add(self)
+        register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
 
     # -- cluster -----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import trio
 
 from core.client import ClientInstance
 from gateway.mqtt.auth import Authenticator
-from gateway.mqtt.broker_link import LOCAL_WRITERS, RETAINED_LMQ, BrokerLink
+from gateway.mqtt.broker_link import RETAINED_LMQ, BrokerLink
 from gateway.mqtt.cluster_sessions import ClusterSessions
 from gateway.mqtt.config import MqttConfig, host_is_loopback
 from gateway.mqtt.connection import Connection
@@ -37,6 +37,7 @@ from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
+from gateway.routing.bridge import LOCAL_WRITERS
 from gateway.routing.client_log import ClientLog
 from gateway.routing.route_log import RouteLog, RouteLogConfig
 from gateway.routing.route_table import Route
