@@ -19,11 +19,11 @@ _PRIMARY = {"latency": "p99_ms", "idle": "kb_per_connection"}
 #: Figures of an open-loop phase shown in the table, in this order.
 _OPEN_KEYS = ("delivered_per_s", "published_per_s", "in_time_pct", "loss_pct", "p50_ms",
               "p99_ms", "per_server_cpu_s", "server_cpu_pct", "generator_cpu_pct",
-              "server_rss_mb")
+              "server_rss_mb", "server_anon_peak_mb", "ping_p50_ms", "ping_p99_ms", "ping_max_ms")
 _STEP_KEYS = ("delivered_per_s", "in_time_pct", "p99_ms", "server_cpu_pct")
 #: Figures where a higher value is better (ratios are shown for these and latencies).
 _RATIO_KEYS = {"delivered_per_s", "per_server_cpu_s", "highest_sustained_per_s", "p50_ms",
-               "p99_ms", "kb_per_connection"}
+               "p99_ms", "kb_per_connection", "ping_p99_ms"}
 
 
 def median_of(runs: list[dict[str, Any]], *, top: bool = True) -> dict[str, Any]:

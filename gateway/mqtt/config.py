@@ -118,6 +118,13 @@ class MqttConfig:
     max_retained: int = 100_000
     #: Publishes queued towards the broker across the gateway before readers pause.
     max_pending_publishes: int = 10_000
+    #: Payload bytes of those queued publishes before readers pause (a queue bounded by
+    #: count alone would hold 10 000 x max_packet_size).
+    max_pending_bytes: int = 16 * 1024 * 1024
+    #: Payload bytes of stored messages kept in memory for the readers of all LMQs (their
+    #: recent entries); past it the LMQ written longest ago gives up its entries first and
+    #: readers behind pull.
+    max_recent_bytes: int = 64 * 1024 * 1024
 
     # -- security -------------------------------------------------------------------
     #: Connections without user name: None (default) = allowed only when `host` is a
@@ -190,7 +197,7 @@ class MqttConfig:
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
                      "password_check_threads", "max_stored_sessions", "close_linger_bytes",
                      "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages",
-                     "max_retained_per_subscription"):
+                     "max_retained_per_subscription", "max_pending_bytes", "max_recent_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

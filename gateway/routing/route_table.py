@@ -32,7 +32,7 @@ from typing import Any
 from gateway.routing.topic_trie import TopicTrie
 
 __all__ = [
-    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable",
+    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable", "clean_owner_gateway",
     "MAX_EXCHANGE_HOPS", "MAX_PATTERN_BYTES", "MAX_HEADER_ARGS", "MAX_ENTRY_BYTES",
     "BRIDGE_EXCHANGE", "MQTT_ROUTE_READERS", "amqp_key_to_topic", "mqtt_topic_to_key",
 ]
@@ -168,6 +168,14 @@ class LogEntry:
         return cls(op, route, version)
 
 
+def clean_owner_gateway(owner: str) -> str | None:
+    """The gateway id in a clean session's route owner `c:<gateway id>:<client id>`."""
+    if not owner.startswith("c:"):
+        return None
+    end = owner.find(":", 2)
+    return owner[2:end] if end > 2 else None
+
+
 def _word(w: str) -> str:
     """One AMQP word as a trie level: injective, and no `/`, `+` or `#` left in it."""
     if "\\" in w or "/" in w or "+" in w or "#" in w:
@@ -221,6 +229,11 @@ class RouteTable:
         self._headers: dict[str, list[Route]] = {}
         #: MQTT topic -> LMQs of MQTT routes and BRIDGE_EXCHANGE bindings (cleared on change)
         self._bridged: dict[str, tuple[str, ...]] = {}
+        #: routes of clean sessions (owner `c:<gateway id>:...`) by gateway id: what a
+        #: sweep removes when that gateway vanished (RouteLog.sweep)
+        self._clean: dict[str, set[Route]] = {}
+        #: routes of persistent sessions (owner `p:...`) by owner (sweep of expired ones)
+        self._persistent: dict[str, set[Route]] = {}
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -230,6 +243,22 @@ class RouteTable:
 
     def routes(self) -> Iterator[Route]:
         return iter(self._routes)
+
+    def clean_gateways(self) -> list[str]:
+        """Gateway ids that own routes of clean sessions."""
+        return list(self._clean)
+
+    def clean_routes(self, gateway: str) -> list[Route]:
+        """The routes owned by clean sessions of `gateway`."""
+        return list(self._clean.get(gateway, ()))
+
+    def persistent_owners(self) -> list[str]:
+        """Owners `p:<client id>` of persistent sessions' routes."""
+        return list(self._persistent)
+
+    def owner_routes(self, owner: str) -> list[Route]:
+        """The routes of a persistent session's owner `p:<client id>`."""
+        return list(self._persistent.get(owner, ()))
 
     # ------------------------------------------------------------------ changes
     def add(self, route: Route) -> bool:
@@ -241,6 +270,11 @@ class RouteTable:
         self._routes.add(route)
         if self._bridged:
             self._bridged.clear()
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            self._clean.setdefault(gw, set()).add(route)
+        elif route.owner.startswith("p:"):
+            self._persistent.setdefault(route.owner, set()).add(route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
@@ -262,6 +296,11 @@ class RouteTable:
         self._routes.discard(route)
         if self._bridged:
             self._bridged.clear()
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            _discard(self._clean, gw, route)
+        elif route.owner.startswith("p:"):
+            _discard(self._persistent, route.owner, route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
