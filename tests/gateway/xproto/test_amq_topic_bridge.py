@@ -78,8 +78,8 @@ def mqtt(serve):
 
 
 def _get(ch, queue: str, timeout: float = 15.0):
-    """Basic.Get until a message is there (the store is asynchronous to the PUBACK only in
-    so far as the POP sees it at once; a few tries at most)."""
+    """Basic.Get until a message is there (an MQTT publish is stored before its PUBACK,
+    but an AMQP confirm is not awaited by every test: retried, bounded)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         method, properties, body = ch.basic_get(queue, auto_ack=True)
