@@ -160,3 +160,34 @@ def test_embedded_gateways_switch_to_long_polls_only_when_bridging(tmp_path):
             c.disconnect()
     finally:
         serve.stop()
+
+
+def test_two_brokers_mqtt_publishes_reach_amqp_queues(tmp_path):
+    # MQTT spreads its store by topic over every broker; a publish that reaches an AMQP
+    # queue is stored on the first master by name, where `lmq amqp` pops the queue.
+    c = Cluster(tmp_path, brokers=2, strict=False).start()
+    port = free_port()
+    amqp = _Proc(tmp_path, "amqp", ["amqp", "--namesrv-addr", c.namesrv_addr, "--host",
+                                    "127.0.0.1", "--amqp-port", str(port), "--log-level",
+                                    "INFO"])
+    try:
+        mqtt_gw = c.gateway()
+        amqp.start()
+        amqp.wait_port(port)
+        conn = pika.BlockingConnection(params(port))
+        ch = conn.channel()
+        q = "two-" + uid()
+        ch.queue_declare(q)
+        ch.queue_bind(q, "amq.topic", "spread.#")
+        pub = Client(mqtt_gw.port, "two-pub-" + uid())
+        pub.connect()
+        sent = {b"%d" % i for i in range(16)}  # 16 topics: both brokers' store queues
+        for body in sorted(sent):
+            assert pub.publish(f"spread/{body.decode()}", body, qos=1) == 0
+        got = {_get(ch, q, timeout=30)[2] for _ in sent}
+        assert got == sent
+        pub.disconnect()
+        conn.close()
+    finally:
+        amqp.stop()
+        c.stop()
