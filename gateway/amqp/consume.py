@@ -28,6 +28,7 @@ from gateway.amqp.codec import encode_content, encode_deliver, encode_method_fra
 from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
+from gateway.mqtt.message import K_EXPIRY
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -182,7 +183,7 @@ class Deliveries:
                 return
             now = now_ms()
             for m in result.messages:
-                if checks or PROP_TTL in m.message.properties:
+                if checks or PROP_TTL in (mp := m.message.properties) or K_EXPIRY in mp:
                     fault = delivery_fault(queue, m, now)
                     if fault is not None:
                         await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
@@ -215,7 +216,7 @@ class Deliveries:
             if result.status is not PopStatus.FOUND or not result.messages:
                 break
             m = result.messages[0]
-            if checks or PROP_TTL in m.message.properties:
+            if checks or PROP_TTL in (mp := m.message.properties) or K_EXPIRY in mp:
                 fault = delivery_fault(queue, m, now_ms())
                 if fault is not None:  # expired: the next one (bounded)
                     await self.broker.policy.dead_letter(queue, pop, m, fault)

@@ -49,6 +49,7 @@ from gateway.mqtt.message import (
     to_properties,
 )
 from gateway.mqtt.packets import NO_PROPERTIES
+from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
@@ -156,6 +157,7 @@ class BrokerLink:
         self.foreign_writers = False
         self._watched: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
+        register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -338,9 +340,15 @@ class BrokerLink:
         for req in batch:
             topic = req.msg.topic
             lmqs = self.router(topic)
-            broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
+            crc = zlib.crc32(topic.encode("utf-8"))
+            broker, qid = queues[crc % nq]
             if lmqs:
                 req.routed = True
+                if nq > self.config.store_queues and \
+                        any(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+                    # Several brokers, and it reaches AMQP queues (amq.topic): stored where
+                    # the AMQP gateways pop them, the first master by name.
+                    broker, qid = queues[crc % self.config.store_queues]
             if req.msg.retain:
                 lmqs = (*lmqs, RETAINED_LMQ)
             if lmqs:

@@ -37,7 +37,7 @@ from gateway.mqtt.session import Cursor, Session, Subscription, restore_state
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
-from gateway.routing.route_table import MAX_PATTERN_BYTES, Route
+from gateway.routing.route_table import MAX_PATTERN_BYTES, MQTT_ROUTE_READERS, Route
 from gateway.routing.topic_trie import TopicTrie
 
 if TYPE_CHECKING:
@@ -432,8 +432,9 @@ class SessionRegistry:
                                         None if sess.persistent else self.gw.gateway_id))
         routes = self.gw.routes
         if routes is not None:
-            # Live on every MQTT gateway (or the wait ran out): only they route MQTT.
-            await routes.add_route(route, wait_for="mqtt-")
+            # Live on every gateway that routes to MQTT filters (MQTT, and AMQP through
+            # amq.topic), or the wait ran out.
+            await routes.add_route(route, wait_for=MQTT_ROUTE_READERS)
         if sess.ended or sub.filter in sess.subs:
             if sess.ended and routes is not None:
                 routes.post("remove", route)
