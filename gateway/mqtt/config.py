@@ -169,6 +169,13 @@ class MqttConfig:
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
 
+    # -- several gateways (docs/stateless-gateways.md, "Abandoned state") ----------------
+    #: A gateway out of the route log's member group this long has vanished: its
+    #: clean-session routes are swept and its persistent sessions expire by their interval.
+    gateway_orphan_timeout_s: float = 300.0
+    #: How often each gateway looks for vanished gateways.
+    gateway_sweep_interval_s: float = 30.0
+
     def anonymous_allowed(self) -> bool:
         """`allow_anonymous` resolved (None: only on a loopback `host`)."""
         if self.allow_anonymous is not None:
@@ -186,6 +193,9 @@ class MqttConfig:
             raise ValueError("topic_alias_maximum must be 0..65535")
         if not 16 <= self.max_packet_size <= 268_435_460:
             raise ValueError("max_packet_size must be 16..268435460")
+        if self.gateway_orphan_timeout_s <= 0 or self.gateway_sweep_interval_s <= 0:
+            raise ValueError("gateway_orphan_timeout_s and gateway_sweep_interval_s must be"
+                             " positive")
         if self.packet_read_timeout_s <= 0 or self.close_linger_s < 0:
             raise ValueError("packet_read_timeout_s must be positive, close_linger_s >= 0")
         if self.store_queues < 1 or self.pull_batch < 1:

@@ -92,7 +92,9 @@ class MqttGateway:
         self.cluster_sessions: ClusterSessions | None = None
         #: the gateway's nursery while serving (background work of the registry)
         self.nursery: trio.Nursery | None = None
-        self.route_config = route_config
+        self.route_config = route_config or RouteLogConfig(
+            orphan_timeout_s=config.gateway_orphan_timeout_s,
+            sweep_interval_s=config.gateway_sweep_interval_s)
         #: stable across restarts (kept in the data dir): the owner of this gateway's
         #: clean-session routes and session records stays the same
         self.gateway_id = gateway_id or _stable_gateway_id(config.data_dir)
