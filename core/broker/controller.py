@@ -39,6 +39,7 @@ from core.broker.topic_config import TopicConfigManager
 from core.broker.transaction import TransactionalMessageService
 from core.common.codec import encode_host
 from core.common.message import InnerMessage
+from core.common.properties import MessageConst
 from core.common.sysflag import PermName
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
@@ -224,14 +225,17 @@ class BrokerController:
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put(inner)
-        return await self._after_put(result)
+        return await self._after_put(
+            result, (inner.topic, inner.properties.get(MessageConst.REAL_TOPIC))
+        )
 
     async def put_messages(self, inners: list[InnerMessage]) -> PutResult:
         """Append a batch (same topic and queue, consecutive offsets)."""
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put_batch(inners)
-        return await self._after_put(result)
+        first = inners[0] if isinstance(inners, list) and inners else inners
+        return await self._after_put(result, (getattr(first, "topic", None),))
 
     def _may_write(self) -> bool:
         if self.ha_link is not None:
@@ -246,7 +250,7 @@ class BrokerController:
         # RocketMQ's slave store answers SERVICE_NOT_AVAILABLE to a put.
         return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, "the broker is a slave")
 
-    async def _after_put(self, result: PutResult) -> PutResult:
+    async def _after_put(self, result: PutResult, topics: tuple[str | None, ...]) -> PutResult:
         if result.status is not PutStatus.OK:
             return result
         link = self.ha_link
@@ -257,6 +261,16 @@ class BrokerController:
             result.status = PutStatus.SERVICE_NOT_AVAILABLE
             result.remark = "write lease lapsed"
             return result
+        if self.topic_config_manager.persister.dirty:
+            # A topic created for this write reaches the disk (in a thread, persister.py)
+            # before the write is acknowledged: a killed process must not leave
+            # acknowledged records of a topic it forgot. Other writes do not wait.
+            try:
+                for topic in topics:
+                    if topic:
+                        await self.topic_config_manager.wait_created_durable(topic)
+            except OSError:
+                result.status = PutStatus.FLUSH_DISK_TIMEOUT
         ha = self.ha_master
         if ha is not None:
             ha.notify_append()
@@ -456,8 +470,6 @@ class BrokerController:
                 payload = self.offset_manager.snapshot()
                 if payload is not None:
                     await trio.to_thread.run_sync(self.offset_manager.write, payload)
-                self.subscription_group_manager.persist()
-                self.topic_config_manager.persist()
             except Exception:
                 log.exception("persisting consumer offsets failed")
 
@@ -539,6 +551,9 @@ class BrokerController:
                         await self.ha_link.beat()  # role (and lease) before registering
                         await nursery.start(self.ha_link.run)
                     nursery.start_soon(self._persist_offsets_loop)
+                    # Topics and groups: written off the loop as they change (persister.py).
+                    await nursery.start(self.topic_config_manager.persister.run)
+                    await nursery.start(self.subscription_group_manager.persister.run)
                     nursery.start_soon(
                         self._every, self.config.client_scan_interval_s, self._scan_clients,
                         "client scan",

@@ -43,7 +43,7 @@ from core.broker.message_util import (
     put_property,
     real_destination,
 )
-from core.broker.metadata import atomic_write_json, read_json
+from core.broker.metadata import atomic_write_bytes, encode_json, read_json
 from core.common.codec import RecordError
 from core.common.message import InnerMessage
 from core.common.names import SCHEDULE_TOPIC
@@ -163,9 +163,16 @@ class ScheduleMessageService:
 
     def persist(self) -> None:
         """Write the per-level progress atomically (sync; also used at shutdown)."""
+        self._write(self._snapshot())
+
+    def _snapshot(self) -> bytes:
+        """The file's content, encoded on the event loop (where the table changes)."""
+        self._dirty = False
+        return encode_json(self.offset_table_json())
+
+    def _write(self, payload: bytes) -> None:
         with self._persist_lock:
-            self._dirty = False
-            atomic_write_json(self.path, self.offset_table_json())
+            atomic_write_bytes(self.path, payload)
 
     def offset_table_json(self) -> dict:
         """The persisted form (Java's GET_ALL_DELAY_OFFSET body)."""
@@ -227,7 +234,7 @@ class ScheduleMessageService:
 
     async def _persist_in_thread(self) -> None:
         try:
-            await trio.to_thread.run_sync(self.persist)
+            await trio.to_thread.run_sync(self._write, self._snapshot())
         except OSError as exc:  # disk full etc.: keep delivering, try again next pass
             self._dirty = True
             log.error("cannot persist %s: %s", self.path, exc)

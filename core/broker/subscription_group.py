@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from core.broker.metadata import atomic_write_json, read_json
+from core.broker.metadata import encode_json, read_json
+from core.broker.persister import FilePersister
 from core.common import names
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ class SubscriptionGroupManager:
         self._max_auto_created = max_auto_created
         self.auto_created: set[str] = set()
         self._cap_logged = False
-        self._dirty = False
+        # Writes the file off the event loop once the controller runs it (persister.py).
+        self.persister = FilePersister(self.path, self._encode)
 
     def load(self) -> None:
         data = read_json(self.path, {}) or {}
@@ -107,13 +109,18 @@ class SubscriptionGroupManager:
             self.auto_created = {n for n in auto if isinstance(n, str) and n in self.table}
 
     def persist(self, *, force: bool = False) -> None:
-        if not (self._dirty or force):
-            return
-        atomic_write_json(self.path, {
+        """Write the file now if it changed (sync: shutdown, tools)."""
+        self.persister.write_now(force=force)
+
+    def _encode(self) -> bytes:
+        return encode_json({
             "subscriptionGroupTable": {n: g.to_json() for n, g in self.table.items()},
             "autoCreatedGroups": sorted(self.auto_created),
         })
-        self._dirty = False
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is on disk (administrator requests)."""
+        await self.persister.flush()
 
     def _new(self, group: str) -> SubscriptionGroupConfig:
         return SubscriptionGroupConfig(group, retry_max_times=self._retry_max_times)
@@ -152,18 +159,18 @@ class SubscriptionGroupManager:
         sg = self._new(group)
         self.table[group] = sg
         self.auto_created.add(group)
-        self._dirty = True
+        self.persister.mark_dirty()
         return sg
 
     def update(self, sg: SubscriptionGroupConfig) -> None:
         """Create or replace a group (administrator): it no longer counts as auto-created."""
         self.table[sg.group_name] = sg
         self.auto_created.discard(sg.group_name)
-        self._dirty = True
+        self.persister.mark_dirty()
 
     def delete(self, group: str) -> bool:
         if self.table.pop(group, None) is None:
             return False
         self.auto_created.discard(group)
-        self._dirty = True
+        self.persister.mark_dirty()
         return True

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.broker.metadata import atomic_write_json, read_json
+from core.broker.metadata import encode_json, read_json
+from core.broker.persister import FilePersister
 from core.common import names
 from core.common.sysflag import PermName
 
@@ -127,7 +128,11 @@ class TopicConfigManager:
         self._max_auto_created = max_auto_created_topics
         self.auto_created: set[str] = set()
         self._cap_logged = False
-        self._dirty = False
+        # Writes topics.json off the event loop once the controller runs it (persister.py).
+        self.persister = FilePersister(self.path, self._encode)
+        # topic -> number of the change that created it, until that change is on disk
+        # (a write to the topic is acknowledged after it: `wait_created_durable`).
+        self._created: dict[str, int] = {}
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> None:
@@ -151,12 +156,32 @@ class TopicConfigManager:
         self.persist(force=True)
 
     def persist(self, *, force: bool = False) -> None:
-        if not (self._dirty or force):
-            return
+        """Write topics.json now if it changed (sync: load, shutdown, tools)."""
+        self.persister.write_now(force=force)
+
+    def _encode(self) -> bytes:
         data = self.wrapper_json()
         data["autoCreatedTopics"] = sorted(self.auto_created)
-        atomic_write_json(self.path, data)
-        self._dirty = False
+        return encode_json(data)
+
+    def _mark_dirty(self) -> None:
+        """The running persister writes the change soon; without one, write it now."""
+        if not self.persister.mark_dirty():
+            self.persist()
+
+    async def flush(self) -> None:
+        """Wait until every change made so far is on disk (administrator requests)."""
+        await self.persister.flush()
+
+    async def wait_created_durable(self, topic: str) -> None:
+        """Wait until `topic`, if it was created recently, is on disk (a no-op for a
+        topic whose creation is already durable; raises OSError when the write failed)."""
+        change = self._created.get(topic)
+        if change is None:
+            return
+        if not self.persister.is_durable(change):
+            await self.persister.flush(change)
+        self._created.pop(topic, None)
 
     def wrapper_json(self) -> dict[str, Any]:
         """TopicConfigSerializeWrapper (docs/protocol.md §6.5) of every configured topic."""
@@ -201,8 +226,7 @@ class TopicConfigManager:
     # ------------------------------------------------------------------ changes
     def _changed(self) -> None:
         self.data_version.bump()
-        self._dirty = True
-        self.persist()
+        self._mark_dirty()
         if self.on_change is not None:
             self.on_change()
 
@@ -242,6 +266,7 @@ class TopicConfigManager:
         self.table[topic] = tc
         self.auto_created.add(topic)
         self._changed()
+        self._created[topic] = self.persister.changes
         return tc
 
     def create_retry_topic_in_send_message_method(
@@ -270,6 +295,7 @@ class TopicConfigManager:
         tc = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=topic_sys_flag)
         self.table[topic] = tc
         self._changed()
+        self._created[topic] = self.persister.changes
         return tc
 
     def update(self, tc: TopicConfig) -> None:
@@ -279,8 +305,7 @@ class TopicConfigManager:
         self.auto_created.discard(tc.topic_name)
         if self.table.get(tc.topic_name) == tc:
             if adopted:
-                self._dirty = True
-                self.persist()
+                self._mark_dirty()
             return
         self.table[tc.topic_name] = tc
         self._changed()
@@ -289,5 +314,6 @@ class TopicConfigManager:
         if self.table.pop(topic, None) is None:
             return False
         self.auto_created.discard(topic)
+        self._created.pop(topic, None)
         self._changed()
         return True

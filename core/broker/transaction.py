@@ -51,7 +51,7 @@ from core.broker.message_util import (
     put_property,
     real_destination,
 )
-from core.broker.metadata import atomic_write_json, read_json
+from core.broker.metadata import atomic_write_bytes, encode_json, read_json
 from core.broker.transaction_batch import BATCH_HALF, committed_batch
 from core.common.codec import RecordError, decode_record, encode_host, encode_record
 from core.common.message import InnerMessage, MessageExt
@@ -139,18 +139,25 @@ class TransactionalMessageService:
 
     def persist(self) -> None:
         """Write both cursors atomically (sync; also used at shutdown)."""
+        self._write(self._snapshot())
+
+    def _snapshot(self) -> bytes:
+        """The file's content, encoded on the event loop (where the tables change)."""
+        ops = {}
+        for qid, offset in self.op_offset.items():
+            pending = self._removed.get(qid)
+            # Resume at the oldest op still needed: its half offset is not settled.
+            ops[str(qid)] = min(pending.values(), default=offset) if pending else offset
+        data = {
+            "halfOffset": {str(q): o for q, o in sorted(self.half_offset.items())},
+            "opOffset": dict(sorted(ops.items())),
+        }
+        self._dirty = False
+        return encode_json(data)
+
+    def _write(self, payload: bytes) -> None:
         with self._persist_lock:
-            ops = {}
-            for qid, offset in self.op_offset.items():
-                pending = self._removed.get(qid)
-                # Resume at the oldest op still needed: its half offset is not settled.
-                ops[str(qid)] = min(pending.values(), default=offset) if pending else offset
-            data = {
-                "halfOffset": {str(q): o for q, o in sorted(self.half_offset.items())},
-                "opOffset": dict(sorted(ops.items())),
-            }
-            self._dirty = False
-            atomic_write_json(self.path, data)
+            atomic_write_bytes(self.path, payload)
 
     # ------------------------------------------------------------------ send path
     def prepare(self, inner: InnerMessage, batch: bool = False) -> None:
@@ -311,7 +318,7 @@ class TransactionalMessageService:
 
     async def _persist_in_thread(self) -> None:
         try:
-            await trio.to_thread.run_sync(self.persist)
+            await trio.to_thread.run_sync(self._write, self._snapshot())
         except OSError as exc:  # disk full etc.: keep checking, try again next pass
             self._dirty = True
             log.error("cannot persist %s: %s", self.path, exc)

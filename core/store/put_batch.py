@@ -281,6 +281,7 @@ class BatchPutPath(PutPath):
         bump: dict = {}
         fixed = FIXED_SIZE + tlen - 1
         limit = self._fs - END_FILE_MIN_BLANK
+        max_props = self._max_props
         for i, item in enumerate(items):
             how = item[9]
             if not how:
@@ -294,8 +295,9 @@ class BatchPutPath(PutPath):
                 # same bytes, so only the offsets pair is appended.
                 offsets, lmqs, cqs = self._plan_multi(how, topic, qid, qoff + i, bump)
                 targets = (lmqs, cqs)
-                pb = item[3] + _OFFSETS_PAIR + ",".join(map(str, offsets)).encode()
-                if len(pb) > self._max_props:
+                text = str(offsets[0]) if len(offsets) == 1 else ",".join(map(str, offsets))
+                pb = b"".join((item[3], _OFFSETS_PAIR, text.encode()))
+                if len(pb) > max_props:
                     raise _Reject(
                         PutStatus.PROPERTIES_SIZE_EXCEEDED,
                         f"properties size {len(pb)} exceeds {self._max_props}",

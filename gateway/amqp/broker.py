@@ -44,10 +44,11 @@ from gateway.amqp.model import (
     quote_text,
     show,
 )
+from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
-from gateway.routing.route_table import Route
+from gateway.routing.route_table import BRIDGE_EXCHANGE, Route
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
            "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
@@ -532,8 +533,11 @@ class AmqpBroker:
         if exchange.internal:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - cannot publish to "
                             f"internal exchange '{exchange_name}' in vhost '/'")
-        return sorted(self.routes.table.amqp_lmqs(self.qualified(exchange_name), routing_key,
-                                                  headers))
+        table = self.routes.table
+        lmqs = table.amqp_lmqs(self.qualified(exchange_name), routing_key, headers)
+        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+            lmqs.update(mqtt_lmqs_of_key(table, routing_key))  # and MQTT subscribers
+        return sorted(lmqs)
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:
@@ -550,6 +554,8 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = quote_text(value)
+        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+            add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
         return encode_properties(props).encode()
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:

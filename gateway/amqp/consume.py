@@ -37,6 +37,7 @@ from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
 from gateway.amqp.properties import EMPTY_PROPERTIES
+from gateway.mqtt.message import K_EXPIRY, K_TOPIC
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -51,11 +52,15 @@ _EX = PROP_EXCHANGE.encode()
 _RK = PROP_ROUTING_KEY.encode()
 _P = PROP_PROPERTIES.encode()
 _TTL = PROP_TTL.encode()
-_OURS = b"AMQP_"
+_EXPIRY = K_EXPIRY.encode()
+_MQTT_TOPIC = K_TOPIC.encode()
+_MQTT_TOPIC64 = _MQTT_TOPIC + b"64"
+#: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
+_OURS = (b"AMQP_", b"MQTT_")
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
-    """The pairs of encoded properties whose names start with AMQP_, hopping from
+    """The pairs of encoded properties whose names start with AMQP_ or MQTT_, hopping from
     separator to separator (a fanned-out record's properties list every queue it went
     to: a substring search per value would scan them each time); the last non-empty value
     of a name wins, as in `decode_properties`."""
@@ -81,15 +86,20 @@ def _text(raw: bytes | None) -> str:
 
 
 def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
-    """`dead_letter.envelope` plus whether the message may carry its own expiration,
-    read out of a light record's encoded properties instead of decoding them all."""
+    """`dead_letter.envelope` plus whether the message may carry its own expiration
+    (AMQP expiration or MQTT message expiry), read out of a light record's encoded
+    properties instead of decoding them all."""
     rec = m.message
     if type(rec) is not PopRecord:
-        return (*envelope(m), PROP_TTL in rec.properties)
+        props = rec.properties
+        return (*envelope(m), PROP_TTL in props or K_EXPIRY in props)
     pairs = _our_pairs(rec.raw_properties)
+    own_ttl = _TTL in pairs or _EXPIRY in pairs
     props = pairs.get(_P)
+    if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
+        return (*envelope(m), own_ttl)  # an MQTT publish: its properties mapped there
     return (_text(pairs.get(_EX)), _text(pairs.get(_RK)),
-            base64.b64decode(props) if props else EMPTY_PROPERTIES, _TTL in pairs)
+            base64.b64decode(props) if props else EMPTY_PROPERTIES, own_ttl)
 
 
 class Consumer:

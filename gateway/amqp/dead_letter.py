@@ -33,8 +33,10 @@ from core.client.pop_consumer import PopClient, PopMessage, PopStatus
 from core.remoting.errors import RemotingError
 from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY, PROP_TTL
 from gateway.amqp.errors import AmqpError
+from gateway.amqp.mqtt_bridge import mqtt_envelope
 from gateway.amqp.properties import EMPTY_PROPERTIES, BasicProperties, decode_properties
 from gateway.amqp.queue_args import dead_letter_properties, is_cycle
+from gateway.mqtt.message import K_EXPIRY, K_TOPIC
 from gateway.routing import lmq_names
 
 if TYPE_CHECKING:
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["QueuePolicy", "delivery_fault", "envelope", "MAX_TRIM"]
 
 log = logging.getLogger(__name__)
+
+K_TOPIC64 = K_TOPIC + "64"
 
 _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 #: Most messages one drop-head trim removes after a publish (a queue far over its limit,
@@ -55,6 +59,11 @@ def envelope(m: PopMessage) -> tuple[str, str, bytes]:
     """Exchange, routing key and raw AMQP properties of a stored publish."""
     props = m.message.properties
     raw = props.get(PROP_PROPERTIES)
+    if raw is None and (K_TOPIC in props or K_TOPIC64 in props):
+        # Published by an MQTT client (amq.topic bridge): properties built from its own.
+        bridged = mqtt_envelope(props, int(time.time() * 1000))
+        if bridged is not None:
+            return bridged
     return (unquote(props.get(PROP_EXCHANGE, ""), errors="surrogateescape"),
             unquote(props.get(PROP_ROUTING_KEY, ""), errors="surrogateescape"),
             base64.b64decode(raw) if raw else EMPTY_PROPERTIES)
@@ -65,6 +74,10 @@ def delivery_fault(queue: Queue, m: PopMessage, now_ms: int) -> str | None:
     expiration), "delivery_limit" (returned more often than x-delivery-limit); None to
     deliver it."""
     ttl = queue.args.message_ttl
+    mqtt_expiry = m.message.properties.get(K_EXPIRY)
+    if mqtt_expiry is not None and 0 < len(mqtt_expiry) <= 19 and mqtt_expiry.isdigit() \
+            and now_ms >= int(mqtt_expiry):
+        return "expired"  # an MQTT publish past its Message Expiry Interval
     own = m.message.properties.get(PROP_TTL)
     if own is not None:
         try:

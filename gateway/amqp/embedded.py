@@ -20,6 +20,7 @@ import trio
 from core.client import ClientInstance
 from gateway.amqp.broker import AmqpBroker, AmqpBrokerConfig
 from gateway.amqp.server import AmqpServer, AmqpServerConfig
+from gateway.routing.bridge import LOCAL_WRITERS
 from gateway.routing.route_log import RouteLog
 
 __all__ = ["AmqpService", "amqp_config_tables"]
@@ -63,6 +64,9 @@ class AmqpService:
         core = server.broker
         addr, name = core.broker_addr, server.broker_config.broker_name
         gateway_id = "amqp-" + secrets.token_hex(6)
+        # It tells the MQTT gateway of this process itself before writing MQTT LMQs
+        # (amq.topic bridge): that gateway need not treat it as a foreign writer.
+        LOCAL_WRITERS.add(gateway_id)
         started = False
         with trio.CancelScope() as scope:
             self._scope = scope
@@ -92,6 +96,7 @@ class AmqpService:
                                      self.server.tls_port)
                         started = True
                         task_status.started(port)
+        LOCAL_WRITERS.discard(gateway_id)
         if not started:
             task_status.started(None)  # stopped before it listened
 

@@ -46,10 +46,11 @@ from gateway.mqtt.properties import (
     varint_size,
 )
 
-__all__ = ["encode_packet", "publish_size"]
+__all__ = ["encode_packet", "publish_size", "publish_v3"]
 
 _U16 = struct.Struct(">H")
 _HEAD_SHORT = struct.Struct(">BBH")  # first byte, 1-byte remaining length, topic length
+_HEAD_2 = struct.Struct(">BBBH")  # first byte, 2-byte remaining length, topic length
 _CONNECT, _CONNACK, _PUBLISH, _SUBSCRIBE, _SUBACK = 1, 2, 3, 8, 9
 _UNSUBSCRIBE, _UNSUBACK, _DISCONNECT, _AUTH = 10, 11, 14, 15
 
@@ -113,6 +114,35 @@ def _connack(c: Connack, version: int) -> bytes:
     # 3.1 had no session-present flag: the byte was reserved (0).
     present = int(c.session_present) if version == 4 else 0
     return bytes((0x20, 2, present, code))
+
+
+def publish_v3(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+               packet_id: int | None) -> bytes:
+    """A 3.1/3.1.1 PUBLISH straight from its fields (the delivery hot path: no `Publish`
+    object, no codec; 3.x has no properties and no peer Maximum Packet Size)."""
+    t = topic.encode("utf-8")
+    if not t:
+        raise ValueError("empty topic name")
+    first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
+    length = 2 + len(t) + len(payload)
+    if qos:
+        if qos > 2 or not packet_id or packet_id > 0xFFFF:
+            raise ValueError("QoS 1/2 PUBLISH needs QoS <= 2 and packet id 1..65535")
+        length += 2
+        if length < 0x80:
+            head = _HEAD_SHORT.pack(first, length, len(t))
+        elif length < 0x4000:
+            head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
+        else:
+            head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
+        return b"".join((head, t, _U16.pack(packet_id), payload))
+    if length < 0x80:
+        head = _HEAD_SHORT.pack(first, length, len(t))
+    elif length < 0x4000:
+        head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
+    else:
+        head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
+    return b"".join((head, t, payload))
 
 
 def _publish(p: Publish, version: int) -> bytes:

@@ -40,7 +40,7 @@ from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
-from gateway.mqtt.lmq_state import LmqState, pull_views
+from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget, pull_views
 from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import (
     MqttMessage,
@@ -49,6 +49,7 @@ from gateway.mqtt.message import (
     to_properties,
 )
 from gateway.mqtt.packets import NO_PROPERTIES
+from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
@@ -62,6 +63,7 @@ QUOTA_EXCEEDED = 0x97
 
 #: Decoded messages kept by (broker, commitlog offset): overlapping filters share them.
 DECODED_CACHE = 4096
+DECODED_CACHE_BYTES = 8 * 1024 * 1024
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
 #: Memoized properties strings of simple messages (see BrokerLink._properties).
@@ -116,7 +118,11 @@ class BrokerLink:
         self.queues: list[tuple[str, int]] = []
         self.brokers: dict[str, str] = {}
         self.states: dict[tuple[str, str], LmqState] = {}
-        self._decoded: dict[tuple[str, int], MqttMessage] = {}
+        self._decoded = MessageCache(DECODED_CACHE, DECODED_CACHE_BYTES)
+        #: payload bytes in every LMQ's recent entries, bounded by max_recent_bytes
+        self.recent_budget = RecentBudget(config.max_recent_bytes)
+        #: payload bytes of the publishes in the queue (bounded by max_pending_bytes)
+        self.backlog_bytes = 0
         self._queue: list[_Request] = []
         self._work = trio.Event()
         # Retained publishes submitted but not yet answered by the broker: a SUBSCRIBE
@@ -151,6 +157,7 @@ class BrokerLink:
         self.foreign_writers = False
         self._watched: set[tuple[str, str]] = set()
         self._nursery: trio.Nursery | None = None
+        register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -232,7 +239,7 @@ class BrokerLink:
         key = (broker, lmq)
         st = self.states.get(key)
         if st is None:
-            st = self.states[key] = LmqState(broker, lmq)
+            st = self.states[key] = LmqState(broker, lmq, self.recent_budget)
             if self._in_round:
                 # A write to it may be on the wire already, uncounted: treat it as
                 # pending until the round ends (costs at most one extra pull).
@@ -250,6 +257,7 @@ class BrokerLink:
         key = (st.broker, st.lmq)
         if not st.watchers and not st.pending and self.states.get(key) is st:
             del self.states[key]
+            st.forget_recent()
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -257,11 +265,17 @@ class BrokerLink:
     def backlog(self) -> int:
         return len(self._queue)
 
+    @property
+    def backlog_full(self) -> bool:
+        return (len(self._queue) >= self.dispatch_bound
+                or self.backlog_bytes >= self.config.max_pending_bytes)
+
     def submit(self, msg: MqttMessage, done: PublishDone | None = None) -> None:
         """Queue `msg` for storage; `done(reason)` runs once the broker answered."""
         if msg.retain:
             self.retained_inflight += 1
         self._queue.append(_Request(msg, done))
+        self.backlog_bytes += len(msg.payload)
         self._work.set()
 
     def _retained_answered(self, req: _Request) -> None:
@@ -283,8 +297,9 @@ class BrokerLink:
                 await self._retained_settled.wait()
 
     async def wait_for_space(self) -> None:
-        """Back pressure: return once the queue is below `dispatch_bound`."""
-        while len(self._queue) >= self.dispatch_bound:
+        """Back pressure: return once the queue is below `dispatch_bound` messages and
+        `max_pending_bytes` payload bytes."""
+        while self.backlog_full:
             if self._space.is_set():
                 self._space = trio.Event()
             await self._space.wait()
@@ -306,6 +321,7 @@ class BrokerLink:
             self._work = trio.Event()
             while self._queue:
                 batch, self._queue = self._queue, []
+                self.backlog_bytes = 0
                 self._space.set()
                 await self._round(batch)
 
@@ -324,9 +340,15 @@ class BrokerLink:
         for req in batch:
             topic = req.msg.topic
             lmqs = self.router(topic)
-            broker, qid = queues[zlib.crc32(topic.encode("utf-8")) % nq]
+            crc = zlib.crc32(topic.encode("utf-8"))
+            broker, qid = queues[crc % nq]
             if lmqs:
                 req.routed = True
+                if nq > self.config.store_queues and \
+                        any(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+                    # Several brokers, and it reaches AMQP queues (amq.topic): stored where
+                    # the AMQP gateways pop them, the first master by name.
+                    broker, qid = queues[crc % self.config.store_queues]
             if req.msg.retain:
                 lmqs = (*lmqs, RETAINED_LMQ)
             if lmqs:
@@ -557,8 +579,7 @@ class BrokerLink:
                         # Someone else writes this LMQ: stop predicting its offsets.
                         log.warning("LMQ %s@%s has a foreign writer; reading it by pulls",
                                     lmq, st.broker)
-                        st.recent.clear()
-                        st.recent_bytes = 0
+                        st.forget_recent()
                         st.tail = None
                     st.remember(pos, msg)
         if result.status is not PullStatus.OFFSET_ILLEGAL:

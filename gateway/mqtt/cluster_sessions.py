@@ -13,14 +13,27 @@ gateway B (docs/stateless-gateways.md "Sessions"). Standard RocketMQ requests on
   every state flush and on disconnect.
 
 Writes go through one FIFO (`post_*`, one task), so a session's records keep their order
-without holding up the connection. In-flight outbound messages are not recorded: a resumed
-QoS 1/2 session restarts at the committed position, so what was delivered but not yet
-acknowledged is delivered again (QoS 1 allows it). Inbound QoS 2 packet ids stay with the
-gateway that received them.
+without holding up the connection. The record written on a disconnect also carries the
+session's in-flight outbound messages, inbound QoS 2 ids and positions (`"s"`): the
+gateway that resumes it re-sends the unacknowledged ones (DUP, same packet ids). Without
+such a record (its gateway died) a resumed QoS 1/2 session restarts at the committed
+position, so what was delivered but not yet acknowledged is delivered again (QoS 1 allows
+it), and inbound QoS 2 ids are lost.
+
+**Sweep** (`sweep_sessions`, run by the route log's sweep on the MQTT gateway with the
+smallest id): a persistent session whose record names a gateway that has been out of the
+gateways' group for `orphan_timeout_s` is ended by its Session Expiry Interval, counted
+from its disconnect (the record's `gone`) or, for a session its gateway lost by dying,
+from when the gateway was found gone: its routes are removed and a delete record is
+written. At most `SWEEP_READS` records are read per round. A will waiting for its Will
+Delay Interval is in the disconnect record too (`"w"`): the sweeper publishes it once
+the delay (or the session) ran out and its gateway vanished, then writes the record
+again without it (so it is sent once).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -46,6 +59,8 @@ SESSION_TOPIC = "LMQ_GW_SESSIONS"
 #: A record larger than this is not read back (a session of max_subscriptions_per_client
 #: filters of max_topic_length stays far below).
 MAX_RECORD_BYTES = 4 * 1024 * 1024
+#: Session records read per sweep round (the rest wait for the next round).
+SWEEP_READS = 200
 
 
 def _key(client_id: str) -> str:
@@ -67,6 +82,10 @@ class StoredSession:
     stamp: int
     gateway: str
     record: dict | None  # None: the session was ended
+    #: in-flight, inbound QoS 2 ids and positions when its gateway wrote them (disconnect)
+    state: dict | None = None
+    #: a will waiting for its delay when the record was written (`will_record`)
+    will: dict | None = None
 
 
 class ClusterSessions:
@@ -83,13 +102,32 @@ class ClusterSessions:
         self.retry_s = retry_s
         self._outbox: list[tuple[str, Any]] = []
         self._work = trio.Event()
+        #: client id -> gateway its newest record names (sweep)
+        self._owners: dict[str, str] = {}
+        #: client id -> stamp of the record found expired (ended when found again)
+        self._doomed: dict[str, int] = {}
+        #: client id -> (route log clock) time before which its record is not read again
+        self._next_read: dict[str, float] = {}
+        #: gateways whose sweeper this may be (ids starting with this)
+        self.sweep_prefix = "mqtt-"
+        #: publishes a will of a session whose gateway vanished: (client id, Will)
+        self.on_will: Any = None
 
     # -- writes (ordered) -----------------------------------------------------------------
 
-    def post_record(self, sess: Any) -> trio.Event:
+    def post_record(self, sess: Any, *, state: bool = False) -> trio.Event:
         """Write `sess`'s record (owner: this gateway); its stamp lands in
-        `sess.cluster_stamp` once stored, and the event returned is set then."""
+        `sess.cluster_stamp` once stored, and the event returned is set then. With
+        `state` (on disconnect) the record also carries the session's in-flight
+        outbound messages, inbound QoS 2 ids and positions, so the gateway that resumes
+        it re-sends what was not acknowledged (DUP, same packet ids)."""
         body = {"c": sess.client_id, "g": self.gateway_id, "r": sess.record()}
+        if state:
+            body["s"] = {"pos": sess.offsets_record(), "inf": sess.inflight_record(),
+                         "q2": sorted(sess.inbound_qos2)}
+            if sess.will is not None and sess.will_due is not None:
+                due = int(time.time() * 1000 + (sess.will_due - trio.current_time()) * 1000)
+                body["w"] = will_record(sess.will, due)
         done = trio.Event()
         self._post(("record", (sess, body, done)))
         return done
@@ -97,6 +135,10 @@ class ClusterSessions:
     def post_delete(self, client_id: str) -> None:
         self._post(("record", (None, {"c": client_id, "g": self.gateway_id, "r": None},
                                None)))
+
+    def post_raw(self, body: dict) -> None:
+        """Write a record body as it is (the sweeper's copy of a record without its will)."""
+        self._post(("record", (None, body, None)))
 
     def post_offsets(self, client_id: str, offsets: dict[tuple[str, str], int]) -> None:
         if offsets:
@@ -177,7 +219,8 @@ class ClusterSessions:
             body = json.loads(msg.body)
             if body["c"] != client_id:
                 return None  # a hash collision
-            return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"])
+            return StoredSession(msg.commitlog_offset, str(body["g"]), body["r"],
+                                 body.get("s"), body.get("w"))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -195,6 +238,100 @@ class ClusterSessions:
             if resp.code == ResponseCode.SUCCESS:
                 out[(broker, lmq)] = resp.ext_int("offset", 0)
         return out
+
+    # -- sweep of sessions whose gateway vanished ------------------------------------------
+
+    async def sweep_sessions(self, routes: Any) -> int:
+        """End the persistent sessions whose gateway vanished and whose expiry passed
+        (see the module doc); returns how many were ended."""
+        if not routes.is_sweeper(self.sweep_prefix):
+            return 0
+        timeout = routes.config.orphan_timeout_s
+        reads = SWEEP_READS
+        ended = 0
+        for owner in routes.table.persistent_owners():
+            cid = owner[2:]
+            if cid.startswith("sha256:"):
+                continue  # a long client id, kept hashed: its record cannot be named
+            known = self._owners.get(cid)
+            if known is not None:
+                away = routes.absent_for(known)
+                if away is None or away < timeout:
+                    continue  # its gateway is live (or not away for long): it decides
+            clock = routes.clock()
+            if clock < self._next_read.get(cid, clock):
+                continue  # read lately; nothing due before then
+            if reads <= 0:
+                break
+            reads -= 1
+            stored = await self.fetch(cid)
+            if stored is None:
+                # No record (never written, or cut by retention): not judged.
+                self._next_read[cid] = clock + timeout
+                continue
+            self._owners[cid] = stored.gateway
+            routes.watch_gateways.add(stored.gateway)
+            if stored.gateway == self.gateway_id:
+                continue
+            away = routes.absent_for(stored.gateway)
+            if away is None or away < timeout:
+                continue  # its gateway is live, or not gone long enough
+            now = time.time() * 1000
+            will_due = _will_due(stored.will)
+            if stored.record is not None:
+                exp = stored.record.get("exp")
+                gone = stored.record.get("gone") or now - away * 1000
+                if exp is None or now < gone + exp * 1000:
+                    # Not expired; only a will whose delay ran out to send.
+                    if will_due is None or now < will_due:
+                        # Read again when something falls due (at most `timeout` on).
+                        wait_ms = timeout * 1000
+                        for due in (None if exp is None else gone + exp * 1000, will_due):
+                            if due is not None:
+                                wait_ms = min(wait_ms, max(0.0, due - now))
+                        self._next_read[cid] = clock + wait_ms / 1000
+                        continue
+                    if self._doomed.get(cid) != stored.stamp:
+                        self._doomed[cid] = stored.stamp  # confirmed next round
+                        continue
+                    del self._doomed[cid]
+                    self._send_will(cid, stored)
+                    self.post_raw({"c": cid, "g": stored.gateway, "r": stored.record,
+                                   "s": stored.state})
+                    continue
+            if self._doomed.get(cid) != stored.stamp:
+                # Confirmed next round with the same record: a record being written by
+                # a gateway that resumed the session meanwhile lands first.
+                self._doomed[cid] = stored.stamp
+                continue
+            del self._doomed[cid]
+            if stored.record is not None:
+                self._send_will(cid, stored)  # the session ends: its will goes now
+                self.post_delete(cid)
+                log.info("session %r of vanished gateway %s expired", cid[:64],
+                         stored.gateway)
+            for route in routes.table.owner_routes(owner):
+                routes.post("remove", route)
+            self._owners.pop(cid, None)
+            self._next_read.pop(cid, None)
+            ended += 1
+        if len(self._owners) > 2 * len(routes.table.persistent_owners()) + 1000:
+            self._owners.clear()  # sessions ended elsewhere: keep the memo bounded
+            self._doomed.clear()
+            self._next_read.clear()
+        return ended
+
+    def _send_will(self, client_id: str, stored: StoredSession) -> None:
+        if stored.will is None or self.on_will is None:
+            return
+        try:
+            will = will_from_record(stored.will)
+        except Exception as exc:  # noqa: BLE001 - a malformed record, not ours to fix
+            log.warning("will of session %r unreadable: %r", client_id[:64], exc)
+            return
+        log.info("will of session %r (gateway %s vanished) published", client_id[:64],
+                 stored.gateway)
+        self.on_will(client_id, will)
 
     # -- taking a session over from the cluster ---------------------------------------------
 
@@ -223,7 +360,7 @@ class ClusterSessions:
     async def _rebuild(self, registry: Any, client_id: str, stored: StoredSession) -> None:
         from gateway.mqtt.message import now_ms
         from gateway.mqtt.registry import route_owner
-        from gateway.mqtt.session import Session, Subscription
+        from gateway.mqtt.session import Session, Subscription, restore_state
         from gateway.mqtt.topics import parse_shared_subscription
         from gateway.routing.route_table import Route
 
@@ -254,6 +391,14 @@ class ClusterSessions:
         sess = Session(client_id, rec.get("v", 4), rec.get("exp"))
         sess.cluster_stamp = stored.stamp
         routes = registry.gw.routes
+        state = stored.state if isinstance(stored.state, dict) else None
+        positions = state.get("pos") if state is not None else None
+        if isinstance(positions, dict):
+            # Where its gateway left it (delivered up to `sent`), not the committed
+            # positions: the unacknowledged ones are re-sent below, not delivered anew.
+            for key, pair in positions.items():
+                if key in offsets and isinstance(pair, list) and len(pair) == 2:
+                    offsets[key] = [int(pair[0]), int(pair[1])]
         for sub in subs:
             shared = parse_shared_subscription(sub.filter)
             sub.route = Route("mqtt", shared.filter if shared is not None else sub.filter,
@@ -261,6 +406,14 @@ class ClusterSessions:
             registry._attach(sess, sub, offsets, None)
             if routes is not None and sub.route not in routes.table:
                 routes.post("add", sub.route)
+        if state is not None:
+            try:
+                restore_state(sess, offsets, state.get("inf") or [], state.get("q2") or [],
+                              registry.gw.retained.get)
+            except (ValueError, TypeError) as exc:
+                log.warning("session %r: in-flight state not restored: %r", client_id[:64],
+                            exc)
+            sess.dirty = True
         sess.gone_at = trio.current_time()
         sess.gone_ms = now_ms()
         registry.sessions[client_id] = sess
@@ -268,3 +421,29 @@ class ClusterSessions:
         registry.gw.store.put_session(client_id, sess.record())
         log.info("session %r taken over from gateway %s (%d subscriptions)", client_id[:64],
                  stored.gateway, len(subs))
+
+
+def will_record(will: Any, due_ms: int) -> dict:
+    """A delayed will as kept in a session record (`due_ms`: wall clock it is due)."""
+    from gateway.mqtt.properties import WILL, encode_properties
+
+    return {"t": will.topic, "p": base64.b64encode(will.payload).decode("ascii"),
+            "q": will.qos, "r": will.retain, "due": due_ms,
+            "pr": base64.b64encode(encode_properties(will.properties, WILL)).decode("ascii")}
+
+
+def will_from_record(d: dict) -> Any:
+    """The Will of `will_record` (ValueError / KeyError / TypeError when malformed)."""
+    from gateway.mqtt.packets import Will
+    from gateway.mqtt.properties import WILL, decode_properties
+
+    raw = base64.b64decode(d["pr"])
+    props, _ = decode_properties(memoryview(raw), 0, len(raw), WILL)
+    return Will(str(d["t"]), base64.b64decode(d["p"]), int(d["q"]), bool(d["r"]), props)
+
+
+def _will_due(d: Any) -> float | None:
+    try:
+        return float(d["due"]) if isinstance(d, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None

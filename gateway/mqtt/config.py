@@ -118,6 +118,13 @@ class MqttConfig:
     max_retained: int = 100_000
     #: Publishes queued towards the broker across the gateway before readers pause.
     max_pending_publishes: int = 10_000
+    #: Payload bytes of those queued publishes before readers pause (a queue bounded by
+    #: count alone would hold 10 000 x max_packet_size).
+    max_pending_bytes: int = 16 * 1024 * 1024
+    #: Payload bytes of stored messages kept in memory for the readers of all LMQs (their
+    #: recent entries); past it the LMQ written longest ago gives up its entries first and
+    #: readers behind pull.
+    max_recent_bytes: int = 64 * 1024 * 1024
 
     # -- security -------------------------------------------------------------------
     #: Connections without user name: None (default) = allowed only when `host` is a
@@ -162,6 +169,13 @@ class MqttConfig:
     #: Seconds between checks for expired offline sessions and due will messages.
     expiry_check_interval_s: float = 1.0
 
+    # -- several gateways (docs/stateless-gateways.md, "Abandoned state") ----------------
+    #: A gateway out of the route log's member group this long has vanished: its
+    #: clean-session routes are swept and its persistent sessions expire by their interval.
+    gateway_orphan_timeout_s: float = 300.0
+    #: How often each gateway looks for vanished gateways.
+    gateway_sweep_interval_s: float = 30.0
+
     def anonymous_allowed(self) -> bool:
         """`allow_anonymous` resolved (None: only on a loopback `host`)."""
         if self.allow_anonymous is not None:
@@ -179,6 +193,9 @@ class MqttConfig:
             raise ValueError("topic_alias_maximum must be 0..65535")
         if not 16 <= self.max_packet_size <= 268_435_460:
             raise ValueError("max_packet_size must be 16..268435460")
+        if self.gateway_orphan_timeout_s <= 0 or self.gateway_sweep_interval_s <= 0:
+            raise ValueError("gateway_orphan_timeout_s and gateway_sweep_interval_s must be"
+                             " positive")
         if self.packet_read_timeout_s <= 0 or self.close_linger_s < 0:
             raise ValueError("packet_read_timeout_s must be positive, close_linger_s >= 0")
         if self.store_queues < 1 or self.pull_batch < 1:
@@ -190,7 +207,7 @@ class MqttConfig:
                      "max_pending_publishes", "max_out_buffer", "max_session_lag",
                      "password_check_threads", "max_stored_sessions", "close_linger_bytes",
                      "max_partial_packet_bytes", "backpressure_lag", "max_queued_messages",
-                     "max_retained_per_subscription"):
+                     "max_retained_per_subscription", "max_pending_bytes", "max_recent_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 

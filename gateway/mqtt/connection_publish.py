@@ -11,6 +11,7 @@ maximum or a Receive Maximum overrun is a v5 DISCONNECT (0x9B / 0x93), a 3.1.1 c
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 #: PUBLISHes handled in one go before the reader lets other tasks run.
 PUBLISHES_PER_STEP = 64
 
+_PUBACK_V3 = struct.Struct(">BBH")  # type 4, remaining length 2, packet id
+
 _NO_FORWARD = {"topic_alias": None, "message_expiry_interval": None,
                "subscription_identifiers": ()}
 
@@ -41,6 +44,9 @@ class PublishHandler:
     #: set by the first PUBLISH: from then on the connection's reads pass the delivery
     #: gate (flow.py); connections that only subscribe always read.
     publishing = False
+    #: the last topic this connection published to that passed the topic, $SYS and ACL
+    #: checks (devices repeat their topic: those checks run once, not per PUBLISH)
+    _topic_ok: str | None = None
 
     async def wait_gate(self: Connection) -> None:
         """Wait while the delivery gate is closed (flow.py). The time the gateway does not
@@ -75,17 +81,21 @@ class PublishHandler:
             return
         topic = p.topic
         code = 0
-        try:
-            validate_topic_name(topic, max_length=cfg.max_topic_length,
-                                max_levels=cfg.max_topic_levels)
-        except MqttProtocolError as exc:
-            code, why = 0x90, exc.message
+        if topic != self._topic_ok:
+            try:
+                validate_topic_name(topic, max_length=cfg.max_topic_length,
+                                    max_levels=cfg.max_topic_levels)
+            except MqttProtocolError as exc:
+                code, why = 0x90, exc.message
+            if not code:
+                if topic.startswith("$SYS"):
+                    code, why = 0x87, "clients may not publish to $SYS"
+                elif not gw.auth.can_publish(self.username, self.client_id, topic):
+                    code, why = 0x87, "denied by the ACL"
+                else:
+                    self._topic_ok = topic
         if not code:
-            if topic.startswith("$SYS"):
-                code, why = 0x87, "clients may not publish to $SYS"
-            elif not gw.auth.can_publish(self.username, self.client_id, topic):
-                code, why = 0x87, "denied by the ACL"
-            elif p.retain and gw.retained.would_refuse(topic, len(p.payload)):
+            if p.retain and gw.retained.would_refuse(topic, len(p.payload)):
                 code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
             elif p.properties.payload_format_indicator == 1 and not _utf8(p.payload):
                 code, why = 0x99, "payload is not UTF-8 as its format indicator says"
@@ -114,7 +124,7 @@ class PublishHandler:
             self.inbound += 1
             self.qos2_pending.add(pid)
             link.submit(msg, lambda code: self._stored(pid, 2, code))
-        if link.backlog >= link.dispatch_bound:
+        if link.backlog_full:
             await link.wait_for_space()
         elif not link.backlog % PUBLISHES_PER_STEP:
             # One socket read can hold hundreds of PUBLISHes: let other tasks (PINGREQs,
@@ -149,7 +159,10 @@ class PublishHandler:
             pass
         if qos == 1:
             self.inbound = max(0, self.inbound - 1)
-            self.send(Puback(pid, code))
+            if self.version != 5:
+                self.queue(_PUBACK_V3.pack(0x40, 2, pid))  # the whole 3.x PUBACK, no codec
+            else:
+                self.send(Puback(pid, code))
         else:
             self.qos2_pending.discard(pid)
             if code < 0x80:

@@ -28,9 +28,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from core.client import PullStatus
+from gateway.mqtt._encoding import publish_v3
 from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
-from gateway.mqtt.packets import PacketTooLarge, Publish, Pubrel
+from gateway.mqtt.outbound import build_publish, encode_publish
+from gateway.mqtt.packets import PacketTooLarge, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
 
@@ -49,58 +51,6 @@ PULL_RETRY_S = 1.0
 #: sessions).
 TURN_BATCHES = 16
 TURN_BUDGET_S = 0.005
-
-
-def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
-                  sub_ids: tuple[int, ...], pid: int | None, dup: bool, now: int) -> Publish:
-    """The PUBLISH for one delivery on `conn` (v5: expiry left, subscription ids, alias).
-
-    A new topic alias is only proposed (topic and alias both set): `encode_publish`
-    records it once the packet is encoded, i.e. will really reach the client.
-    """
-    topic = msg.topic
-    if conn.version != 5:
-        return Publish(topic, msg.payload, qos, retain, dup, pid)
-    props = msg.props
-    expiry = msg.remaining_expiry(now)
-    alias = None
-    if conn.alias_max:
-        alias = conn.alias_out.get(topic)
-        if alias is not None:
-            topic = ""
-        elif len(conn.alias_out) < conn.alias_max:
-            alias = len(conn.alias_out) + 1
-    if expiry is not None or sub_ids or alias is not None:
-        from dataclasses import replace
-
-        props = replace(props, message_expiry_interval=expiry, subscription_identifiers=sub_ids,
-                        topic_alias=alias)
-    return Publish(topic, msg.payload, qos, retain, dup, pid, props)
-
-
-def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
-                   sub_ids: tuple[int, ...], pid: int | None, dup: bool, now: int) -> bytes:
-    """Encode one delivery on `conn`; raises `PacketTooLarge` (client's Maximum Packet Size).
-
-    A new outbound topic alias is recorded only after a successful encode: a discarded
-    packet must not leave an alias the client never saw (the next PUBLISH would carry an
-    empty topic with it, a protocol error on the client's side, v5 §3.3.2.3.4).
-    """
-    if not qos and conn.version != 5:
-        # The same bytes for every 3.1/3.1.1 session: encoded once per message.
-        wire = msg.wire
-        if wire is None:
-            wire = msg.wire = [None, None]
-        data = wire[retain]
-        if data is None:
-            data = wire[retain] = conn.codec.encode(
-                Publish(msg.topic, msg.payload, 0, retain, False, None))
-        return data
-    packet = build_publish(conn, msg, qos, retain, sub_ids, pid, dup, now)
-    data = conn.codec.encode(packet)
-    if packet.topic and packet.properties.topic_alias is not None:
-        conn.alias_out[packet.topic] = packet.properties.topic_alias
-    return data
 
 
 class Pump:
@@ -147,8 +97,13 @@ class Pump:
         try:
             await self.retransmit()
             limit = self.gw.config.max_out_buffer
+            woken = False
             while not conn.closed:
-                await trio.lowlevel.checkpoint()  # fairness: a busy session yields
+                if not woken:
+                    await trio.lowlevel.checkpoint()  # fairness: a busy session yields
+                # (just woken from a wait, it has yielded already: a lone message goes
+                # out without one more pass of the scheduler)
+                woken = False
                 # In-process pulls do not yield: read and encode several batches per turn
                 # (the publishers' tasks each handle a whole socket read per turn too).
                 progress = False
@@ -180,6 +135,8 @@ class Pump:
                 gate.set_behind(self, acks and self._behind())
                 if acks:
                     self.held_since = trio.current_time()
+                # Session.wait returns at once (no yield) when woken meanwhile
+                woken = not sess._woken
                 with trio.move_on_at(self._next_retry()):
                     await sess.wait()
                 self.held_since = 0.0
@@ -471,6 +428,10 @@ class Pump:
         client_id = sess.client_id
         sent = 0
         single = cursors[0] if len(cursors) == 1 else None
+        if single is not None and not single.sub.qos and not single.sub.no_local \
+                and not conn.acl_checked and conn.version != 5 \
+                and conn.codec.peer_max_packet_size is None:
+            return self._merge_qos0_v3(single, now, limit)
         while conn.out_bytes < limit:
             if single is not None:
                 if not single.buf:
@@ -522,6 +483,43 @@ class Pump:
             if qos < 0 or msg.expired(now):
                 continue  # no-local only, or expired (MQTT-3.3.2-5): consumed unsent
             sent += self._send(msg, qos, retain, tuple(sub_ids), refs, None, now)
+        return sent
+
+    def _merge_qos0_v3(self, c: Cursor, now: int, limit: int) -> int:
+        """`_merge` for the common case of one QoS 0 subscription of a 3.x session, per
+        message only what it needs: no packet id, no in-flight entry, no per-session
+        encoding (the PUBLISH bytes are the message's own, shared by every session)."""
+        buf = c.buf
+        if not buf:
+            return 0
+        conn = self.conn
+        out = conn.out
+        keep = c.sub.retain_as_published
+        room = limit - conn.out_bytes
+        queued = 0
+        sent = 0
+        last = -1
+        while buf and queued < room:
+            last, msg = buf.popleft()
+            if msg.expiry_at is not None and now >= msg.expiry_at:
+                continue  # expired (MQTT-3.3.2-5): consumed unsent
+            retain = msg.retain if keep else False
+            wire = msg.wire
+            if wire is None:
+                wire = msg.wire = [None, None]
+            data = wire[retain]
+            if data is None:
+                data = wire[retain] = publish_v3(msg.topic, msg.payload, 0, retain, False, None)
+            out.append(data)
+            queued += len(data)
+            sent += 1
+        if last >= 0:
+            c.sent = last + 1
+            self.session.dirty = True
+        conn.out_bytes += queued
+        stats = self.gw.stats
+        stats.msgs_out += sent
+        stats.bytes_out += queued
         return sent
 
     def _none_older(self, cursors: list[Cursor], clog: int) -> bool:

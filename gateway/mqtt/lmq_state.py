@@ -17,11 +17,68 @@ from core.remoting.codes import RequestCode, ResponseCode
 from core.store.record_view import iter_record_views
 from gateway.mqtt.message import MqttMessage, from_record_view
 
-__all__ = ["LmqState", "RECENT_BYTES", "RECENT_ENTRIES", "pull_views"]
+__all__ = ["LmqState", "MessageCache", "RECENT_BYTES", "RECENT_ENTRIES", "RecentBudget",
+           "pull_views"]
 
 #: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
 RECENT_ENTRIES = 4096
 RECENT_BYTES = 2 * 1024 * 1024
+
+
+class RecentBudget:
+    """Payload bytes held in the recent entries of all the LMQs of one gateway, and the
+    most they may hold (`max_recent_bytes`). Past it, the oldest entries of the LMQ
+    written longest ago go first (an idle LMQ does not keep its entries at the expense of
+    busy ones); the LMQ being written keeps at least its newest. Readers behind pull."""
+
+    __slots__ = ("used", "limit", "order")
+
+    def __init__(self, limit: int) -> None:
+        self.used = 0
+        self.limit = limit
+        #: LMQ states holding entries, least recently written first
+        self.order: OrderedDict[LmqState, None] = OrderedDict()
+
+    def trim(self, keep: LmqState) -> None:
+        """Forget entries until within the limit (`keep`, just written, goes last)."""
+        order = self.order
+        while self.used > self.limit and order:
+            st = next(iter(order))
+            recent = st.recent
+            floor = 1 if st is keep else 0
+            while len(recent) > floor and self.used > self.limit:
+                gone = len(recent.popitem(last=False)[1].payload)
+                st._recent_bytes -= gone
+                self.used -= gone
+            if st is keep:
+                return
+            if not recent:
+                del order[st]
+
+
+class MessageCache(OrderedDict):
+    """Messages parsed from pulls, by (broker, commitlog offset), so that overlapping
+    filters do not parse them again; bounded by entries and by payload bytes (a cache of
+    4096 messages of 1 MiB would otherwise hold 4 GiB). Oldest entries go first."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def __setitem__(self, key, msg) -> None:
+        old = self.get(key)
+        if old is not None:
+            self.bytes -= len(old.payload)
+        super().__setitem__(key, msg)
+        self.bytes += len(msg.payload)
+        while len(self) > 1 and (len(self) > self.max_entries or self.bytes > self.max_bytes):
+            self.bytes -= len(self.popitem(last=False)[1].payload)
+
+    def __delitem__(self, key) -> None:
+        self.bytes -= len(self[key].payload)
+        super().__delitem__(key)
 
 Waker = Any  # an object with a `wake()` method (a session's delivery pump)
 
@@ -43,10 +100,10 @@ class LmqState:
     messages enter `recent` at their offsets directly and readers at the end need no pull.
     """
 
-    __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "recent_bytes",
-                 "tail", "sub", "top", "pulling", "pull_waiters")
+    __slots__ = ("broker", "lmq", "pending", "version", "watchers", "recent", "_recent_bytes",
+                 "tail", "sub", "top", "pulling", "pull_waiters", "budget")
 
-    def __init__(self, broker: str, lmq: str) -> None:
+    def __init__(self, broker: str, lmq: str, budget: RecentBudget | None = None) -> None:
         self.broker = broker
         self.lmq = lmq
         self.pending = 0
@@ -55,7 +112,9 @@ class LmqState:
         # Oldest first. An OrderedDict: evicting from the front of a plain dict makes
         # next(iter(d)) walk the deleted slots (measured: 8 % of a fan-in's CPU).
         self.recent: OrderedDict[int, MqttMessage] = OrderedDict()
-        self.recent_bytes = 0
+        self._recent_bytes = 0
+        #: shared by the gateway's LMQs (None: only this LMQ's own bound applies)
+        self.budget = budget if budget is not None else RecentBudget(RECENT_BYTES)
         self.tail: int | None = None
         self.sub = SubscriptionData.build(lmq, "*")
         #: highest next-write offset seen (tail or a pull's max offset): readers' lag
@@ -65,14 +124,43 @@ class LmqState:
         self.pulling = -1
         self.pull_waiters = False
 
+    @property
+    def recent_bytes(self) -> int:
+        return self._recent_bytes
+
+    @recent_bytes.setter
+    def recent_bytes(self, value: int) -> None:
+        self.budget.used += value - self._recent_bytes
+        self._recent_bytes = value
+
     def remember(self, offset: int, msg: MqttMessage) -> None:
         recent = self.recent
         if offset in recent:
             return
         recent[offset] = msg
-        self.recent_bytes += len(msg.payload)
-        while len(recent) > RECENT_ENTRIES or (self.recent_bytes > RECENT_BYTES and len(recent) > 1):
-            self.recent_bytes -= len(recent.popitem(last=False)[1].payload)
+        size = len(msg.payload)
+        budget = self.budget
+        own = self._recent_bytes + size
+        used = budget.used + size
+        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES):
+            gone = len(recent.popitem(last=False)[1].payload)
+            own -= gone
+            used -= gone
+        self._recent_bytes = own
+        budget.used = used
+        order = budget.order
+        try:
+            order.move_to_end(self)
+        except KeyError:
+            order[self] = None
+        if used > budget.limit:
+            budget.trim(self)
+
+    def forget_recent(self) -> None:
+        """Drop the recent entries (a state released, a foreign writer found)."""
+        self.recent.clear()
+        self.recent_bytes = 0
+        self.budget.order.pop(self, None)
 
     def pull_covers(self, offset: int, batch: int) -> bool:
         """Will the pull in flight bring the entry at `offset`? (The caller waits.)"""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -32,11 +33,11 @@ import trio
 from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import Will
-from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
+from gateway.mqtt.session import Cursor, Session, Subscription, restore_state
 from gateway.mqtt.shared import SharedGroup
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
-from gateway.routing.route_table import MAX_PATTERN_BYTES, Route
+from gateway.routing.route_table import MAX_PATTERN_BYTES, MQTT_ROUTE_READERS, Route
 from gateway.routing.topic_trie import TopicTrie
 
 if TYPE_CHECKING:
@@ -121,32 +122,7 @@ class SessionRegistry:
                 sub.route = Route("mqtt", shared.filter if shared is not None else f, lmq,
                                   owner=route_owner(client_id, None))
                 self._attach(sess, sub, offsets, None)
-            sess.inbound_qos2 = set(qos2)
-            by_key = {c.key: c for c in sess.cursors.values()}
-            for item in inflight:
-                pid, qos, state, broker, clog, refs, rtopic, retain, sub_ids = item
-                msg = None
-                if clog < 0:
-                    msg = None if rtopic is None else self.gw.retained.get(rtopic)
-                    if msg is None:
-                        continue
-                ref_list = []
-                for key, offset in refs:
-                    c = by_key.get(key)
-                    if c is not None:
-                        ref_list.append((c, offset))
-                        c.unacked.add(offset)
-                entry = Inflight(pid, qos, msg, ref_list, retain, tuple(sub_ids))
-                entry.state = state
-                entry.retained_topic = rtopic
-                if msg is None:
-                    entry.where = (broker, clog)  # read back by load_inflight_message
-                sess.inflight[pid] = entry
-            # Positions without an in-flight entry restart at the committed offset.
-            for c in sess.cursors.values():
-                pair = offsets.get(c.key)
-                if pair is not None and not c.unacked:
-                    c.next = c.sent = pair[0]
+            restore_state(sess, offsets, inflight, qos2, self.gw.retained.get)
             self.sessions[client_id] = sess
             self.stored.add(client_id)
         return len(self.sessions)
@@ -157,6 +133,10 @@ class SessionRegistry:
         waited for. The number posted."""
         routes = self.gw.routes
         posted = 0
+        cs = self.gw.cluster_sessions
+        if cs is not None and not routes.sweepers:  # sessions whose gateway vanished
+            routes.sweepers.append(partial(cs.sweep_sessions, routes))
+            cs.on_will = lambda cid, will: self.publish_will(Session(cid, 5, 0), will)
         # Clean sessions do not survive a restart: routes they left (the gateway stopped
         # before removing them, or died) go now.
         mine = f"c:{self.gw.gateway_id}:"
@@ -327,7 +307,7 @@ class SessionRegistry:
         self.persist(sess)
         cs = self.cluster()
         if cs is not None:
-            cs.post_record(sess)
+            cs.post_record(sess, state=True)
 
     def publish_will(self, sess: Session, will: Will) -> None:
         sess.will = None
@@ -381,6 +361,9 @@ class SessionRegistry:
                 continue
             if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
                 self.publish_will(sess, sess.will)
+                cs = self.cluster()
+                if cs is not None and sess.persistent:
+                    cs.post_record(sess, state=True)  # sent: no other gateway sends it
             if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
                 cs = self.cluster()
                 if cs is not None and self.gw.nursery is not None:
@@ -449,8 +432,9 @@ class SessionRegistry:
                                         None if sess.persistent else self.gw.gateway_id))
         routes = self.gw.routes
         if routes is not None:
-            # Live on every MQTT gateway (or the wait ran out): only they route MQTT.
-            await routes.add_route(route, wait_for="mqtt-")
+            # Live on every gateway that routes to MQTT filters (MQTT, and AMQP through
+            # amq.topic), or the wait ran out.
+            await routes.add_route(route, wait_for=MQTT_ROUTE_READERS)
         if sess.ended or sub.filter in sess.subs:
             if sess.ended and routes is not None:
                 routes.post("remove", route)
@@ -478,6 +462,8 @@ class SessionRegistry:
             g = self.groups.get(sub.lmq)
             if g is None:
                 g = self.groups[sub.lmq] = SharedGroup(sub.lmq, shared.group, shared.filter)
+                if link.foreign_writers and self.gw.nursery is not None:
+                    g.use_pop(link, self.gw.nursery)  # members on every gateway compete
                 for broker in link.brokers:
                     key = g.key(broker)
                     g.part(link, broker, self._group_offsets.get(key, 0))
@@ -517,6 +503,7 @@ class SessionRegistry:
                 g.holders -= 1
                 if g.holders <= 0:
                     del self.groups[sub.lmq]
+                    g.close()
                     for broker in g.parts:
                         self._group_offsets.pop(g.key(broker), None)
                         self.gw.store.put_group_offset(g.key(broker), None)

@@ -37,6 +37,7 @@ from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
+from gateway.routing.bridge import LOCAL_WRITERS
 from gateway.routing.client_log import ClientLog
 from gateway.routing.route_log import RouteLog, RouteLogConfig
 from gateway.routing.route_table import Route
@@ -56,7 +57,7 @@ PEERS_CHECK_S = 2.0
 #: Route-log members that write MQTT LMQs too: other MQTT gateways, and writers that are
 #: no gateway (the Spark sink's mqttTopic rows join as "writer-…"; they apply no routes,
 #: so no SUBSCRIBE waits for them).
-FOREIGN_WRITER_PREFIXES = ("mqtt-", "writer-")
+FOREIGN_WRITER_PREFIXES = ("mqtt-", "writer-", "amqp-")  # amqp-: the amq.topic bridge
 
 
 @dataclass
@@ -91,7 +92,9 @@ class MqttGateway:
         self.cluster_sessions: ClusterSessions | None = None
         #: the gateway's nursery while serving (background work of the registry)
         self.nursery: trio.Nursery | None = None
-        self.route_config = route_config
+        self.route_config = route_config or RouteLogConfig(
+            orphan_timeout_s=config.gateway_orphan_timeout_s,
+            sweep_interval_s=config.gateway_sweep_interval_s)
         #: stable across restarts (kept in the data dir): the owner of this gateway's
         #: clean-session routes and session records stays the same
         self.gateway_id = gateway_id or _stable_gateway_id(config.data_dir)
@@ -154,7 +157,7 @@ class MqttGateway:
                 await nursery.start(self.retained_follower.run)
                 await nursery.start(self.cluster_sessions.run)
                 self.nursery = nursery
-                self.link.router = self.routes.table.mqtt_lmqs_sorted
+                self.link.router = self.routes.table.mqtt_publish_lmqs  # amq.topic too
                 self.registry.restore_routes()
                 nursery.start_soon(self._peers_loop)
                 if self.shared_lmqs:
@@ -302,7 +305,7 @@ class MqttGateway:
         routes = self.routes
         while not self.link.foreign_writers:
             if any(g != self.gateway_id and g.startswith(FOREIGN_WRITER_PREFIXES)
-                   for g in routes.live_gateways()):
+                   and g not in LOCAL_WRITERS for g in routes.live_gateways()):
                 self.link.share_lmqs()
                 return
             with trio.move_on_after(PEERS_CHECK_S):

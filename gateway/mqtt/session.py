@@ -22,19 +22,18 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.mqtt.message import MqttMessage
-from gateway.mqtt.topics import topic_matches
+from gateway.mqtt.topics import filter_matcher
 
 if TYPE_CHECKING:
     from gateway.mqtt.broker_link import LmqState
     from gateway.mqtt.packets import Will
 
-__all__ = ["Cursor", "Inflight", "Session", "Subscription", "compile_filter"]
+__all__ = ["Cursor", "Inflight", "Session", "Subscription", "compile_filter", "restore_state"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def compile_filter(topic_filter: str) -> Callable[[str], bool]:
         parent = topic_filter[:-2]
         prefix = parent + "/"
         return lambda topic: topic == parent or topic.startswith(prefix)
-    return partial(topic_matches, topic_filter)
+    return filter_matcher(topic_filter)
 
 
 class Cursor:
@@ -246,3 +245,37 @@ class Session:
                 e.retained_topic, e.retain, list(e.sub_ids),
             ])
         return out
+
+
+def restore_state(sess: Session, offsets: dict, inflight: list, qos2: list,
+                  retained: Any) -> None:
+    """Put back a session's in-flight messages, inbound QoS 2 ids and positions, as
+    `offsets_record` / `inflight_record` wrote them (after a restart, or from the
+    session's record in the cluster). `retained(topic)` finds a retained message; other
+    in-flight messages are read back when re-sent (`Inflight.where`)."""
+    sess.inbound_qos2 = set(qos2)
+    by_key = {c.key: c for c in sess.cursors.values()}
+    for item in inflight:
+        pid, qos, state, broker, clog, refs, rtopic, retain, sub_ids = item
+        msg = None
+        if clog < 0:
+            msg = None if rtopic is None else retained(rtopic)
+            if msg is None:
+                continue
+        ref_list = []
+        for key, offset in refs:
+            c = by_key.get(key)
+            if c is not None:
+                ref_list.append((c, offset))
+                c.unacked.add(offset)
+        entry = Inflight(pid, qos, msg, ref_list, retain, tuple(sub_ids))
+        entry.state = state
+        entry.retained_topic = rtopic
+        if msg is None:
+            entry.where = (broker, clog)  # read back by load_inflight_message
+        sess.inflight[pid] = entry
+    # Positions without an in-flight entry restart at the committed offset.
+    for c in sess.cursors.values():
+        pair = offsets.get(c.key)
+        if pair is not None and not c.unacked:
+            c.next = c.sent = pair[0]

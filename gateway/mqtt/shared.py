@@ -8,10 +8,20 @@ member took and has not acknowledged is remembered with it; when the member leav
 (disconnects, unsubscribes, or its session ends) those messages go back to the group and
 are handed to the next member that asks, first. The group's committed position (lowest
 offset not acknowledged) is persisted, so a restart re-delivers nothing acknowledged.
+
+With several gateways on one cluster (`link.foreign_writers`) a group is read by the
+broker's POP instead (`use_pop`, docs/stateless-gateways.md): the POP consumer group
+`MQTT_SHARE_<sha256(LMQ)>` is the same on every gateway, so members on all gateways
+compete for the messages and the in-flight state lives in the broker. A gateway pops only
+as many messages as its members have room for; a QoS 0 delivery is acknowledged (ACK) when
+it is written, a QoS 1/2 one when its flow completes (PUBACK / PUBCOMP). Messages a gateway
+holds when its last member leaves are made visible again at once (invisible time 0); those
+of a gateway that died come back after `SHARE_INVISIBLE_MS`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
@@ -19,21 +29,36 @@ from typing import TYPE_CHECKING
 import trio
 
 from core.client import PullStatus
+from core.client.pop_consumer import INIT_MODE_MAX, PopClient, PopStatus
 from gateway.mqtt.message import MqttMessage
 
 if TYPE_CHECKING:
     from gateway.mqtt.broker_link import BrokerLink, LmqState
     from gateway.mqtt.session import Session
 
-__all__ = ["SharedGroup"]
+__all__ = ["SHARE_INVISIBLE_MS", "SHARE_REPOLL_S", "SharedGroup", "pop_group_name"]
 
 log = logging.getLogger(__name__)
+
+#: POP invisible time of a `$share` delivery (several gateways): a message popped by a
+#: gateway that dies unacknowledged is handed out again after this long.
+SHARE_INVISIBLE_MS = 60_000
+#: A group with members pops again at least this often, even without a new write: it
+#: finds messages other gateways released or let time out.
+SHARE_REPOLL_S = 5.0
+#: Answer time allowed for one POP / ACK request.
+SHARE_REQUEST_TIMEOUT_S = 5.0
+
+
+def pop_group_name(lmq: str) -> str:
+    """The POP consumer group of a shared subscription's LMQ (same on every gateway)."""
+    return "MQTT_SHARE_" + hashlib.sha256(lmq.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 class _Part:
     """The group's position in its LMQ on one broker."""
 
-    __slots__ = ("st", "next", "sent", "buf", "unacked", "back", "end_version")
+    __slots__ = ("st", "next", "sent", "buf", "unacked", "back", "end_version", "handles")
 
     def __init__(self, st: LmqState, offset: int) -> None:
         self.st = st
@@ -45,6 +70,8 @@ class _Part:
         #: returned by members that left, handed out first
         self.back: deque[tuple[int, MqttMessage]] = deque()
         self.end_version = -1
+        #: POP mode: offset -> (client, popped message) not yet acknowledged
+        self.handles: dict[int, tuple] = {}
 
     @property
     def committed(self) -> int:
@@ -68,6 +95,13 @@ class SharedGroup:
         self.holders = 0  # sessions (online or not) subscribed: the filter stays live
         self._filling: trio.Event | None = None
         self.dirty = False
+        #: POP mode (several gateways): the link and the POP client per broker
+        self.link: BrokerLink | None = None
+        self._pop_clients: dict[str, PopClient] = {}
+        self._acks: list[tuple[PopClient, object]] = []
+        self._nacks: list[tuple[PopClient, object]] = []
+        self._work = trio.Event()
+        self.closed = False
 
     def key(self, broker: str) -> str:
         return f"{broker}\x00{self.lmq}"
@@ -89,6 +123,8 @@ class SharedGroup:
                 part.st = st
                 part.end_version = -1  # versions of the old state mean nothing here
             st.watchers.add(session)
+            if self.link is not None:
+                part.end_version = -1  # room for more: pop again
 
     def leave(self, session: Session, link: BrokerLink) -> None:
         """`session` is gone: what it holds unacknowledged goes back to the group."""
@@ -119,6 +155,9 @@ class SharedGroup:
             else:
                 kept.append(item)
         session.direct = kept
+        if self.link is not None and not self.members:
+            self._release_held()  # nobody here takes them: visible to other gateways
+            return
         if returned:
             for part in self.parts.values():
                 if len(part.back) > 1:
@@ -138,6 +177,9 @@ class SharedGroup:
             return
         self._filling = trio.Event()
         try:
+            if self.link is not None:
+                await self._fill_pop(batch)
+                return
             got = False
             for broker, part in list(self.parts.items()):
                 if part.buf or part.back:
@@ -187,6 +229,11 @@ class SharedGroup:
             self._filling = None
 
     def needs_pull(self) -> bool:
+        if self.link is not None:
+            if self.closed or not self._room(1):
+                return False
+            return any(not p.buf and not p.back and p.end_version != p.st.version
+                       for p in self.parts.values())
         for part in self.parts.values():
             st = part.st
             if (not part.buf and not part.back and not st.pending
@@ -205,11 +252,138 @@ class SharedGroup:
             else:
                 continue
             part.unacked[offset] = session
-            self.dirty = True
+            self.dirty = self.link is None
             return msg, broker, offset
         return None
 
     def ack(self, broker: str, offset: int) -> None:
         part = self.parts.get(broker)
         if part is not None and part.unacked.pop(offset, None) is not None:
-            self.dirty = True
+            if self.link is None:
+                self.dirty = True
+                return
+            held = part.handles.pop(offset, None)
+            if held is not None:
+                self._acks.append(held)
+                self._work.set()
+
+    # -- POP mode (several gateways) ---------------------------------------------------------
+
+    def use_pop(self, link: BrokerLink, nursery: trio.Nursery) -> None:
+        """Read this group by POP from now on (before any member took a message)."""
+        self.link = link
+        nursery.start_soon(self._pop_loop)
+
+    def close(self) -> None:
+        """The last holder left: release what this gateway holds and stop."""
+        if self.link is not None and not self.closed:
+            self.closed = True
+            self._release_held()
+
+    def _client(self, broker: str) -> PopClient:
+        link = self.link
+        addr = link.addr(broker)
+        pc = self._pop_clients.get(broker)
+        if pc is None or pc.broker_addr != addr:
+            pc = self._pop_clients[broker] = PopClient(
+                link.client.api.remoting, addr, broker, pop_group_name(self.lmq),
+                timeout_s=SHARE_REQUEST_TIMEOUT_S)
+        return pc
+
+    def _room(self, batch: int) -> int:
+        """How many messages the connected members can take now (at most `batch`)."""
+        room = 0
+        for m in self.members:
+            conn = m.conn
+            if conn is not None:
+                room += max(0, conn.inflight_limit - len(m.inflight))
+                if room >= batch:
+                    return batch
+        return room
+
+    async def _fill_pop(self, batch: int) -> None:
+        link = self.link
+        got = False
+        for broker, part in list(self.parts.items()):
+            if self.closed:
+                return
+            st = part.st
+            if part.buf or part.back or part.end_version == st.version:
+                continue
+            room = self._room(batch)
+            if not room:
+                return
+            if st.watchers and link.foreign_writers:
+                link._watch(st)  # wakes the members when any gateway writes the LMQ
+            v0 = st.version
+            pc = self._client(broker)
+            # Not cancelled half-way (a member's connection closing): messages the broker
+            # handed out must reach this group, or be released (bounded by the timeout).
+            with trio.CancelScope(shield=True):
+                result = await pc.pop(self.lmq, max_nums=room,
+                                      invisible_ms=SHARE_INVISIBLE_MS, init_mode=INIT_MODE_MAX)
+            if result.status != PopStatus.FOUND:
+                part.end_version = v0  # nothing visible: the next write or repoll
+                continue
+            if self.closed or not self.members or self.parts.get(broker) is not part:
+                self._nacks.extend((pc, pm) for pm in result.messages)
+                self._work.set()
+                continue
+            for pm in result.messages:
+                msg = link.decode(pm.message, broker)
+                if msg is None:  # not a gateway's record: nobody here can deliver it
+                    self._acks.append((pc, pm))
+                    self._work.set()
+                    continue
+                part.handles[pm.queue_offset] = (pc, pm)
+                part.buf.append((pm.queue_offset, msg))
+                got = True
+            if result.rest_num <= 0:
+                part.end_version = v0
+        if got:
+            self.wake_members()
+
+    def _release_held(self) -> None:
+        """Make every message this gateway holds and no member has visible again."""
+        for part in self.parts.values():
+            for offset, _ in list(part.buf) + list(part.back):
+                held = part.handles.pop(offset, None)
+                if held is not None:
+                    self._nacks.append(held)
+            part.buf.clear()
+            part.back.clear()
+            part.end_version = -1
+        self._work.set()
+
+    async def _pop_loop(self) -> None:
+        """Send the acknowledgements and releases; repoll now and then."""
+        while True:
+            with trio.move_on_after(SHARE_REPOLL_S):
+                await self._work.wait()
+            self._work = trio.Event()
+            acks, self._acks = self._acks, []
+            nacks, self._nacks = self._nacks, []
+            if not acks and not nacks:
+                if self.members and not self.closed:
+                    for part in self.parts.values():
+                        part.end_version = -1
+                    self.wake_members()
+                continue
+            by_client: dict[int, tuple[PopClient, list]] = {}
+            for pc, pm in acks:
+                by_client.setdefault(id(pc), (pc, []))[1].append(pm)
+            for pc, pms in by_client.values():
+                for start in range(0, len(pms), 32):
+                    try:
+                        await pc.batch_ack(pms[start:start + 32])
+                    except Exception as exc:  # noqa: BLE001 - the gateway keeps running
+                        # Unacknowledged: handed out again after the invisible time.
+                        log.warning("ack of %d $share message(s) of %s failed: %r",
+                                    len(pms), self.lmq, exc)
+            for pc, pm in nacks:
+                try:
+                    await pc.nack(pm)
+                except Exception as exc:  # noqa: BLE001 - it times out instead
+                    log.debug("release of a $share message of %s failed: %r", self.lmq, exc)
+            if self.closed and not self._acks and not self._nacks:
+                return

@@ -21,11 +21,13 @@ malicious `a/a/a/...` from costing a trie walk of 32k levels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.mqtt.packets import MqttProtocolError, ReasonCode
 
 __all__ = [
+    "filter_matcher",
     "DEFAULT_MAX_TOPIC_LENGTH",
     "DEFAULT_MAX_TOPIC_LEVELS",
     "SHARE_PREFIX",
@@ -174,3 +176,35 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != t_levels[i]:
             return False
     return len(f_levels) == len(t_levels)
+
+
+def filter_matcher(topic_filter: str) -> Callable[[str], bool]:
+    """`topic_matches(topic_filter, topic)` as a function of the topic, the filter's work
+    done once (a delivery checks every entry it reads): a filter whose only wildcard is a
+    last `+` level is a prefix test and a search for `/`; others keep their levels split."""
+    if topic_filter.endswith("/+") and "+" not in topic_filter[:-2] and "#" not in topic_filter:
+        prefix = topic_filter[:-1]
+        n = len(prefix)
+        return lambda topic: topic.startswith(prefix) and topic.find("/", n) < 0
+    f_levels = topic_filter.split("/")
+    dollar_blind = topic_filter[:1] in ("+", "#")
+    count = len(f_levels)
+    hash_at = f_levels.index("#") if f_levels[-1] == "#" else -1
+
+    def match(topic: str) -> bool:
+        if dollar_blind and topic.startswith("$"):
+            return False
+        t_levels = topic.split("/")
+        if hash_at < 0:
+            if len(t_levels) != count:
+                return False
+        elif len(t_levels) < hash_at:
+            return False
+        for i, level in enumerate(f_levels):
+            if i == hash_at:
+                return True
+            if level != "+" and level != t_levels[i]:
+                return False
+        return True
+
+    return match

@@ -17,6 +17,10 @@ system topics, with standard RocketMQ requests only (docs/stateless-gateways.md)
 version, or after `ack_timeout_s`. Requests used: UPDATE_AND_CREATE_TOPIC, SEND_MESSAGE_V2,
 PULL_MESSAGE (long polling), GET_MAX_OFFSET / GET_MIN_OFFSET, HEART_BEAT,
 GET_CONSUMER_LIST_BY_GROUP: all in Apache RocketMQ 5.
+
+Sweep: routes of clean sessions (owner `c:<gateway id>:...`) of a gateway that has not
+been a member for `orphan_timeout_s` are removed by the live gateway with the smallest id
+(checked every `sweep_interval_s`), so a gateway that never comes back leaves nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -60,6 +64,9 @@ class RouteLogConfig:
     snapshot_part_routes: int = 5_000  # routes per snapshot message (well under 4 MiB)
     max_routes: int = 1_000_000
     retry_delay_s: float = 0.5  # after a failed pull or send
+    #: a gateway out of the group this long has vanished: its clean sessions' routes go
+    orphan_timeout_s: float = 300.0
+    sweep_interval_s: float = 30.0  # how often the gateways look for vanished ones
 
 
 class AckTracker:
@@ -125,6 +132,12 @@ class RouteLog:
         # remove must not overtake the add of its next subscription): (entry, done, out)
         self._outbox: list[tuple[LogEntry, trio.Event | None, list[int]]] = []
         self._outbox_work = trio.Event()
+        #: gateways owning clean-session routes, not members: since when (local clock)
+        self._absent: dict[str, float] = {}
+        #: more gateway ids whose absence is timed (owners of persistent sessions' records)
+        self.watch_gateways: set[str] = set()
+        #: run after each sweep round (`await hook()`): other sweeps of abandoned state
+        self.sweepers: list[Callable[[], Awaitable[object]]] = []
 
     # ------------------------------------------------------------------ broker I/O
     def _mq(self, topic: str) -> MessageQueue:
@@ -323,7 +336,66 @@ class RouteLog:
             nursery.start_soon(self._ack_loop)
             nursery.start_soon(self._heartbeat_loop)
             nursery.start_soon(self._outbox_loop)
+            nursery.start_soon(self._sweep_loop)
             task_status.started()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.sweep_interval_s)
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - a failed round must not stop the gateway
+                log.exception("sweep of abandoned routes failed; retried next round")
+
+    async def sweep(self) -> int:
+        """Remove the clean-session routes of gateways that have been out of the group
+        for `orphan_timeout_s`, if this is the live gateway with the smallest id (one
+        sweeper, the same on all). Returns the number of removes posted."""
+        read_at = self._members_at
+        await self.refresh_members()
+        if self._members_at == read_at:
+            return 0  # the member list could not be read: judge nobody on old news
+        now = self.clock()
+        live = self.members | {self.gateway_id}
+        owners = set(self.table.clean_gateways()) | self.watch_gateways
+        for gw in list(self._absent):
+            if gw in live or gw not in owners:
+                del self._absent[gw]
+        for gw in owners - live:
+            self._absent.setdefault(gw, now)
+        for hook in self.sweepers:
+            try:
+                await hook()
+            except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+                log.warning("sweep of abandoned state failed: %r", exc)
+        if not self.is_sweeper():
+            return 0
+        posted = 0
+        for gw, since in list(self._absent.items()):
+            if now - since < self.config.orphan_timeout_s:
+                continue
+            routes = self.table.clean_routes(gw)
+            if not routes:
+                continue
+            for route in routes:
+                self.post("remove", route)
+            posted += len(routes)
+            log.info("route log: gateway %s vanished %.0f s ago; removing %d route(s) of "
+                     "its clean sessions", gw, now - since, len(routes))
+        return posted
+
+    def absent_for(self, gateway: str) -> float | None:
+        """Seconds since the last sweep first found `gateway` out of the group (None:
+        live, or not watched)."""
+        since = self._absent.get(gateway)
+        return None if since is None else self.clock() - since
+
+    def is_sweeper(self, prefix: str = "") -> bool:
+        """Is this the live gateway with the smallest id (among ids with `prefix`)?"""
+        # Members that only write LMQs ("writer-...", the Spark sink) run no sweep.
+        ids = [g for g in self.members | {self.gateway_id}
+               if g.startswith(prefix) and not g.startswith("writer-")]
+        return bool(ids) and min(ids) == self.gateway_id
 
     def live_gateways(self) -> dict[str, int]:
         """Live gateways (group members as last read, and this one) -> applied version."""

@@ -32,8 +32,9 @@ from typing import Any
 from gateway.routing.topic_trie import TopicTrie
 
 __all__ = [
-    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable",
+    "KINDS", "LogEntry", "Route", "RouteError", "RouteTable", "clean_owner_gateway",
     "MAX_EXCHANGE_HOPS", "MAX_PATTERN_BYTES", "MAX_HEADER_ARGS", "MAX_ENTRY_BYTES",
+    "BRIDGE_EXCHANGE", "MQTT_ROUTE_READERS", "amqp_key_to_topic", "mqtt_topic_to_key",
 ]
 
 KINDS = ("mqtt", "direct", "topic", "fanout", "headers")
@@ -46,6 +47,26 @@ MAX_PATTERN_BYTES = 4096
 MAX_HEADER_ARGS = 32
 #: Bytes of one encoded log entry (a peer's entry larger than this is skipped).
 MAX_ENTRY_BYTES = 16 * 1024
+#: The AMQP exchange of vhost "/" that MQTT traffic goes through both ways (RabbitMQ's
+#: MQTT plugin default; docs/amqp.md, "MQTT and AMQP on one message").
+BRIDGE_EXCHANGE = "amq.topic"
+#: Gateways that route by MQTT filter routes: MQTT gateways, and AMQP gateways (a publish
+#: to BRIDGE_EXCHANGE reaches MQTT subscribers). An MQTT route waits for these
+#: (`RouteLog.add_route(wait_for=)` takes a tuple of prefixes too).
+MQTT_ROUTE_READERS = ("mqtt-", "amqp-")
+#: Topics whose bridged LMQ set `RouteTable.mqtt_publish_lmqs` remembers.
+BRIDGE_CACHE_TOPICS = 65536
+
+
+def mqtt_topic_to_key(topic: str) -> str:
+    """The AMQP routing key of an MQTT topic (RabbitMQ's MQTT plugin mapping: `/` -> `.`,
+    `+` -> `*`; `#` stays; a `.` in the topic stays too, so it separates AMQP words)."""
+    return topic.replace("/", ".").replace("+", "*")
+
+
+def amqp_key_to_topic(key: str) -> str:
+    """The MQTT topic of an AMQP routing key (`.` -> `/`, `*` -> `+`)."""
+    return key.replace("*", "+").replace(".", "/")
 
 
 class RouteError(ValueError):
@@ -147,6 +168,14 @@ class LogEntry:
         return cls(op, route, version)
 
 
+def clean_owner_gateway(owner: str) -> str | None:
+    """The gateway id in a clean session's route owner `c:<gateway id>:<client id>`."""
+    if not owner.startswith("c:"):
+        return None
+    end = owner.find(":", 2)
+    return owner[2:end] if end > 2 else None
+
+
 def _word(w: str) -> str:
     """One AMQP word as a trie level: injective, and no `/`, `+` or `#` left in it."""
     if "\\" in w or "/" in w or "+" in w or "#" in w:
@@ -198,6 +227,13 @@ class RouteTable:
         self._direct: dict[tuple[str, str], set[tuple[bool, str]]] = {}
         self._fanout: dict[str, set[tuple[bool, str]]] = {}
         self._headers: dict[str, list[Route]] = {}
+        #: MQTT topic -> LMQs of MQTT routes and BRIDGE_EXCHANGE bindings (cleared on change)
+        self._bridged: dict[str, tuple[str, ...]] = {}
+        #: routes of clean sessions (owner `c:<gateway id>:...`) by gateway id: what a
+        #: sweep removes when that gateway vanished (RouteLog.sweep)
+        self._clean: dict[str, set[Route]] = {}
+        #: routes of persistent sessions (owner `p:...`) by owner (sweep of expired ones)
+        self._persistent: dict[str, set[Route]] = {}
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -208,6 +244,22 @@ class RouteTable:
     def routes(self) -> Iterator[Route]:
         return iter(self._routes)
 
+    def clean_gateways(self) -> list[str]:
+        """Gateway ids that own routes of clean sessions."""
+        return list(self._clean)
+
+    def clean_routes(self, gateway: str) -> list[Route]:
+        """The routes owned by clean sessions of `gateway`."""
+        return list(self._clean.get(gateway, ()))
+
+    def persistent_owners(self) -> list[str]:
+        """Owners `p:<client id>` of persistent sessions' routes."""
+        return list(self._persistent)
+
+    def owner_routes(self, owner: str) -> list[Route]:
+        """The routes of a persistent session's owner `p:<client id>`."""
+        return list(self._persistent.get(owner, ()))
+
     # ------------------------------------------------------------------ changes
     def add(self, route: Route) -> bool:
         """Add `route`; False if it was there. RouteError past `max_routes`."""
@@ -216,6 +268,13 @@ class RouteTable:
         if len(self._routes) >= self.max_routes:
             raise RouteError(f"routing table full ({self.max_routes} routes)")
         self._routes.add(route)
+        if self._bridged:
+            self._bridged.clear()
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            self._clean.setdefault(gw, set()).add(route)
+        elif route.owner.startswith("p:"):
+            self._persistent.setdefault(route.owner, set()).add(route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
@@ -235,6 +294,13 @@ class RouteTable:
         if route not in self._routes:
             return False
         self._routes.discard(route)
+        if self._bridged:
+            self._bridged.clear()
+        gw = clean_owner_gateway(route.owner)
+        if gw is not None:
+            _discard(self._clean, gw, route)
+        elif route.owner.startswith("p:"):
+            _discard(self._persistent, route.owner, route)
         target = (route.dest_exchange, route.dest)
         kind = route.kind
         if kind == "mqtt":
@@ -294,6 +360,26 @@ class RouteTable:
         """`mqtt_lmqs` as a sorted tuple, remembered per topic until the next change (the
         MQTT dispatcher's router: a publisher repeats its topics)."""
         return self._mqtt.match_sorted(topic)
+
+    def mqtt_publish_lmqs(self, topic: str) -> tuple[str, ...]:
+        """The LMQs an MQTT publish on `topic` reaches, sorted: those of matching MQTT
+        routes, plus the AMQP queues reached through BRIDGE_EXCHANGE with the routing key
+        `mqtt_topic_to_key(topic)` (the MQTT dispatcher's router; remembered per topic
+        until the next change). Topics starting with `$` (the gateway's `$SYS` tree) are
+        not bridged, as an MQTT `#` does not match them either."""
+        hit = self._bridged.get(topic)
+        if hit is not None:
+            return hit
+        mqtt = self._mqtt.match_sorted(topic)
+        if not (self._topic or self._direct or self._fanout or self._headers) \
+                or topic[:1] == "$":
+            return mqtt  # no AMQP binding at all: the plain MQTT lookup
+        amqp = self.amqp_lmqs(BRIDGE_EXCHANGE, mqtt_topic_to_key(topic))
+        hit = tuple(sorted(amqp.union(mqtt))) if amqp else mqtt
+        if len(self._bridged) >= BRIDGE_CACHE_TOPICS:
+            self._bridged.clear()
+        self._bridged[topic] = hit
+        return hit
 
     def amqp_lmqs(self, exchange: str, routing_key: str,
                   headers: Mapping[str, Any] | None = None) -> set[str]:

@@ -1,6 +1,6 @@
-"""`lmq bench <name> [options]`: run the benchmark module `bench/<name>.py`.
+"""`lmq bench <name> [options]`: run the benchmark module `lmq/bench/<name>.py`.
 
-A benchmark is found by its module name, so adding `bench/broker.py` adds
+A benchmark is found by its module name, so adding `lmq/bench/broker.py` adds
 `lmq bench broker` without touching this file. Modules are imported only when run (a
 benchmark's dependencies never slow down or break the rest of the CLI). A benchmark
 module provides:
@@ -20,8 +20,8 @@ import pkgutil
 
 
 def bench_names() -> list[str]:
-    """Benchmark module names under the `bench` package (nothing is imported)."""
-    import bench
+    """Benchmark module names under the `lmq.bench` package (nothing is imported)."""
+    from lmq import bench
 
     return sorted(m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_"))
 
@@ -43,9 +43,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 2
     if args.name not in names:
         parser.error(f"unknown benchmark {args.name!r} (choose from {', '.join(names)})")
-    module = importlib.import_module(f"bench.{args.name}")
+    module = importlib.import_module(f"lmq.bench.{args.name}")
     if not hasattr(module, "run"):
-        parser.error(f"bench.{args.name} is not a benchmark (it has no run())")
+        parser.error(f"lmq.bench.{args.name} is not a benchmark (it has no run())")
     sub = argparse.ArgumentParser(
         prog=f"lmq bench {args.name}", description=module.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

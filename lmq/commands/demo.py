@@ -360,7 +360,7 @@ def _servers(args):
         return
     import subprocess
 
-    from bench._client_common import free_port
+    from lmq.bench._client_common import free_port
 
     data = tempfile.mkdtemp(prefix="lmq-demo-iot-")
     ns, broker, mqtt = free_port(), free_port(), free_port()

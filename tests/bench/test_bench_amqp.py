@@ -12,10 +12,10 @@ import tempfile
 
 import pytest
 
-from bench import amqp
-from bench._amqp_load import RawClient
-from bench._amqp_servers import rabbitmq_installed, start_lmq_amqp, start_rabbitmq, stop_tree
 from gateway.amqp.methods import QueueDeclare
+from lmq.bench import amqp
+from lmq.bench._amqp_load import RawClient
+from lmq.bench._amqp_servers import rabbitmq_installed, start_lmq_amqp, start_rabbitmq, stop_tree
 
 pytestmark = pytest.mark.timeout(300)
 TINY = ["--duration", "0.8", "--warmup", "0.2", "--runs", "1", "--pin", "off",

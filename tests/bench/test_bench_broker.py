@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.broker import PHASES
+from lmq.bench.broker import PHASES
 
 REPO = Path(__file__).resolve().parents[2]
 

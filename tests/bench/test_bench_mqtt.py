@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bench._mqtt_open import pin_cpus
-from bench._mqtt_paced import DELIVERY_DEADLINE_S, Schedule, window_stats
-from bench._mqtt_report import median_of, notes_for, print_table, ratios
-from bench._mqtt_servers import start_lmq, start_mosquitto
-from bench.mqtt import options, run_phase
+from lmq.bench._mqtt_open import pin_cpus
+from lmq.bench._mqtt_paced import DELIVERY_DEADLINE_S, Schedule, window_stats
+from lmq.bench._mqtt_report import median_of, notes_for, print_table, ratios
+from lmq.bench._mqtt_servers import start_lmq, start_mosquitto
+from lmq.bench.mqtt import options, run_phase
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--duration", "1", "--warmup", "0.3", "--drain", "10", "--pin", "off"]

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_run_reads_and_writes_the_rows_it_counts(spark, lmq_cluster):
-    from bench import spark as bench_spark
-    from bench._spark_synth import SynthSource
+    from lmq.bench import spark as bench_spark
+    from lmq.bench._spark_synth import SynthSource
 
     addr = lmq_cluster["addr"]
     args = argparse.Namespace(messages=300, sink_rows=200, size=64, queues=2)

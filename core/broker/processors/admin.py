@@ -109,6 +109,9 @@ class AdminProcessor:
             ext_int32(cmd, "topicSysFlag", 0) or 0, bool(cmd.ext_bool("order", False)),
         )
         self.broker.topic_config_manager.update(tc)
+        failed = await _durable(cmd, self.broker.topic_config_manager)
+        if failed is not None:
+            return failed
         with trio.move_on_after(REGISTER_WAIT_S):
             await self.broker.register_all()
         return ok(cmd)
@@ -128,7 +131,8 @@ class AdminProcessor:
         broker.topic_config_manager.delete(topic)
         broker.offset_manager.remove_topic(topic)
         broker.store.delete_topic(topic)
-        return ok(cmd)
+        failed = await _durable(cmd, broker.topic_config_manager)
+        return ok(cmd) if failed is None else failed
 
     async def get_all_topic_config(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         return ok(cmd, body=json_body(self.broker.topic_config_manager.wrapper_json()))
@@ -278,8 +282,8 @@ class AdminProcessor:
             raise HeaderError("body", f"bad subscription group config: {exc}") from None
         manager = self.broker.subscription_group_manager
         manager.update(sg)
-        manager.persist()
-        return ok(cmd)
+        failed = await _durable(cmd, manager)
+        return ok(cmd) if failed is None else failed
 
     async def get_all_groups(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         manager = self.broker.subscription_group_manager
@@ -293,10 +297,10 @@ class AdminProcessor:
         group = required_group(cmd, "groupName")
         broker = self.broker
         broker.subscription_group_manager.delete(group)
-        broker.subscription_group_manager.persist()
         if cmd.ext_bool("removeOffset", False):
             broker.offset_manager.remove_group(group)
-        return ok(cmd)
+        failed = await _durable(cmd, broker.subscription_group_manager)
+        return ok(cmd) if failed is None else failed
 
     async def get_all_consumer_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         om = self.broker.offset_manager
@@ -344,6 +348,16 @@ class AdminProcessor:
         return ok(
             cmd, {"version": json.dumps(version)}, ("\n".join(lines) + "\n").encode("utf-8")
         )
+
+
+async def _durable(cmd: RemotingCommand, manager) -> RemotingCommand | None:
+    """Wait until the manager's changes are on disk (written off the event loop); the
+    error response when the write failed, None when they are durable."""
+    try:
+        await manager.flush()
+    except OSError as exc:
+        return error(cmd, ResponseCode.SYSTEM_ERROR, f"cannot persist the change: {exc}")
+    return None
 
 
 def _uptime(boot_ms: int) -> str:

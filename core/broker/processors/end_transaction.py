@@ -40,7 +40,7 @@ async def end_transaction(broker, cmd: RemotingCommand) -> RemotingCommand | Non
     table_offset = cmd.ext_int("tranStateTableOffset", required=True)
     commit_log_offset = cmd.ext_int("commitLogOffset", required=True)
     decision = cmd.ext_int("commitOrRollback", required=True)
-    if getattr(broker.config, "broker_id", 0) != 0:
+    if getattr(broker, "ha_link", None) is None and getattr(broker.config, "broker_id", 0) != 0:
         return cmd.make_response(
             ResponseCode.SLAVE_NOT_AVAILABLE, "slave broker does not support transactions"
         )

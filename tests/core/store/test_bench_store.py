@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 
-from bench import store as bench_store
+from lmq.bench import store as bench_store
 
 KEYS = {
     "put_msgs_per_s_1cq", "put_msgs_per_s_4lmq", "put_mb_per_s_4k", "get_msgs_per_s",

@@ -11,6 +11,7 @@ from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY
 from gateway.amqp.consume import _envelope
 from gateway.amqp.dead_letter import envelope
 from gateway.amqp.model import quote_text
+from gateway.mqtt.message import K_EXPIRY, K_TOPIC
 
 
 def light(props: dict) -> PopMessage:
@@ -29,6 +30,9 @@ def test_light_envelope_agrees_with_the_full_decode():
         {"INNER_MULTI_DISPATCH": ",".join(f"%LMQ%AMQP_q{i}" for i in range(100)),
          PROP_EXCHANGE: "x", PROP_ROUTING_KEY: "", "AMQP_X": "AMQP_EX\x01no",
          "INNER_MULTI_QUEUE_OFFSET": ",".join(map(str, range(100)))},
+        # Published by an MQTT client (the amq.topic bridge): no AMQP_P.
+        {K_TOPIC: "a/b", "MQTT_QOS": "1", "MQTT_CT": "text/plain"},
+        {K_TOPIC + "64": "YS9i", PROP_EXCHANGE: "amq.topic"},
     ]
     for props in cases:
         m = light(props)
@@ -43,3 +47,5 @@ def test_own_expiration_seen_only_with_the_ttl_property():
     assert _envelope(light({PROP_TTL: "100"}))[3]
     assert _envelope(light({"AMQP_TTLX": "1", PROP_EXCHANGE: "x"}))[3] is False
     assert _envelope(light({PROP_EXCHANGE: "x", "K": "AMQP_TTL"}))[3] is False
+    assert _envelope(light({K_TOPIC: "a/b", K_EXPIRY: "99"}))[3]
+    assert _envelope(light({PROP_PROPERTIES: "AAA=", K_EXPIRY: "99"}))[3]

@@ -62,3 +62,15 @@ def test_config_toml_and_overrides(tmp_path):
 def test_config_validation(kw):
     with pytest.raises(ValueError):
         MqttConfig(**kw)
+
+
+def test_gateway_sweep_timeouts_come_from_the_toml_file(tmp_path):
+    from gateway.mqtt.server import MqttGateway
+
+    path = tmp_path / "mqtt.toml"
+    path.write_text("[mqtt]\ngateway_orphan_timeout_s = 42.5\ngateway_sweep_interval_s = 3.0\n")
+    cfg = load_mqtt_config(str(path), {"data_dir": str(tmp_path / "gw")})
+    routes = MqttGateway(cfg, client=None).route_config
+    assert (routes.orphan_timeout_s, routes.sweep_interval_s) == (42.5, 3.0)
+    with pytest.raises(ValueError, match="gateway_orphan_timeout_s"):
+        MqttConfig(gateway_orphan_timeout_s=0)

@@ -11,7 +11,7 @@
 Run as a child process, as the broker is, so the generator and the server each have their
 own interpreter (and core)::
 
-    python -m bench._broker_echo --mode remoting --port 0     # prints "PORT <n>" when ready
+    python -m lmq.bench._broker_echo --mode remoting --port 0     # prints "PORT <n>" when ready
 
 The process ends when its stdin closes (the bench exits or dies) or on SIGTERM.
 """
@@ -135,7 +135,7 @@ async def _main(mode: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench._broker_echo")
+    parser = argparse.ArgumentParser(prog="python -m lmq.bench._broker_echo")
     parser.add_argument("--mode", choices=("remoting", "raw"), default="remoting")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)

@@ -26,13 +26,13 @@ from typing import Any
 
 import trio
 
-from bench import _broker_workload as wl
-from bench._broker_loadgen import closed_loop, encode_frames, paced_latency
-from bench._broker_procs import Child, free_port
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
+from lmq.bench import _broker_workload as wl
+from lmq.bench._broker_loadgen import closed_loop, encode_frames, paced_latency
+from lmq.bench._broker_procs import Child, free_port
 
 CASES = (
     ("async_noslave", "ASYNC_MASTER", False),

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._client_common import median_of, ratio, report, server_under_test
+from lmq.bench._client_common import median_of, ratio, report, server_under_test
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "BenchSparkSource"
@@ -60,7 +60,7 @@ def _spark(master: str):
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    from bench._spark_synth import SynthSource
+    from lmq.bench._spark_synth import SynthSource
     spark.dataSource.register(SynthSource)
     return spark
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from bench._client_common import free_port, latency_summary, median_of, ratio, report
+from lmq.bench._client_common import free_port, latency_summary, median_of, ratio, report
 
 _LOAD = Path(__file__).with_name("_rmq5_load.py")
 
@@ -62,7 +62,7 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
 
 
 def _official(python: str, **args: Any) -> dict:
-    # -I: not the script's directory on sys.path (bench/grpc.py would shadow grpcio).
+    # -I: not the script's directory on sys.path (lmq/bench/grpc.py would shadow grpcio).
     out = subprocess.run([python, "-I", str(_LOAD), json.dumps(args)], capture_output=True,
                          text=True, timeout=600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -124,7 +124,7 @@ def _route_calls(port: int, calls: int, topic: str) -> dict[str, float]:
 
 
 def run(args) -> int:
-    from bench._rmq5_venv import VenvError, rmq5_python
+    from lmq.bench._rmq5_venv import VenvError, rmq5_python
 
     if args.quick:
         args.messages, args.calls, args.runs = min(args.messages, 300), 200, 1
@@ -141,7 +141,7 @@ def run(args) -> int:
          "--broker-port", str(broker_port), "--grpc-port", str(grpc_port), "--no-mqtt",
          "--no-amqp", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    echo = subprocess.Popen([sys.executable, "-m", "bench._grpc_echo", str(echo_port)],
+    echo = subprocess.Popen([sys.executable, "-m", "lmq.bench._grpc_echo", str(echo_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"127.0.0.1:{grpc_port}"
     results: list[dict[str, Any]] = []

@@ -56,9 +56,12 @@ from typing import Any
 
 import trio
 
-from bench import _broker_workload as wl
-from bench._broker_echo import echo_table
-from bench._broker_loadgen import (
+from core.remoting.client import RemotingClient, parse_addr
+from core.remoting.codec import RemotingCommand
+from core.remoting.errors import RemotingError
+from lmq.bench import _broker_workload as wl
+from lmq.bench._broker_echo import echo_table
+from lmq.bench._broker_loadgen import (
     Latency,
     Throughput,
     closed_loop,
@@ -66,12 +69,9 @@ from bench._broker_loadgen import (
     invoke_loop,
     paced_latency,
 )
-from bench._broker_procs import Child, free_port, listening_pid
-from bench._broker_profile import HotSpots, Profiler
-from bench._broker_report import BASELINE, PHASES, build_report, print_table
-from core.remoting.client import RemotingClient, parse_addr
-from core.remoting.codec import RemotingCommand
-from core.remoting.errors import RemotingError
+from lmq.bench._broker_procs import Child, free_port, listening_pid
+from lmq.bench._broker_profile import HotSpots, Profiler
+from lmq.bench._broker_report import BASELINE, PHASES, build_report, print_table
 
 __all__ = ["PHASES", "add_arguments", "main", "run"]
 
@@ -297,7 +297,7 @@ async def _bench(opts: argparse.Namespace, phases: list[str]) -> dict[str, Any]:
         async with RemotingClient(request_timeout=10.0) as client:
             ctx = _Ctx(opts, tmp, client)
             for mode in ("raw", "remoting"):
-                child = Child([sys.executable, "-m", "bench._broker_echo", "--mode", mode],
+                child = Child([sys.executable, "-m", "lmq.bench._broker_echo", "--mode", mode],
                               os.path.join(tmp, f"echo-{mode}.log"), port_line=True)
                 children.append(child)
                 port = await trio.to_thread.run_sync(child.read_port, _START_TIMEOUT_S)
@@ -448,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if getattr(args, "replicated", False):
-        from bench._broker_replicated import print_replicated, run_replicated
+        from lmq.bench._broker_replicated import print_replicated, run_replicated
 
         report = trio.run(run_replicated, args)
         if args.json:

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from bench._client_common import (
+from lmq.bench._client_common import (
     Progress,
     add_common_arguments,
     latency_summary,
@@ -37,7 +37,7 @@ from bench._client_common import (
     report,
     server_under_test,
 )
-from bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, cpp_unavailable
+from lmq.bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, cpp_unavailable
 
 MODES = ("sync", "async", "oneway", "batch")
 

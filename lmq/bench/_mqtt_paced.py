@@ -26,7 +26,7 @@ from gateway.mqtt.packets import Publish
 if TYPE_CHECKING:
     import socket
 
-    from bench._mqtt_loadgen import Job
+    from lmq.bench._mqtt_loadgen import Job
 
 __all__ = ["DELIVERY_DEADLINE_S", "Schedule", "paced_publishers", "window_stats"]
 

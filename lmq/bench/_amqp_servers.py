@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from bench._mqtt_servers import MqttServer, _popen, free_port
+from lmq.bench._mqtt_servers import MqttServer, _popen, free_port
 
 __all__ = ["AmqpServer", "start_lmq_amqp", "start_rabbitmq", "server_rss"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from bench._client_common import (
+from lmq.bench._client_common import (
     Progress,
     add_common_arguments,
     median_of,
@@ -34,7 +34,7 @@ from bench._client_common import (
     report,
     server_under_test,
 )
-from bench._cpp_load import CppLoadError, cpp_consume, cpp_unavailable
+from lmq.bench._cpp_load import CppLoadError, cpp_consume, cpp_unavailable
 
 KINDS = ("push", "lite")
 

@@ -10,8 +10,8 @@ directly; the bench output says "the C++ client via its Python wheel" (and the J
 The wheel's native threads (network, rebalance, consume pool) must not share a process
 with the bench's trio loop, so the load runs in a child process:
 
-    python -m bench._cpp_load produce --namesrv ADDR --topic T --size N --threads K --duration S
-    python -m bench._cpp_load consume --namesrv ADDR --topic T --messages N --threads K --timeout S
+    python -m lmq.bench._cpp_load produce --namesrv ADDR --topic T --size N --threads K --duration S
+    python -m lmq.bench._cpp_load consume --namesrv ADDR --topic T --messages N --threads K --timeout S
 
 The child prints one JSON object on its last stdout line and leaves with `os._exit`, so a
 slow or hung native shutdown (or the wheel's `__del__` shutting down twice) cannot keep it
@@ -95,7 +95,7 @@ async def _run_child(argv: list[str], deadline: float) -> dict[str, Any]:
     env = dict(os.environ, HOME=home)
     try:
         with trio.move_on_after(deadline) as scope:
-            proc = await trio.run_process([sys.executable, "-m", "bench._cpp_load", *argv],
+            proc = await trio.run_process([sys.executable, "-m", "lmq.bench._cpp_load", *argv],
                                           capture_stdout=True, capture_stderr=True,
                                           check=False, env=env)
     finally:
@@ -116,7 +116,7 @@ async def _run_child(argv: list[str], deadline: float) -> dict[str, Any]:
 # --- child side ---------------------------------------------------------------------------
 
 def _latency(values: list[float]) -> dict[str, float]:
-    from bench._client_common import latency_summary
+    from lmq.bench._client_common import latency_summary
 
     return latency_summary(values)
 
@@ -241,7 +241,7 @@ def _shutdown_later(client) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench._cpp_load")
+    parser = argparse.ArgumentParser(prog="python -m lmq.bench._cpp_load")
     parser.add_argument("load", choices=("produce", "consume"))
     parser.add_argument("--namesrv", required=True)
     parser.add_argument("--topic", required=True)

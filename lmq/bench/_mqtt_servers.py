@@ -142,7 +142,9 @@ def start_lmq(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
     argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1",
             "--data-dir", os.path.join(tmp, "lmq-data"), "--config", cfg,
             "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
-            "--mqtt-port", str(port), "--log-level", "WARNING"]
+            "--mqtt-port", str(port), "--log-level", "WARNING",
+            # only MQTT is measured: no AMQP listener (5672 is a fixed default, as 8081)
+            "--no-amqp"]
     log_path = os.path.join(tmp, "lmq.log")
     proc = _popen(argv, log_path, cpus)
     server = MqttServer("lmq", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)

@@ -283,7 +283,7 @@ def _rss_main(path: str, n: int) -> None:
 
 
 def _python(code: str) -> list[str]:
-    return [sys.executable, "-c", f"import bench.store as b; {code}"]
+    return [sys.executable, "-c", f"import lmq.bench.store as b; {code}"]
 
 
 def recovery_figure(directory: str, target: int) -> dict:

@@ -5,7 +5,7 @@ Process layout (as `lmq bench mqtt`): the server under test is a child process p
 the server CPUs (``--pin auto``: the first allowed CPU) — ``lmq serve --no-mqtt
 --amqp-port`` in a temporary data directory, and with ``--compare-rabbitmq`` a private
 RabbitMQ node (its own epmd, node name, database; Debian's ``rabbitmq-server``). Every
-load-generator process is pinned to the other CPUs (bench/_amqp_load.py: a raw client of
+load-generator process is pinned to the other CPUs (lmq/bench/_amqp_load.py: a raw client of
 our own, frames pre-encoded with our codec, deliveries acknowledged with one `multiple`
 ack per read; or pika's BlockingConnection). Rounds alternate the order of the servers;
 every figure is the median over ``--runs`` rounds.
@@ -41,16 +41,16 @@ import tempfile
 import time
 from typing import Any
 
-from bench._amqp_load import RawClient, Sync, Window, declare, setup_fanout, worker
-from bench._amqp_servers import (
+from gateway.amqp.methods import ExchangeDelete, QueueDelete
+from lmq.bench._amqp_load import RawClient, Sync, Window, declare, setup_fanout, worker
+from lmq.bench._amqp_servers import (
     server_cpu_s,
     server_rss,
     start_lmq_amqp,
     start_rabbitmq,
     stop_tree,
 )
-from bench._mqtt_open import pin_cpus
-from gateway.amqp.methods import ExchangeDelete, QueueDelete
+from lmq.bench._mqtt_open import pin_cpus
 
 __all__ = ["PHASES", "add_arguments", "run", "run_phase"]
 
@@ -156,7 +156,7 @@ def run_phase(phase: str, server, opts: argparse.Namespace, gen_cpus: tuple[int,
                                    opts.window, n, sync, warm, dur))]
     else:
         durable = phase == "persistent"
-        queues = [f"bench.{phase}"]
+        queues = [f"lmq.bench.{phase}"]
         c = RawClient(host, port)
         declare(c, c.channel(), queues[0], durable)
         c.close()

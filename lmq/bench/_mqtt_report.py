@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench._mqtt_open import generator_overloaded, is_open_phase
+from lmq.bench._mqtt_open import generator_overloaded, is_open_phase
 
 __all__ = ["CEILINGS", "flat_rows", "median_of", "notes_for", "primary", "print_table", "ratios"]
 
@@ -19,11 +19,11 @@ _PRIMARY = {"latency": "p99_ms", "idle": "kb_per_connection"}
 #: Figures of an open-loop phase shown in the table, in this order.
 _OPEN_KEYS = ("delivered_per_s", "published_per_s", "in_time_pct", "loss_pct", "p50_ms",
               "p99_ms", "per_server_cpu_s", "server_cpu_pct", "generator_cpu_pct",
-              "server_rss_mb")
+              "server_rss_mb", "server_anon_peak_mb", "ping_p50_ms", "ping_p99_ms", "ping_max_ms")
 _STEP_KEYS = ("delivered_per_s", "in_time_pct", "p99_ms", "server_cpu_pct")
 #: Figures where a higher value is better (ratios are shown for these and latencies).
 _RATIO_KEYS = {"delivered_per_s", "per_server_cpu_s", "highest_sustained_per_s", "p50_ms",
-               "p99_ms", "kb_per_connection"}
+               "p99_ms", "kb_per_connection", "ping_p99_ms"}
 
 
 def median_of(runs: list[dict[str, Any]], *, top: bool = True) -> dict[str, Any]:

@@ -21,7 +21,7 @@ context), so the generator's CPU is not the server's. Workers and the parent sha
   ctl[1] = 1 while latencies are being recorded (after the warm-up);
 * `results` (a Queue): ("ready", name, connections), ("error", name, text),
   ("latency", name, [seconds ...]); open-loop roles also ("window_sent", name, count)
-  and ("open", name, in window, within 1 s, [latencies]) (bench/_mqtt_paced.py);
+  and ("open", name, in window, within 1 s, [latencies]) (lmq/bench/_mqtt_paced.py);
 * `times` (RawArray of double): the measured window [start, end] (monotonic clock).
 
 End-to-end window: publishers stop sending while (messages sent by all publishers) -
@@ -40,9 +40,9 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from bench._mqtt_paced import paced_publishers, window_stats
 from gateway.mqtt.codec import MqttCodec
 from gateway.mqtt.packets import Connect, Publish, Subscribe, Subscription
+from lmq.bench._mqtt_paced import paced_publishers, window_stats
 
 __all__ = ["EXIT", "GO", "STOP", "WAIT", "Job", "open_connections", "scan", "worker_main"]
 

@@ -1,5 +1,5 @@
 """A bare grpc.aio server answering MessagingService.QueryRoute with a fixed route and
-nothing else: the per-call baseline of `lmq bench grpc` (`python -m bench._grpc_echo PORT`)."""
+nothing else: the per-call baseline of `lmq bench grpc` (`python -m lmq.bench._grpc_echo PORT`)."""
 
 from __future__ import annotations
 

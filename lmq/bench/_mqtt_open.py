@@ -1,7 +1,7 @@
 """Open-loop phases of `lmq bench mqtt` and the honest-figures helpers (CPU pinning, CPU
 accounting, the generator check).
 
-Open loop: publishers are paced by a schedule (bench/_mqtt_paced.py) or not paced at all,
+Open loop: publishers are paced by a schedule (lmq/bench/_mqtt_paced.py) or not paced at all,
 never by what subscribers received, as real devices are. A phase reports what arrived
 *during* its window (``delivered_per_s``), what never arrived after a short drain
 (``missing``, ``loss_pct``), latency from each message's due time, and the share of the
@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from bench._mqtt_loadgen import Job
+from lmq.bench._mqtt_loadgen import Job
 
 __all__ = ["OPEN_PHASES", "generator_overloaded", "is_open_phase", "open_result",
            "pin_cpus", "run_open_phase"]

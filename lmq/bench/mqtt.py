@@ -9,9 +9,9 @@ Process layout (2 cores are enough; every role has its own interpreter):
   loopback listener, anonymous, large queues, no persistence) measured with the same
   loads in the same run, run by run interleaved with ours; figures are printed as
   ratios ours / mosquitto;
-* the load generator: worker processes forked per phase (bench/_mqtt_loadgen.py: raw MQTT
+* the load generator: worker processes forked per phase (lmq/bench/_mqtt_loadgen.py: raw MQTT
   3.1.1, PUBLISHes pre-encoded with our codec, received bytes scanned, not decoded);
-* bench/_mqtt_sink.py, a server that does nothing but answer: what the generator reaches
+* lmq/bench/_mqtt_sink.py, a server that does nothing but answer: what the generator reaches
   against it (``gen_ceiling_*``) is the generator's own ceiling, the upper bound of any
   figure below.
 
@@ -31,7 +31,7 @@ idle               ``--idle-connections`` connected clients doing nothing: resid
                    restarted server process (not possible with ``--target``)
 =================  ===================================================================
 
-Open-loop phases (bench/_mqtt_open.py: publishers paced by a schedule or not at all,
+Open-loop phases (lmq/bench/_mqtt_open.py: publishers paced by a schedule or not at all,
 never by the subscribers): ``devices1000``, ``devices2000`` (any ``devices<N>``),
 ``steps``, ``unpaced_fanin_qos0``, ``unpaced_fanin_qos1``, ``unpaced_fanout100``; they
 report delivered/s during the window, loss after the drain, latency percentiles from each
@@ -62,17 +62,18 @@ from typing import Any
 
 import psutil
 
-from bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
-from bench._mqtt_open import (
+from lmq.bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
+from lmq.bench._mqtt_open import (
     OPEN_PHASES,
     is_open_phase,
     open_result,
     pin_cpus,
     run_open_phase,
 )
-from bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
-from bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
-from bench._mqtt_sink import sink_main
+from lmq.bench._mqtt_ping import Pinger
+from lmq.bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
+from lmq.bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
+from lmq.bench._mqtt_sink import sink_main
 
 __all__ = ["PHASES", "add_arguments", "options", "run", "run_phase"]
 
@@ -81,6 +82,7 @@ PHASES = ("gen_ceiling_pub", "gen_ceiling_sub", "fanin_qos0", "fanin_qos1",
           "latency", "idle", *OPEN_PHASES)
 _READY_TIMEOUT_S = 120.0
 _STALL_S = 1.0
+_RSS_SAMPLE_S = 0.2  # anonymous memory sampled this often during a window
 _SUBS_PER_PROC = 50
 
 
@@ -245,23 +247,29 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
     for j in jobs_pub + jobs_sub:
         j.pub_slots, j.sub_slots, j.fanout = pub_slots, sub_slots, fanout
         j.cpus = getattr(opts, "generator_cpu_set", ())
+    pinger = None
     try:
         sh.ctl[0] = WAIT
         if jobs_sub:
             _spawn(sh, jobs_sub)
         _spawn(sh, jobs_pub)
         sh.ctl[0] = GO
+        pinger = Pinger(host, port, getattr(opts, "generator_cpu_set", ()))
         time.sleep(opts.warmup)
+        pinger.start()
         s1 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[0] = s1[2]
         sh.ctl[1] = 1
-        time.sleep(opts.duration)
+        peak_anon = _sleep_sampling(pid, opts.duration)
         sh.ctl[1] = 0
+        pinger.stop()
+        pinging = pinger.figures()
         s2 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
               _cpu(pid), _procs_cpu(sh.procs))
         sh.times[1] = s2[2]
         rss_end = _rss(pid)  # the server's memory at the end of the window (overload bound)
+        anon_end = _anon(pid)
         sh.ctl[0] = STOP
         # Let what is in flight arrive: until all did, nothing came for a while, or
         # --drain seconds passed (what is still missing then is reported as such).
@@ -277,6 +285,8 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
             time.sleep(0.1)
         sent, received = _sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots)
     finally:
+        if pinger is not None:
+            pinger.stop()
         reports = _finish(sh)
     errors = [r for r in reports if r[0] == "error"]
     if errors:
@@ -296,8 +306,14 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         # Deliveries still missing after the drain (QoS 0: dropped; QoS 1: in flight).
         "missing": max(0, sent * fanout - received) if fanout else 0,
     }
+    result.update(pinging)
     if rss_end is not None:
         result["server_rss_mb"] = round(rss_end / 2**20, 1)
+    if anon_end is not None:
+        # Anonymous memory (RSS less file-backed pages such as the mapped CommitLog): what
+        # the server holds itself; the overload bound is about this one.
+        result["server_anon_mb"] = round(anon_end / 2**20, 1)
+        result["server_anon_peak_mb"] = round(max(peak_anon, anon_end) / 2**20, 1)
     open_result(result, reports, sent, fanout)
     stamps = [s for r in reports if r[0] == "latency" for s in r[2]]
     if stamps:
@@ -388,6 +404,31 @@ def _rss(pid: int | None) -> int | None:
         return psutil.Process(pid).memory_info().rss
     except psutil.Error:
         return None
+
+
+def _anon(pid: int | None) -> int | None:
+    """Anonymous resident memory of `pid` (RSS less shared/file-backed pages)."""
+    if pid is None:
+        return None
+    try:
+        info = psutil.Process(pid).memory_info()
+    except psutil.Error:
+        return None
+    return info.rss - getattr(info, "shared", 0)
+
+
+def _sleep_sampling(pid: int | None, seconds: float) -> int:
+    """Sleep `seconds`, sampling the server's anonymous memory; returns the peak."""
+    peak = 0
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return peak
+        time.sleep(min(_RSS_SAMPLE_S, left))
+        anon = _anon(pid)
+        if anon is not None and anon > peak:
+            peak = anon
 
 
 def _idle_phase(opts, server: MqttServer, tag: str) -> dict[str, Any]:

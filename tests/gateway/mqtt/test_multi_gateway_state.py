@@ -1,0 +1,161 @@
+"""State that moves between gateways (issue 12, docs/stateless-gateways.md): `$share`
+groups read by the broker's POP under one consumer group (members on different gateways
+split the messages), and a session's in-flight messages carried in its record. Real
+processes: a name server, two brokers in `apache_strict` mode, two gateways, paho."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
+from tests.gateway.mqtt.cluster_support import Cluster
+from tests.gateway.mqtt.e2e_support import Client, RawClient, collect, uid
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        c.gateway()
+        c.gateway()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def _client(made: list[Client], port: int, **kw) -> Client:
+    c = Client(port, **kw)
+    made.append(c)
+    return c
+
+
+def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clients) -> None:
+    a, b = cluster.gateways
+    topic = f"shared/{uid()}"
+    group = f"g{uid()}"
+    members = []
+    for gw in (a, b):
+        m = _client(clients, gw.port)
+        m.connect()
+        m.subscribe(f"$share/{group}/{topic}", qos=1)
+        members.append(m)
+    pubs = []
+    for gw in (a, b):
+        p = _client(clients, gw.port)
+        p.connect()
+        pubs.append(p)
+    n = 40
+    for i in range(n):
+        # Published on both gateways (the store queue, and so the broker, varies too).
+        assert pubs[i % 2].publish(f"{topic}", f"m{i}".encode(), qos=1) == 0
+    got = collect(members, n)
+    payloads = Counter(m.payload for ms in got for m in ms)
+    assert sorted(payloads) == sorted(f"m{i}".encode() for i in range(n))
+    assert max(payloads.values()) == 1, "a message was delivered twice"
+    assert all(ms for ms in got), [len(ms) for ms in got]
+
+
+def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
+        cluster: Cluster, clients) -> None:
+    """A QoS 1 member on A that never acknowledges and disconnects: what A popped for it
+    becomes visible at once and goes to the member on B (not after the invisible time)."""
+    a, b = cluster.gateways
+    topic = f"shared/{uid()}"
+    group = f"g{uid()}"
+    filt = f"$share/{group}/{topic}"
+    lazy = _client(clients, a.port)
+    lazy.connect()
+    lazy.paho.manual_ack_set(True)  # receives, never PUBACKs
+    lazy.subscribe(filt, qos=1)
+    pub = _client(clients, a.port)
+    pub.connect()
+    for i in range(5):
+        assert pub.publish(topic, f"x{i}".encode(), qos=1) == 0
+    held = lazy.receive(5)
+    assert sorted(m.payload for m in held) == [f"x{i}".encode() for i in range(5)]
+    other = _client(clients, b.port)
+    other.connect()
+    other.subscribe(filt, qos=1)
+    other.nothing()  # A's member holds them
+    lazy.close()
+    again = other.receive(5, timeout=20.0)  # well under SHARE_INVISIBLE_MS
+    assert sorted(m.payload for m in again) == [f"x{i}".encode() for i in range(5)]
+
+
+def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
+        cluster: Cluster, clients) -> None:
+    """A persistent QoS 1 session that received messages on A without acknowledging them,
+    then resumed on B: B re-sends exactly those, with DUP and their packet ids, and does
+    not deliver them again as new messages."""
+    a, b = cluster.gateways
+    topic = f"inflight/{uid()}"
+    cid = "inf-" + uid()
+    x = _client(clients, a.port, client_id=cid, version=4)
+    x.connect(clean_start=False)
+    x.paho.manual_ack_set(True)  # receives, never PUBACKs
+    x.subscribe(topic, qos=1)
+    pub = _client(clients, b.port)
+    pub.connect()
+    for i in range(3):
+        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
+    held = x.receive(3)
+    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
+    assert not any(m.dup for m in held)
+    x.disconnect()
+    time.sleep(0.5)  # A's disconnect record reached the cluster
+    y = _client(clients, b.port, client_id=cid, version=4)
+    assert y.connect(clean_start=False)[1] is True
+    again = y.receive(3)
+    assert [(m.payload, m.mid, m.dup) for m in again] == [
+        (m.payload, m.mid, True) for m in held]
+    y.nothing()  # not delivered a second time as new messages
+    assert pub.publish(topic, b"after", qos=1) == 0
+    after = y.receive_one()
+    assert (after.payload, after.dup) == (b"after", False)
+
+
+def test_inbound_qos2_id_moves_with_the_session(cluster: Cluster, clients) -> None:
+    """A QoS 2 PUBLISH received on A (PUBREC sent), the client gone before its PUBREL, the
+    session resumed on B: B knows the packet id, so a retransmitted PUBLISH is not stored
+    again and the PUBREL completes normally (not 0x92 Packet Identifier not found)."""
+    a, b = cluster.gateways
+    topic = f"q2/{uid()}"
+    cid = "q2-" + uid()
+    sub = _client(clients, b.port)
+    sub.connect()
+    sub.subscribe(topic, qos=2)
+    keep = Properties(session_expiry_interval=300)
+    first = RawClient(a.port)
+    try:
+        assert first.connect(cid, clean_start=False, properties=keep).reason_code == 0
+        first.send(Publish(topic, b"once", qos=2, packet_id=7))
+        assert first.expect(Pubrec).packet_id == 7
+        first.disconnect()
+    finally:
+        first.close()
+    time.sleep(0.5)  # A's disconnect record reached the cluster
+    second = RawClient(b.port)
+    try:
+        assert second.connect(cid, clean_start=False, properties=keep).session_present
+        second.send(Publish(topic, b"once", qos=2, packet_id=7, dup=True))
+        assert second.expect(Pubrec).packet_id == 7
+        second.send(Pubrel(7))
+        done = second.expect(Pubcomp)
+        assert (done.packet_id, done.reason_code) == (7, 0)
+    finally:
+        second.close()
+    assert [m.payload for m in sub.drain()] == [b"once"]
