@@ -10,25 +10,41 @@ broker — docs/pop.md.
 Each `PopMessage` carries its receipt handle (`handle`, also the message's POP_CK
 property): the broker sets POP_CK on redeliveries; for first deliveries it is built from
 the response header (startOffsetInfo), as Apache's client does.
+
+`pop(..., light=True)` gives each `PopMessage` a `PopRecord` instead of a `MessageExt`: the
+body, store timestamp, reconsume times and the properties (decoded when first read), for
+consumers on a hot path (the AMQP gateway). The queue offsets then come from the
+response's msgOffsetInfo header, not from each record's properties.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import struct
 import time
 from dataclasses import dataclass, field
 
 from core.client.errors import MQBrokerError
 from core.common import names
-from core.common.codec import decode_records
+from core.common.codec import (
+    _inflate_body,
+    decode_records,
+    parse_layout,
+)
 from core.common.message import MessageExt
+from core.common.properties import decode_properties_bytes
+from core.common.sysflag import MessageSysFlag
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 
-__all__ = ["PopClient", "PopMessage", "PopResult", "PopStatus", "INIT_MODE_MIN", "INIT_MODE_MAX"]
+__all__ = ["PopClient", "PopMessage", "PopRecord", "PopResult", "PopStatus", "INIT_MODE_MIN",
+           "INIT_MODE_MAX"]
 
 POP_CK = "POP_CK"
+_POP_CK_MARK = b"POP_CK\x01"
+_STORE_TS = struct.Struct(">q")
+_RECONSUME = struct.Struct(">i")
 INIT_MODE_MIN = 0
 INIT_MODE_MAX = 1
 
@@ -39,11 +55,81 @@ class PopStatus:
     POLLING_FULL = "POLLING_FULL"
 
 
+class PopRecord:
+    """The fields of a popped record a light consumer reads (duck-types the part of
+    `MessageExt` it uses); `properties` is decoded on first access."""
+
+    __slots__ = ("body", "raw_properties", "store_timestamp", "reconsume_times", "sys_flag",
+                 "_props")
+
+    def __init__(self, body: bytes, raw_properties: bytes, store_timestamp: int,
+                 reconsume_times: int, sys_flag: int) -> None:
+        self.body = body
+        self.raw_properties = raw_properties
+        self.store_timestamp = store_timestamp
+        self.reconsume_times = reconsume_times
+        self.sys_flag = sys_flag
+        self._props: dict[str, str] | None = None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        props = self._props
+        if props is None:
+            props = self._props = decode_properties_bytes(self.raw_properties)
+        return props
+
+
+def _light_records(buf) -> list[PopRecord]:
+    """The records of a POP answer as `PopRecord`s (zlib bodies inflated, as
+    `decode_records(decompress=True)`); raises `RecordError` on a malformed one."""
+    mv = memoryview(buf)
+    out: list[PopRecord] = []
+    pos = 0
+    end = len(mv)
+    compressed = MessageSysFlag.COMPRESSED
+    v6 = MessageSysFlag.STOREHOST_V6
+    while pos < end:
+        lay = parse_layout(mv, pos)
+        ts_pos = lay.store_timestamp_pos
+        sys_flag = lay.sys_flag
+        store_ts = _STORE_TS.unpack_from(mv, ts_pos)[0]
+        reconsume = _RECONSUME.unpack_from(mv, ts_pos + (28 if sys_flag & v6 else 16))[0]
+        body = bytes(mv[lay.body_start:lay.body_start + lay.body_length])
+        if sys_flag & compressed:
+            inflated = _inflate_body(body)
+            if inflated is not None:
+                body = inflated
+                sys_flag &= ~compressed
+        props = lay.properties_start
+        out.append(PopRecord(body, bytes(mv[props:props + lay.properties_length]), store_ts,
+                             reconsume, sys_flag))
+        pos += lay.total_size
+    return out
+
+
+def _offset_list(text: str | None) -> list[tuple[int, int]] | None:
+    """msgOffsetInfo "0 qid o1,o2;0 qid o3" -> [(qid, o1), (qid, o2), (qid, o3)], in the
+    order of the answer's records; None when absent or not all first-topic entries."""
+    if not text:
+        return None
+    out: list[tuple[int, int]] = []
+    try:
+        for one in text.split(";"):
+            retry, qid, offsets = one.split(" ")
+            if retry != "0":
+                return None
+            q = int(qid)
+            out.extend((q, int(o)) for o in offsets.split(","))
+    except ValueError:
+        return None
+    return out
+
+
 @dataclass(slots=True)
 class PopMessage:
     """A popped message and what acknowledging it needs."""
 
-    message: MessageExt
+    message: MessageExt | PopRecord
     topic: str  # the topic popped (an LMQ name for LMQ pops)
     queue_id: int
     queue_offset: int  # in `topic`
@@ -101,7 +187,8 @@ class PopClient:
 
     async def pop(self, topic: str, *, max_nums: int = 32, invisible_ms: int = 30_000,
                   poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
-                  exp_type: str | None = None, exp: str | None = None) -> PopResult:
+                  exp_type: str | None = None, exp: str | None = None,
+                  light: bool = False) -> PopResult:
         ext = {
             "consumerGroup": self.group, "topic": topic, "queueId": str(queue_id),
             "maxMsgNums": str(max_nums), "invisibleTime": str(invisible_ms),
@@ -129,7 +216,27 @@ class PopClient:
         starts = _info_map(h.get("startOffsetInfo"))
         is_lmq = names.is_lmq(topic)
         out = []
-        for msg in decode_records(resp.body_bytes(), decompress=True):
+        if light:
+            records = _light_records(resp.body_bytes())
+            placed = _offset_list(h.get("msgOffsetInfo"))
+            if placed is not None and len(placed) == len(records):
+                ck_of: dict[int, str] = {}
+                for msg, (qid, offset) in zip(records, placed, strict=True):
+                    raw = msg.raw_properties
+                    handle = msg.properties.get(POP_CK) if _POP_CK_MARK in raw else None
+                    if handle is None:
+                        ck = ck_of.get(qid)
+                        if ck is None:
+                            ck = ck_of[qid] = starts.get(f"0@{qid}", str(offset))
+                        handle = (f"{ck} {pop_time} {invisible} {revive_qid} 0 "
+                                  f"{self.broker_name} {qid} {offset}")
+                    out.append(PopMessage(msg, topic, qid, offset, handle))
+                return PopResult(PopStatus.FOUND, out, pop_time, invisible,
+                                 int(h.get("restNum", 0)))
+            decoded = decode_records(resp.body_bytes(), decompress=True)
+        else:
+            decoded = decode_records(resp.body_bytes(), decompress=True)
+        for msg in decoded:
             if is_lmq:
                 qid = names.LMQ_QUEUE_ID
                 offset = msg.lmq_offsets().get(topic, msg.queue_offset)
@@ -163,18 +270,25 @@ class PopClient:
 
     async def batch_ack(self, messages: list[PopMessage]) -> None:
         """BATCH_ACK_MESSAGE: one entry per (topic, queue, pop time)."""
-        groups: dict[tuple, list[PopMessage]] = {}
+        # Grouped by the handle without its offset (one string slice per message, the
+        # fields parsed once per group).
+        by_prefix: dict[tuple[str, str], list[PopMessage]] = {}
         for m in messages:
-            f = m.handle.split(" ")
-            groups.setdefault((m.topic, m.queue_id, int(f[0]), int(f[1]), int(f[2]),
-                               int(f[3])), []).append(m)
+            h = m.handle
+            by_prefix.setdefault((m.topic, h[:h.rindex(" ")]), []).append(m)
+        groups: dict[tuple, list[PopMessage]] = {}
+        for (topic, prefix), ms in by_prefix.items():
+            f = prefix.split(" ")
+            groups.setdefault((topic, ms[0].queue_id, int(f[0]), int(f[1]), int(f[2]),
+                               int(f[3])), []).extend(ms)
         acks = []
         for (topic, qid, start, pop_time, invisible, rq), ms in groups.items():
-            start = min(start, *(m.queue_offset for m in ms))
-            bits = bytearray((max(m.queue_offset for m in ms) - start) // 8 + 1)
-            for m in ms:
-                i = m.queue_offset - start
-                bits[i // 8] |= 1 << (i % 8)
+            offsets = [m.queue_offset for m in ms]
+            start = min(start, *offsets)
+            bits = bytearray((max(offsets) - start) // 8 + 1)
+            for i in offsets:
+                i -= start
+                bits[i >> 3] |= 1 << (i & 7)
             acks.append({"c": self.group, "t": topic, "r": "0", "so": start, "q": qid,
                          "rq": rq, "pt": pop_time, "it": invisible,
                          "b": base64.b64encode(bytes(bits)).decode("ascii")})

@@ -16,19 +16,28 @@ import base64
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
 import trio
 
 from core.client.errors import MQClientError
-from core.client.pop_consumer import PopClient, PopMessage, PopStatus
+from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
-from gateway.amqp.broker import PROP_TTL, AmqpBroker, Queue
+from gateway.amqp.broker import (
+    PROP_EXCHANGE,
+    PROP_PROPERTIES,
+    PROP_ROUTING_KEY,
+    PROP_TTL,
+    AmqpBroker,
+    Queue,
+)
 from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
 from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
-from gateway.mqtt.message import K_EXPIRY
+from gateway.amqp.properties import EMPTY_PROPERTIES
+from gateway.mqtt.message import K_EXPIRY, K_TOPIC
 
 __all__ = ["Consumer", "Deliveries", "RETRY_DELAY_S"]
 
@@ -39,6 +48,58 @@ RETRY_DELAY_S = 0.5
 #: Expired messages one Basic.Get skips (dead-letters) before it answers Get-Empty.
 MAX_GET_SKIPS = 64
 _BROKER_ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
+_EX = PROP_EXCHANGE.encode()
+_RK = PROP_ROUTING_KEY.encode()
+_P = PROP_PROPERTIES.encode()
+_TTL = PROP_TTL.encode()
+_EXPIRY = K_EXPIRY.encode()
+_MQTT_TOPIC = K_TOPIC.encode()
+_MQTT_TOPIC64 = _MQTT_TOPIC + b"64"
+#: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
+_OURS = (b"AMQP_", b"MQTT_")
+
+
+def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
+    """The pairs of encoded properties whose names start with AMQP_ or MQTT_, hopping from
+    separator to separator (a fanned-out record's properties list every queue it went
+    to: a substring search per value would scan them each time); the last non-empty value
+    of a name wins, as in `decode_properties`."""
+    out: dict[bytes, bytes] = {}
+    n = len(raw)
+    find = raw.find
+    starts = raw.startswith
+    i = 0
+    while i < n:
+        k = find(b"\x02", i)
+        if k < 0:
+            k = n
+        if starts(_OURS, i):
+            name, sep, value = raw[i:k].partition(b"\x01")
+            if sep and value:
+                out[name] = value
+        i = k + 1
+    return out
+
+
+def _text(raw: bytes | None) -> str:
+    return unquote(raw.decode("utf-8", "replace"), errors="surrogateescape") if raw else ""
+
+
+def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
+    """`dead_letter.envelope` plus whether the message may carry its own expiration
+    (AMQP expiration or MQTT message expiry), read out of a light record's encoded
+    properties instead of decoding them all."""
+    rec = m.message
+    if type(rec) is not PopRecord:
+        props = rec.properties
+        return (*envelope(m), PROP_TTL in props or K_EXPIRY in props)
+    pairs = _our_pairs(rec.raw_properties)
+    own_ttl = _TTL in pairs or _EXPIRY in pairs
+    props = pairs.get(_P)
+    if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
+        return (*envelope(m), own_ttl)  # an MQTT publish: its properties mapped there
+    return (_text(pairs.get(_EX)), _text(pairs.get(_RK)),
+            base64.b64decode(props) if props else EMPTY_PROPERTIES, own_ttl)
 
 
 class Consumer:
@@ -166,7 +227,7 @@ class Deliveries:
             try:
                 result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
                                                 invisible_ms=cfg.invisible_ms,
-                                                poll_ms=cfg.poll_ms)
+                                                poll_ms=cfg.poll_ms, light=True)
             except _BROKER_ERRORS as exc:
                 log.warning("AMQP consumer pop failed: %r", exc)
                 await trio.sleep(RETRY_DELAY_S)
@@ -183,14 +244,14 @@ class Deliveries:
                 return
             now = now_ms()
             for m in result.messages:
-                if checks or PROP_TTL in (mp := m.message.properties) or K_EXPIRY in mp:
+                exchange, key, raw, own_ttl = _envelope(m)
+                if checks or own_ttl:
                     fault = delivery_fault(queue, m, now)
                     if fault is not None:
                         await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
                         continue
                 tag = self.next_tag
                 self.next_tag += 1
-                exchange, key, raw = envelope(m)
                 if not consumer.no_ack:
                     self.unacked[tag] = (consumer.pop, m, queue)
                 self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
@@ -210,13 +271,14 @@ class Deliveries:
             try:
                 result = await pop.pop(queue.lmq, max_nums=1,
                                        invisible_ms=self.broker.config.invisible_ms,
-                                       poll_ms=0)
+                                       poll_ms=0, light=True)
             except _BROKER_ERRORS as exc:
                 raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
             if result.status is not PopStatus.FOUND or not result.messages:
                 break
             m = result.messages[0]
-            if checks or PROP_TTL in (mp := m.message.properties) or K_EXPIRY in mp:
+            exchange, key, raw, own_ttl = _envelope(m)
+            if checks or own_ttl:
                 fault = delivery_fault(queue, m, now_ms())
                 if fault is not None:  # expired: the next one (bounded)
                     await self.broker.policy.dead_letter(queue, pop, m, fault)
@@ -233,7 +295,6 @@ class Deliveries:
             await self._settle(pop.ack, m)
         else:
             self.unacked[tag] = (pop, m, queue)
-        exchange, key, raw = envelope(m)
         self.send(encode_content(self.channel, BasicGetOk(tag, m.redelivered, exchange, key,
                                                           result.rest_num),
                                  raw, m.body, self.frame_max))

@@ -472,8 +472,9 @@ class PopService:
 
     # ------------------------------------------------------------------ ack / change
     def ack(self, group: str, topic: str, queue_id: int, offset: int, pop_time: int,
-            flush: bool = True) -> bool:
-        """Acknowledge; with `flush` False the caller flushes the journal (batches)."""
+            flush: bool = True, commit: bool = True) -> bool:
+        """Acknowledge; with `flush` False the caller flushes the journal, with `commit`
+        False it calls `commit_acks` (batches)."""
         qs = self.state.get(group, topic, queue_id)
         entry = qs.inflight.get(offset) if qs is not None else None
         if entry is None or not qs.ack(offset, pop_time):
@@ -487,8 +488,15 @@ class PopService:
         self.journal.gone(group, topic, queue_id, offset)
         if flush:
             self.journal.flush()
-        self._commit(group, topic, queue_id, qs)
+        if commit:
+            self._commit(group, topic, queue_id, qs)
         return True
+
+    def commit_acks(self, group: str, topic: str, queue_id: int) -> None:
+        """Move the group's committed offset past what `ack(commit=False)` acknowledged."""
+        qs = self.state.get(group, topic, queue_id)
+        if qs is not None:
+            self._commit(group, topic, queue_id, qs)
 
     def dead_letter(self, group: str, topic: str, queue_id: int, offset: int,
                     pop_time: int) -> bool:

@@ -253,12 +253,16 @@ class PopProcessor:
             except (TypeError, ValueError, KeyError, binascii.Error) as exc:
                 service.journal.flush()
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
+            acked = False
             for i, byte in enumerate(bits):
                 if not byte:
                     continue
                 for j in range(8):
-                    if byte >> j & 1:
-                        service.ack(group, topic, qid, start + i * 8 + j, pop_time, False)
+                    if byte >> j & 1 and service.ack(group, topic, qid, start + i * 8 + j,
+                                                     pop_time, False, False):
+                        acked = True
+            if acked:
+                service.commit_acks(group, topic, qid)
         service.journal.flush()
         return cmd.make_response(ResponseCode.SUCCESS)
 

@@ -71,3 +71,58 @@ def test_nothing_found_codes():
         assert result.status == PopStatus.NO_NEW_MSG and result.messages == []
     result, _ = pop_with(RemotingCommand.response(209, None, {}), "T")
     assert result.status == PopStatus.POLLING_FULL
+
+
+def light_pop(response, topic):
+    pc = PopClient(FakeClient(response), "127.0.0.1:1", "broker-b", "GID")
+    return trio.run(lambda: pc.pop(topic, invisible_ms=5000, light=True))
+
+
+def test_light_pop_agrees_with_the_full_decode():
+    kept = "7 99 5000 0 0 broker-b 2 9"
+    body = (record("T", 2, 8, {"TAGS": "a"}) + record("T", 2, 9, {"POP_CK": kept}, 1)
+            + record("T", 3, 4, {"K": "v"}))
+    ext = {"popTime": "1234", "invisibleTime": "5000", "reviveQid": "0", "restNum": "6",
+           "startOffsetInfo": "0 2 7;0 3 4", "msgOffsetInfo": "0 2 8,9;0 3 4"}
+    full, _ = pop_with(RemotingCommand.response(0, None, dict(ext), body), "T")
+    light = light_pop(RemotingCommand.response(0, None, dict(ext), body), "T")
+    assert light.rest_num == 6 and len(light.messages) == 3
+    for a, b in zip(full.messages, light.messages, strict=True):
+        assert (b.handle, b.queue_id, b.queue_offset, b.body, b.delivery_count) == (
+            a.handle, a.queue_id, a.queue_offset, a.body, a.delivery_count)
+        assert b.message.store_timestamp == 2
+        for key in ("TAGS", "K"):
+            assert b.message.properties.get(key) == a.message.properties.get(key)
+    assert [m.redelivered for m in light.messages] == [False, True, False]
+
+
+def test_light_pop_lmq_offsets_from_the_header_and_inflated_bodies():
+    import zlib
+
+    props = {"INNER_MULTI_DISPATCH": "%LMQ%a,%LMQ%b", "INNER_MULTI_QUEUE_OFFSET": "5,11"}
+    raw = bytearray(record("Src", 3, 40, props))
+    z = encode_record(
+        topic=b"Src", body=zlib.compress(b"x" * 300), properties=encode_properties(props).encode(),
+        queue_id=3, flag=0, queue_offset=41, physical_offset=2000, sys_flag=1, born_timestamp=1,
+        born_host=encode_host("127.0.0.1:1"), store_timestamp=3,
+        store_host=encode_host("127.0.0.1:2"), reconsume_times=0, prepared_transaction_offset=0)
+    resp = RemotingCommand.response(0, None, {
+        "popTime": "77", "invisibleTime": "5000", "reviveQid": "0", "restNum": "0",
+        "startOffsetInfo": "0 0 11", "msgOffsetInfo": "0 0 11,12"}, bytes(raw) + z)
+    a, b = light_pop(resp, "%LMQ%b").messages
+    assert (a.topic, a.queue_id, a.queue_offset, b.queue_offset) == ("%LMQ%b", 0, 11, 12)
+    assert a.handle == "11 77 5000 0 0 broker-b 0 11"
+    assert b.body == b"x" * 300 and b.message.sys_flag & 1 == 0
+
+
+def test_light_pop_without_usable_offset_info_reads_the_records():
+    props = {"INNER_MULTI_DISPATCH": "%LMQ%b", "INNER_MULTI_QUEUE_OFFSET": "11"}
+    for info in (None, "0 0 11,12", "1 0 11", "0 0 x"):
+        ext = {"popTime": "77", "invisibleTime": "5000", "reviveQid": "0", "restNum": "0",
+               "startOffsetInfo": "0 0 11"}
+        if info is not None:
+            ext["msgOffsetInfo"] = info
+        (m,) = light_pop(RemotingCommand.response(0, None, ext, record("Src", 3, 40, props)),
+                         "%LMQ%b").messages
+        assert (m.queue_id, m.queue_offset) == (0, 11)
+        assert m.handle == "11 77 5000 0 0 broker-b 0 11"
