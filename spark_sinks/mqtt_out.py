@@ -64,10 +64,16 @@ class RouteReader(RouteLog):
 async def _make_reader(instance) -> RouteReader:
     """A reader on the broker holding the route log: the first master by name (where a
     single-broker `lmq serve` keeps it)."""
-    masters = (await instance.api.get_cluster_info()).master_addrs()
-    if not masters:
+    info = await instance.api.get_cluster_info()
+    if not info.brokers:
         raise MQClientError("no broker to read MQTT routes from")
-    name = sorted(masters)[0]
+    # The first broker *name*: during a failover it has no master for a few seconds, and
+    # another name holds no route log (retried by the caller, spark_sinks/retry.py).
+    name = sorted(info.brokers)[0]
+    addr = info.brokers[name].master_addr()
+    if not addr:
+        raise MQClientError(f"no broker master for {name} (MQTT routes) yet")
+    masters = {name: addr}
     # Joining the route log's member group as a "writer-" tells the MQTT gateways that LMQs
     # get entries they did not write, so they read them by long polls from then on instead
     # of predicting their tails (gateway/mqtt/server.py, FOREIGN_WRITER_PREFIXES).
@@ -80,12 +86,23 @@ async def _make_reader(instance) -> RouteReader:
 
 def routes_for(namesrv: str, request_timeout: float) -> RouteReader:
     """The process's route reader for `namesrv`, caught up with the log."""
+    from spark_sinks.retry import DEFAULT_RETRY_TIMEOUT_MS, call_retrying
+
     client = client_for(namesrv, request_timeout)
+    budget = DEFAULT_RETRY_TIMEOUT_MS / 1000
     with _lock:
         reader = _readers.get(namesrv)
         if reader is None:
-            reader = _readers[namesrv] = client.call(_make_reader, client.instance)
-    client.call(reader.catch_up)
+            reader = _readers[namesrv] = call_retrying(
+                client, budget, "reading MQTT routes",
+                lambda _n: client.call(_make_reader, client.instance))
+
+    def attempt(n: int) -> None:
+        if n:  # the route log's master may have moved (failover)
+            client.call(reader.master.reresolve)
+        client.call(reader.catch_up)
+
+    call_retrying(client, budget, "reading MQTT routes", attempt)
     return reader
 
 

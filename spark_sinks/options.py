@@ -19,11 +19,12 @@ SOURCE_OPTIONS = (
     "lmq.namesrv", "subscribe", "subscribePattern", "mqttTopic", "startingOffsets",
     "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
     "includeHeaders", "commitGroup", "lmq.pullBatchSize", "lmq.requestTimeout", "amqpQueue",
+    "lmq.retryTimeoutMs",
 )
 #: Options the sink understands.
 SINK_OPTIONS = (
     "lmq.namesrv", "topic", "lmq.producerGroup", "lmq.commitTopic", "lmq.requestTimeout",
-    "lmq.queryId", "lmq.mqttStoreTopic",
+    "lmq.queryId", "lmq.mqttStoreTopic", "lmq.retryTimeoutMs",
 )
 #: Spark sets these itself on streaming queries.
 _SPARK_INTERNAL = frozenset({"path", "checkpointlocation", "queryid", "__queryid", "queryname"})
@@ -160,6 +161,8 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     pull_batch: int = DEFAULT_PULL_BATCH
     request_timeout: float = 10.0
+    #: lmq.retryTimeoutMs in seconds: how long a lost broker is retried (retry.py)
+    retry_timeout: float = 30.0
     extra: dict = field(default_factory=dict)
 
 
@@ -226,7 +229,26 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
                                                                str(DEFAULT_PULL_BATCH))),
         request_timeout=float(_positive_int("lmq.requestTimeout",
                                             opts.get("lmq.requesttimeout", "10"))),
+        retry_timeout=retry_timeout_s(opts),
     )
+
+
+def retry_timeout_s(opts: Mapping[str, str]) -> float:
+    """`lmq.retryTimeoutMs` of parsed (lower-case) options, in seconds (0: no retry)."""
+    from spark_sinks.retry import DEFAULT_RETRY_TIMEOUT_MS
+
+    value = opts.get("lmq.retrytimeoutms", str(DEFAULT_RETRY_TIMEOUT_MS))
+    return _non_negative_ms("lmq.retryTimeoutMs", value) / 1000.0
+
+
+def _non_negative_ms(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise LmqOptionError(f"option {name!r} must be milliseconds (>= 0), not {value!r}")
+    return n
 
 
 #: Longest AMQP queue name (AMQP 0-9-1 shortstr), in UTF-8 bytes.

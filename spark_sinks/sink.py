@@ -39,11 +39,13 @@ from pyspark.sql.types import (
 from core.client.transaction import LocalTransactionState
 from spark_sinks.conn import client_for, request_pool
 from spark_sinks.mqtt_out import DEFAULT_STORE_TOPIC, mqtt_properties, routes_for
-from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known
+from spark_sinks.options import SINK_OPTIONS, LmqOptionError, check_known, retry_timeout_s
+from spark_sinks.retry import call_retrying, retrying
 from spark_sinks.txn import (
     P_BATCH,
     P_QUERY,
     P_TASK,
+    UNIQ_PROP,
     WINDOW,
     Chunk,
     ChunkBuilder,
@@ -73,6 +75,8 @@ class SinkOptions:
     query_id: str | None = None
     checkpoint: str | None = None
     mqtt_store_topic: str = DEFAULT_STORE_TOPIC
+    #: lmq.retryTimeoutMs in seconds: how long a lost broker is retried (retry.py)
+    retry_timeout: float = 30.0
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -90,7 +94,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                        commit_topic=opts.get("lmq.committopic", DEFAULT_COMMIT_TOPIC),
                        request_timeout=timeout, query_id=opts.get("lmq.queryid"),
                        checkpoint=low.get("checkpointlocation"),
-                       mqtt_store_topic=opts.get("lmq.mqttstoretopic") or DEFAULT_STORE_TOPIC)
+                       mqtt_store_topic=opts.get("lmq.mqttstoretopic") or DEFAULT_STORE_TOPIC,
+                       retry_timeout=retry_timeout_s(opts))
 
 
 def check_columns(schema: StructType, opts: SinkOptions) -> dict[str, int]:
@@ -171,6 +176,31 @@ def _column(rb, idx: dict[str, int], name: str) -> list:
     return rb.column(idx[name]).to_pylist()
 
 
+def _rekey(body: bytes, old: str, new: str) -> bytes:
+    """`body` with its rows' UNIQ_KEY prefix `old` replaced by `new` (same length: the
+    encoded batch stays valid). Only the property (key, separator, prefix) is matched."""
+    return body.replace(f"{UNIQ_PROP}{old}".encode(), f"{UNIQ_PROP}{new}".encode())
+
+
+def send_chunk_retrying(client, opts: SinkOptions, producer, topic: str, body: bytes,
+                        count: int, prefix: str, tag: dict[str, str]) -> Chunk:
+    """Send one chunk; on a lost or moved broker, again (retry.py). A failed attempt may
+    have stored its half all the same (the answer was lost): each new attempt gets new
+    UNIQ_KEYs, so such a half is not the chunk the driver commits, and the broker's
+    check of it rolls it back (it is in no commit record)."""
+    state = {"body": body, "prefix": prefix}
+
+    def attempt(n: int) -> Chunk:
+        if n:
+            new = uuid.uuid4().hex[:24].upper()
+            state["body"] = _rekey(state["body"], state["prefix"], new)
+            state["prefix"] = new
+        return client.call(send_chunk, producer, topic, state["body"], count,
+                           state["prefix"], tag, opts.request_timeout)
+
+    return call_retrying(client, opts.retry_timeout, f"sending a chunk to {topic}", attempt)
+
+
 def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, query: str,
                  batch: int) -> LmqCommitMessage:
     """Send the rows of Arrow record batches as chunks of half messages (txn.py)."""
@@ -186,8 +216,8 @@ def write_chunks(opts: SinkOptions, idx: dict[str, int], batches: Iterator, quer
 
     def flush(b: ChunkBuilder) -> None:
         topic, body, count, prefix = b.take()
-        inflight.append(pool.submit(client.call, send_chunk, producer, topic, body, count,
-                                    prefix, tag, opts.request_timeout))
+        inflight.append(pool.submit(send_chunk_retrying, client, opts, producer, topic, body,
+                                    count, prefix, tag))
         while len(inflight) >= WINDOW:
             out.chunks.append(inflight.popleft().result())
 
@@ -237,9 +267,23 @@ def _all_chunks(messages) -> list[Chunk]:
 
 
 def _end(opts: SinkOptions, chunks: list[Chunk], commit: bool) -> None:
-    if chunks:
-        client = client_for(opts.namesrv, opts.request_timeout)
-        client.call(end_chunks, client.instance, opts.group, chunks, commit)
+    """END_TRANSACTION of every chunk. On a lost broker the chunks go to the new master
+    of their broker name (same half offsets: the CommitLog is replicated byte for byte);
+    before a commit is sent again, the chunks already in their topic are left out (an
+    attempt may have committed them without its answer arriving)."""
+    if not chunks:
+        return
+    client = client_for(opts.namesrv, opts.request_timeout)
+    inst = client.instance
+
+    def attempt(n: int) -> None:
+        todo = chunks
+        if n and commit:
+            todo = client.call(uncommitted, inst, chunks)
+        client.call(end_chunks, inst, opts.group, todo, commit)
+
+    call_retrying(client, opts.retry_timeout,
+                  "committing chunks" if commit else "rolling back chunks", attempt)
 
 
 # -- writers -------------------------------------------------------------------------------
@@ -296,16 +340,20 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
         chunks = _all_chunks(messages)
         client = client_for(opts.namesrv, opts.request_timeout)
         inst = client.instance
-        record = client.call(find_record, inst, opts.commit_topic, self.query, batchId)
+        budget = opts.retry_timeout
+        record = retrying(client, budget, "reading the commit record", find_record, inst,
+                          opts.commit_topic, self.query, batchId)
         if record is not None:
             log.warning("lmq sink: batch %d of query %s was committed before; dropping the "
                         "replay", batchId, self.query)
             _end(opts, chunks, False)
-            _end(opts, client.call(uncommitted, inst, chunks_of(record)), True)
+            _end(opts, retrying(client, budget, "reading committed chunks", uncommitted,
+                                inst, chunks_of(record)), True)
             return
         producer = _producer(opts)
-        client.call(write_record, inst, producer.target, opts.commit_topic, self.query,
-                    batchId, chunks)
+        # Repeating it may store the record twice: both copies list the same chunks.
+        retrying(client, budget, "storing the commit record", write_record, inst,
+                 producer.target, opts.commit_topic, self.query, batchId, chunks)
         _end(opts, chunks, True)
 
     def abort(self, messages, batchId: int) -> None:

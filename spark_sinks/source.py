@@ -34,6 +34,7 @@ from core.common.names import (
 from core.common.properties import MessageConst
 from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
+from spark_sinks.retry import call_retrying, retrying
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ def topics_of(opts: SourceOptions) -> list[str]:
 
 def queue_bounds(opts: SourceOptions) -> dict[Key, tuple[int, int]]:
     client = client_for(opts.namesrv, opts.request_timeout)
-    return client.call(_bounds, client.instance, topics_of(opts))
+    return retrying(client, opts.retry_timeout, "reading queue bounds", _bounds,
+                    client.instance, topics_of(opts))
 
 
 async def _by_time(instance, keys: list[Key], timestamp_ms: int) -> dict[Key, int]:
@@ -128,7 +130,8 @@ def starting_offsets(opts: SourceOptions, bounds: dict[Key, tuple[int, int]]) ->
     if opts.starting_ts is None:
         return resolve(opts.starting, bounds, EARLIEST)
     client = client_for(opts.namesrv, opts.request_timeout)
-    found = client.call(_by_time, client.instance, sorted(bounds), opts.starting_ts)
+    found = retrying(client, opts.retry_timeout, "searching offsets by time", _by_time,
+                     client.instance, sorted(bounds), opts.starting_ts)
     return {k: min(max(found[k], lo), hi) for k, (lo, hi) in bounds.items()}
 
 
@@ -233,6 +236,13 @@ class _Prefetch:
         self.next = -1
 
     def pull(self, offset: int):
+        try:
+            return self._pull(offset)
+        except Exception:
+            self.inflight.clear()  # pulls sent to a lost broker: sent again when retried
+            raise
+
+    def _pull(self, offset: int):
         q = self.inflight
         if not q or q[0][0] != offset:
             q.clear()  # answers of dropped predictions are ignored
@@ -268,11 +278,13 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
     pc = client.pull_consumer(READER_GROUP)
     mq = MessageQueue(part.topic, part.broker, part.queue_id)
     lmq = is_lmq(part.topic)
+    budget = opts.retry_timeout
     if lmq and client.instance.find_subscribe_addr(part.broker) is None:
-        client.call(_pin_brokers, client.instance)
+        retrying(client, budget, "reading the brokers", _pin_brokers, client.instance)
     offset, end = part.start, part.end
     if offset == EARLIEST:
-        offset = min(pc.min_offset(mq), end)
+        offset = min(call_retrying(client, budget, f"reading {mq}",
+                                   lambda _n: pc.min_offset(mq)), end)
     elif end < offset:
         _data_loss(opts, f"{mq}: end offset {end} is below start offset {offset}")
         return
@@ -281,7 +293,9 @@ def read_range(opts: SourceOptions, part: QueueRange) -> Iterator:
         from spark_sinks.mqtt import topic_matches
     ahead = _Prefetch(pc, mq, opts.pull_batch, end)
     while offset < end:
-        res = ahead.pull(offset)
+        # A pull is a read: repeating it (on the new master, or a slave meanwhile) is safe.
+        res = call_retrying(client, budget, f"pulling {mq}",
+                            lambda _n, at=offset: ahead.pull(at))
         if res.status is PullStatus.FOUND and res.messages:
             msgs = _as_lmq(res.messages, part.topic, offset) if lmq else res.messages
             first = msgs[0].queue_offset

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import trio
 
-from core.client.errors import MQClientError
+from core.client.errors import MQBrokerError, MQClientError
 from core.client.model import MessageQueue
 from core.client.pull_consumer import broker_addr_for
 from core.common.codec import BATCH_HEAD, INT16
@@ -33,7 +33,7 @@ from core.common.msgid import decode_offset_msg_id
 from core.common.names import NOT_ALLOWED_SEND_TOPICS, validate_topic
 from core.common.properties import MessageConst, encode_properties
 from core.common.sysflag import MessageSysFlag
-from core.remoting.codes import RequestCode
+from core.remoting.codes import RequestCode, ResponseCode
 
 P_QUERY = "SPARK_QUERY"
 P_BATCH = "SPARK_BATCH"
@@ -50,6 +50,8 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024 - 4096
 _SEP_PAIR = "\x02"
 _SEP_KV = "\x01"
 _UNIQ = MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX + _SEP_KV
+#: How a row's UNIQ_KEY starts in its encoded properties (sink.py re-keys a chunk with it).
+UNIQ_PROP = _UNIQ
 _KEYS = _SEP_PAIR + MessageConst.KEYS + _SEP_KV
 _TAGS = _SEP_PAIR + MessageConst.TAGS + _SEP_KV
 _HEAD = BATCH_HEAD.pack
@@ -179,12 +181,18 @@ async def end_chunks(instance, group: str, chunks: list[Chunk], commit: bool) ->
 
 
 async def _record_broker(instance, commit_topic: str) -> tuple[str, str]:
-    """(broker name, address) that holds the commit records: the first master by name."""
-    masters = (await instance.api.get_cluster_info()).master_addrs()
-    if not masters:
+    """(broker name, address) that holds the commit records: the first broker name, at
+    its master. While that name has no master (a failover under way) this raises (a
+    retryable "no broker" error) rather than look on another name: a record not found
+    there would make a replayed batch look new."""
+    info = await instance.api.get_cluster_info()
+    if not info.brokers:
         raise MQClientError("no broker to record Spark commits on")
-    name = sorted(masters)[0]
-    return name, masters[name]
+    name = sorted(info.brokers)[0]
+    addr = info.brokers[name].master_addr()
+    if not addr:
+        raise MQClientError(f"no broker master for {name} (to record Spark commits on) yet")
+    return name, addr
 
 
 async def find_record(instance, commit_topic: str, query_id: str, batch_id: int) -> dict | None:
@@ -222,7 +230,16 @@ async def write_record(instance, producer, commit_topic: str, query_id: str,
     msg = Message(commit_topic, body)
     msg.keys = [record_key(query_id, batch_id)]
     msg.properties.update({P_QUERY: query_id, P_BATCH: str(batch_id)})
-    await producer.send_to_queue(msg, MessageQueue(commit_topic, broker, 0))
+    mq = MessageQueue(commit_topic, broker, 0)
+    try:
+        await producer.send_to_queue(msg, mq)
+    except MQBrokerError as exc:
+        if exc.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise
+        # A new master (failover) that had not synced the topic's config yet: create it
+        # there, once, and store the record.
+        await instance.api.create_topic(addr, commit_topic, 1, 1)
+        await producer.send_to_queue(msg, mq)
 
 
 def chunks_of(record: dict) -> list[Chunk]:

@@ -49,6 +49,7 @@ from core.common.properties import MessageConst, encode_properties
 from core.common.sysflag import PullSysFlag
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
+from gateway.routing.master_follow import MasterFollower
 
 __all__ = ["ClusterSessions", "SESSION_TOPIC", "StoredSession", "offsets_group",
            "session_lmq"]
@@ -95,7 +96,8 @@ class ClusterSessions:
                  topic: str = SESSION_TOPIC, retry_s: float = 0.5) -> None:
         self.link = link
         self.client = link.client
-        self.addr = addr
+        #: the master of `broker_name`, followed across a failover (re-read on a failure)
+        self.master = MasterFollower(self.client, broker_name, addr, min_interval_s=retry_s)
         self.broker_name = broker_name
         self.gateway_id = gateway_id
         self.topic = topic
@@ -112,6 +114,14 @@ class ClusterSessions:
         self.sweep_prefix = "mqtt-"
         #: publishes a will of a session whose gateway vanished: (client id, Will)
         self.on_will: Any = None
+
+    @property
+    def addr(self) -> str:
+        return self.master.addr
+
+    @addr.setter
+    def addr(self, value: str) -> None:
+        self.master.addr = value
 
     # -- writes (ordered) -----------------------------------------------------------------
 
@@ -168,9 +178,20 @@ class ClusterSessions:
                         await self._write_offsets(*data)
                 except (MQClientError, RemotingError, OSError) as exc:
                     log.warning("session state not stored yet, retrying: %r", exc)
-                    await trio.sleep(self.retry_s)
+                    if await self.master.reresolve():
+                        await self._refresh_link()
+                    else:
+                        await trio.sleep(self.retry_s)
                     continue
                 self._outbox.pop(0)
+
+    async def _refresh_link(self) -> None:
+        """The master moved: the link's broker table (offsets of the sessions go through
+        it) is re-read now rather than at its next periodic refresh."""
+        try:
+            await self.link.refresh_cluster()
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("cluster refresh after a master moved failed: %r", exc)
 
     async def _write_record(self, sess: Any, body: dict, done: trio.Event | None) -> None:
         lmq = session_lmq(body["c"])

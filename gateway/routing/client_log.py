@@ -29,6 +29,7 @@ from core.client import ClientInstance, MessageQueue, PullStatus
 from core.client.errors import MQClientError
 from core.common.sysflag import PullSysFlag
 from core.remoting.errors import RemotingError
+from gateway.routing.master_follow import MasterFollower
 
 __all__ = ["ClientLog", "MAX_RECORD_BYTES"]
 
@@ -48,7 +49,9 @@ class ClientLog:
                  pull_suspend_ms: int = 15_000, pull_batch: int = 32,
                  retry_delay_s: float = 0.5) -> None:
         self.client = client
-        self.addr = broker_addr
+        #: the master of `broker_name`, followed across a failover (re-read on a failure)
+        self.master = MasterFollower(client, broker_name, broker_addr,
+                                     min_interval_s=retry_delay_s)
         self.broker_name = broker_name
         self.gateway_id = gateway_id
         self.on_taken = on_taken
@@ -61,6 +64,14 @@ class ClientLog:
         #: records read so far
         self.read = 0
 
+    @property
+    def addr(self) -> str:
+        return self.master.addr
+
+    @addr.setter
+    def addr(self, value: str) -> None:
+        self.master.addr = value
+
     async def announce(self, client_id: str, clean_start: bool) -> int:
         """Record that `client_id` connected here; the record's offset."""
         body = json.dumps({"c": client_id, "g": self.gateway_id, "k": int(clean_start)},
@@ -68,9 +79,16 @@ class ClientLog:
         ext = {"a": self.group, "b": self.topic, "c": "TBW102", "d": "1", "e": "0", "f": "0",
                "g": str(int(time.time() * 1000)), "h": "0", "i": "", "j": "0",
                "k": "false", "m": "false"}
-        result = await self.client.api.send_message(
-            self.addr, MessageQueue(self.topic, self.broker_name, 0), ext, body, batch=False,
-            uniq_id="")
+        mq = MessageQueue(self.topic, self.broker_name, 0)
+        try:
+            result = await self.client.api.send_message(self.addr, mq, ext, body,
+                                                        batch=False, uniq_id="")
+        except (MQClientError, RemotingError, OSError):
+            if not await self.master.reresolve():
+                raise
+            # The master moved (failover): once more, to the new one.
+            result = await self.client.api.send_message(self.addr, mq, ext, body,
+                                                        batch=False, uniq_id="")
         assert result is not None
         return result.queue_offset
 
@@ -91,7 +109,8 @@ class ClientLog:
                     self.pull_suspend_ms / 1000 + self.client.config.request_timeout)
             except (MQClientError, RemotingError, OSError) as exc:
                 log.warning("client registry pull failed: %s", exc)
-                await trio.sleep(self.retry_delay_s)
+                if not await self.master.reresolve():
+                    await trio.sleep(self.retry_delay_s)
                 continue
             if got.status is PullStatus.FOUND:
                 for msg in got.messages:

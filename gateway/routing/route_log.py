@@ -38,6 +38,7 @@ from core.client import ClientInstance, MessageQueue, PullStatus
 from core.client.errors import MQClientError
 from core.common.sysflag import PullSysFlag
 from core.remoting.errors import RemotingError
+from gateway.routing.master_follow import MasterFollower
 from gateway.routing.route_table import LogEntry, Route, RouteError, RouteTable
 
 __all__ = ["AckTracker", "RouteLog", "RouteLogConfig"]
@@ -112,10 +113,14 @@ class RouteLog:
                  gateway_id: str, config: RouteLogConfig | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
-        self.addr = broker_addr
         self.broker_name = broker_name
         self.gateway_id = gateway_id
         self.config = config or RouteLogConfig()
+        #: the master of `broker_name`, followed across a failover (re-read on a failure)
+        self.master = MasterFollower(client, broker_name, broker_addr,
+                                     min_interval_s=self.config.retry_delay_s,
+                                     on_change=self._moved)
+        self._rejoin = trio.Event()
         self.table = RouteTable(max_routes=self.config.max_routes)
         # Reports are sent only on change: liveness comes from the group membership.
         self.acks = AckTracker(math.inf)
@@ -140,6 +145,26 @@ class RouteLog:
         self.sweepers: list[Callable[[], Awaitable[object]]] = []
 
     # ------------------------------------------------------------------ broker I/O
+    @property
+    def addr(self) -> str:
+        return self.master.addr
+
+    @addr.setter
+    def addr(self, value: str) -> None:
+        self.master.addr = value
+
+    def _moved(self, old: str, new: str) -> None:
+        # The new master has not seen this gateway's HEART_BEAT: join there at once, or
+        # the others would stop waiting for this gateway until the next heartbeat.
+        self._rejoin.set()
+
+    async def _failed(self, what: str, exc: BaseException) -> None:
+        """A request to the route log's broker failed: log it, look for a new master
+        (failover), then pause `retry_delay_s` unless the master moved."""
+        log.warning("%s failed: %s", what, exc)
+        if not await self.master.reresolve():
+            await trio.sleep(self.config.retry_delay_s)
+
     def _mq(self, topic: str) -> MessageQueue:
         return MessageQueue(topic, self.broker_name, 0)
 
@@ -267,8 +292,7 @@ class RouteLog:
                     await self.report()
                 await self._maybe_snapshot()
             except (MQClientError, RemotingError, OSError) as exc:
-                log.warning("route log pull failed: %s", exc)
-                await trio.sleep(self.config.retry_delay_s)
+                await self._failed("route log pull", exc)
 
     async def _ack_loop(self) -> None:
         while True:
@@ -276,8 +300,7 @@ class RouteLog:
                 got = await self._pull(self.config.ack_topic, self._ack_offset,
                                        self.config.pull_suspend_ms)
             except (MQClientError, RemotingError, OSError) as exc:
-                log.warning("route ack pull failed: %s", exc)
-                await trio.sleep(self.config.retry_delay_s)
+                await self._failed("route ack pull", exc)
                 continue
             if got.status is PullStatus.FOUND:
                 now = self.clock()
@@ -303,11 +326,17 @@ class RouteLog:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await trio.sleep(self.config.heartbeat_interval_s)
+            with trio.move_on_after(self.config.heartbeat_interval_s):
+                await self._rejoin.wait()
+            self._rejoin = trio.Event()
             try:
+                # A master that changed without failing a request (a demoted one still
+                # answers reads) is found here, once per heartbeat.
+                await self.master.reresolve()
                 await self.join()
             except (MQClientError, RemotingError, OSError) as exc:
                 log.warning("route log heartbeat failed: %s", exc)
+                await self.master.reresolve()
 
     async def refresh_members(self) -> None:
         """Read the live gateways (GET_CONSUMER_LIST_BY_GROUP); on failure keep the last."""
@@ -449,12 +478,13 @@ class RouteLog:
                 try:
                     version = await self._send(self.config.log_topic, entry.encode()) + 1
                 except (MQClientError, RemotingError, OSError) as exc:
+                    if done is not None and await self.master.reresolve():
+                        continue  # the master moved (failover): send it there
                     if done is not None:
                         self._outbox.pop(0)
                         done.set()  # the caller sees the failure (no version)
                         continue
-                    log.warning("route change %s not stored yet, retrying: %s", entry.op, exc)
-                    await trio.sleep(self.config.retry_delay_s)
+                    await self._failed(f"storing route change {entry.op}", exc)
                     continue
                 self._outbox.pop(0)
                 self._apply_own(LogEntry(entry.op, entry.route, version))

@@ -351,11 +351,9 @@ def _broker_service(stack, broker_name: str, broker_id: int) -> str:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("LMQ_TEST_COMPOSE_FAILOVER"), reason=(
-    "the controller elects the other broker ~4 s after the kill, but the demo stops: the "
-    "Spark lmq source and sink fail their query on the killed broker's connection "
-    "(RemotingConnectError in reportLatestOffset / a sink task) and the demo ends; the MQTT "
-    "gateways' route-log pulls also keep the killed master's address for minutes "
-    "(LMQ_TEST_COMPOSE_FAILOVER=1 runs it)"))
+    "passed (40 s) once after the gateways' and Spark's failover fixes, not yet run often "
+    "enough to call it reliable; the MQTT broker link still stores on the killed address "
+    "until its 30 s cluster refresh (LMQ_TEST_COMPOSE_FAILOVER=1 runs it)"))
 def test_devices_and_consumers_carry_on_after_a_master_is_killed(tmp_path):
     _needs_spark()
     with Stack(tmp_path) as stack:
