@@ -73,6 +73,10 @@ SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
 SEND_ATTEMPTS = 2
+#: After a broker could not be reached, the cluster is read again at once (at most this
+#: often) instead of at the next CLUSTER_REFRESH_S tick: publishes follow a broker name's
+#: new master after a failover (docs/ha.md) within a send attempt or two.
+ERROR_REFRESH_S = 1.0
 CLUSTER_WAIT_S = 30.0
 CLUSTER_REFRESH_S = 30.0
 #: "cluster info lists no master broker" is logged when it starts, then at most once per
@@ -153,6 +157,7 @@ class BrokerLink:
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
         self._no_master_unlogged = 0
+        self._error_refresh_at = -ERROR_REFRESH_S  # trio time of the last refresh on error
         #: other gateways may write our LMQs: no tail prediction, watch pulls instead
         self.foreign_writers = False
         self._watched: set[tuple[str, str]] = set()
@@ -218,6 +223,18 @@ class BrokerLink:
             log.warning("cluster info lists no master broker; keeping the %d known "
                         "(seen %d more times in the last %.0f s)", len(self.brokers), more,
                         now - last)
+
+    async def _refresh_after_error(self) -> None:
+        """Re-read the cluster now (at most once per ERROR_REFRESH_S): the broker may have
+        lost its master role to a slave."""
+        now = trio.current_time()
+        if now - self._error_refresh_at < ERROR_REFRESH_S:
+            return
+        self._error_refresh_at = now
+        try:
+            await self.refresh_cluster()
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.debug("cluster refresh after a send error failed: %r", exc)
 
     async def refresh_loop(self) -> None:
         while True:
@@ -504,6 +521,7 @@ class BrokerLink:
                 await self.client.api.remoting.connection(addr)
             except (MQClientError, RemotingError) as exc:
                 err = exc
+                await self._refresh_after_error()
                 continue
             try:
                 result = await self.client.api.send_message(
@@ -522,6 +540,7 @@ class BrokerLink:
                 # predicted tails and readers pull to see what is there.
                 log.warning("store of %d MQTT message(s) on %s has an unknown outcome: %r",
                             len(reqs), broker, exc)
+                await self._refresh_after_error()
                 return SEND_FAILED
             ids = result.offset_msg_id.split(",") if result is not None else []
             if len(ids) == len(reqs):
