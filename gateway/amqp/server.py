@@ -32,6 +32,7 @@ from gateway.amqp.connection import (
 )
 from gateway.amqp.session import AmqpSession
 from gateway.amqp.users import UserFile
+from gateway.mqtt.logtext import shown
 from gateway.mqtt.transport import server_ssl_context
 
 __all__ = ["AmqpServer", "AmqpServerConfig"]
@@ -73,6 +74,20 @@ class AmqpServerConfig:
     read_size: int = 65536
 
 
+#: At most one "login refused" line per this many seconds; the next line says how many
+#: were left out (a client failing logins in a loop cannot fill the log; docs/amqp.md).
+REFUSED_LOGIN_LOG_INTERVAL_S = 1.0
+
+
+def _peer(stream: Any) -> str:
+    try:
+        raw = getattr(stream, "transport_stream", stream)
+        host, port = raw.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except (OSError, ValueError, AttributeError, TypeError):
+        return "?"
+
+
 def _is_loopback(stream: Any) -> bool:
     try:
         raw = getattr(stream, "transport_stream", stream)  # under TLS: the TCP stream
@@ -98,6 +113,8 @@ class AmqpServer:
         self.vhost_exists = vhost_exists
         self.connections = 0
         self.port = 0
+        self._refused_logged_at = -REFUSED_LOGIN_LOG_INTERVAL_S  # trio time of the last line
+        self._refused_unlogged = 0
         self.tls_port: int | None = None
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -155,6 +172,7 @@ class AmqpServer:
                                 frame_max=cfg.frame_max, heartbeat=cfg.heartbeat_s, now=now)
         conn.decoder.max_message_size = cfg.max_message_size
         conn.peer_loopback = _is_loopback(stream)
+        conn.peer = _peer(stream)
         session = AmqpSession(conn, self.broker) if self.broker is not None else None
         send_lock = trio.Lock()  # consumer loops write deliveries from their own tasks
 
@@ -206,6 +224,18 @@ class AmqpServer:
             if conn.closing and close_deadline is None:
                 close_deadline = trio.current_time() + cfg.close_linger_s
 
+    def _log_refused_login(self, conn: ServerConnection, username: str, why: str) -> None:
+        """One line per refused login, at most one per REFUSED_LOGIN_LOG_INTERVAL_S."""
+        now = trio.current_time()
+        if now - self._refused_logged_at < REFUSED_LOGIN_LOG_INTERVAL_S:
+            self._refused_unlogged += 1
+            return
+        self._refused_logged_at = now
+        skipped, self._refused_unlogged = self._refused_unlogged, 0
+        log.info("AMQP login refused for user %s from %s: %s%s", shown(username),
+                 getattr(conn, "peer", "?"), why,
+                 f" ({skipped} more refused since the last line)" if skipped else "")
+
     async def _event(self, conn: ServerConnection, session: AmqpSession | None,
                      event: Any) -> None:
         kind = type(event)
@@ -216,10 +246,14 @@ class AmqpServer:
             except Exception:  # a broken authenticator refuses; it must not stop the server
                 log.exception("AMQP authenticator failed")
                 ok = False
+            why = "wrong user name or password"
             if ok and event.username == "guest" and self.config.guest_loopback_only and \
                     not conn.peer_loopback:
                 # RabbitMQ's loopback_users default: guest only from this machine.
                 ok = False
+                why = "user guest may only connect from loopback"
+            if not ok:
+                self._log_refused_login(conn, event.username, why)
             conn.login(bool(ok), trio.current_time())
         elif session is not None:
             if kind is ConnectionOpened:

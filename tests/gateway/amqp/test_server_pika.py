@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from functools import partial
 
@@ -10,6 +11,7 @@ import pika.exceptions
 import pytest
 import trio
 
+from gateway.amqp import server as amqp_server
 from gateway.amqp.codec import (
     PROTOCOL_HEADER,
     AmqpDecoder,
@@ -81,6 +83,22 @@ def test_bad_credentials_refused():
     text = trio.run(partial(_with_server, client, authenticate=check))
     assert "403" in text and "ACCESS_REFUSED" in text
     assert seen == [("app", "wrong"), ("app", "right")]
+
+
+def test_refused_logins_are_logged_one_line_each_interval(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="gateway.amqp.server")
+    monkeypatch.setattr(amqp_server, "REFUSED_LOGIN_LOG_INTERVAL_S", 3600.0)
+
+    def client(port):
+        for _ in range(3):  # within one (stretched) interval
+            with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+                pika.BlockingConnection(_params(port, "mallory", "nope"))
+
+    trio.run(partial(_with_server, client, authenticate=lambda user, password: False))
+    lines = [r.getMessage() for r in caplog.records if "login refused" in r.getMessage()]
+    assert len(lines) == 1, lines  # the rest are counted, not written
+    assert "'mallory'" in lines[0] and "127.0.0.1:" in lines[0]
+    assert "wrong user name or password" in lines[0]
 
 
 def test_unknown_vhost_refused():
