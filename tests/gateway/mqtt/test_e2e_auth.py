@@ -184,16 +184,20 @@ def test_acl_allows_what_it_allows(secured):
 
 def test_acl_user_substitution(secured):
     alice = _login(secured, "alice", 5)
+    # A second connection of alice's publishes: the subscriber's own PUBLISH could
+    # otherwise arrive before the PUBACK its publish_qos1 reads.
+    alice_pub = _login(secured, "alice", 5)
     bob = _login(secured, "bob", 5)
     try:
         ack = alice.subscribe(Subscription("devices/alice/#", qos=1),
                               Subscription("devices/bob/#", qos=1))
         assert list(ack.reason_codes) == [1, 0x87]
         assert bob.publish_qos1("devices/alice/x", b"no", packet_id=1).reason_code == 0x87
-        assert alice.publish_qos1("devices/alice/x", b"yes", packet_id=2).reason_code == 0
+        assert alice_pub.publish_qos1("devices/alice/x", b"yes", packet_id=2).reason_code == 0
         assert alice.expect(Publish).payload == b"yes"
     finally:
         alice.close()
+        alice_pub.close()
         bob.close()
 
 
