@@ -48,6 +48,12 @@ class _Proc:
                 time.sleep(0.05)
         raise RuntimeError(f"{self.name} not listening after {timeout} s")
 
+    def kill9(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -127,6 +133,15 @@ class Cluster:
                                 config)
         self.gateways.append(gw)
         return gw.start()
+
+    def kill9_broker(self, i: int) -> None:
+        """kill -9 of broker `i` (its data dir and port stay for `restart_broker`)."""
+        self.brokers[i][0].kill9()
+
+    def restart_broker(self, i: int) -> None:
+        proc, port = self.brokers[i]
+        proc.start()
+        proc.wait_port(port)
 
     def stop(self) -> None:
         for gw in self.gateways:
