@@ -62,6 +62,7 @@ from typing import Any
 
 import psutil
 
+from lmq.bench import _mqtt_gateways
 from lmq.bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
 from lmq.bench._mqtt_open import (
     OPEN_PHASES,
@@ -129,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--server-cpus", default=None, help="comma-separated CPUs of the server")
     g.add_argument("--generator-cpus", default=None,
                    help="comma-separated CPUs of the load generator")
+    _mqtt_gateways.add_arguments(parser)
 
 
 def _defaults(opts: argparse.Namespace) -> None:
@@ -242,6 +244,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
                 jobs_pub: list[Job], fanout: int) -> dict[str, Any]:
     """Run publishers and subscribers: GO, warm up, measure, STOP, drain."""
     sh = _shared()
+    _mqtt_gateways.place_subscribers(opts, port, jobs_sub)
     pub_slots = tuple(j.slot for j in jobs_pub)
     sub_slots = tuple(j.slot for j in jobs_sub)
     for j in jobs_pub + jobs_sub:
@@ -465,6 +468,8 @@ def _start_servers(opts, tmp: str, notes: list[str]) -> dict[str, MqttServer]:
             notes.append("--target: the server is not pinned (not started here)")
     else:
         servers["lmq"] = start_lmq(tmp, cpus)
+        if getattr(opts, "gateways", 1) == 2:
+            servers[_mqtt_gateways.NAME] = _mqtt_gateways.start_two_gateways(opts, tmp, cpus)
     if opts.compare_mosquitto:
         mosq = start_mosquitto(tmp, opts.mosquitto_bin, cpus)
         if mosq is None:
