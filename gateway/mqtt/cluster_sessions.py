@@ -37,6 +37,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,10 @@ SESSION_TOPIC = "LMQ_GW_SESSIONS"
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 #: Session records read per sweep round (the rest wait for the next round).
 SWEEP_READS = 200
+#: Records carrying a connected session's in-flight state (written when it changed, so
+#: that a session resumed elsewhere after a crash re-sends with DUP and keeps its inbound
+#: QoS 2 ids) per second per gateway, at most; sessions wait their turn in order.
+STATE_WRITES_PER_S = 200
 
 
 def _key(client_id: str) -> str:
@@ -104,6 +109,9 @@ class ClusterSessions:
         self.retry_s = retry_s
         self._outbox: list[tuple[str, Any]] = []
         self._work = trio.Event()
+        #: client id -> connected session whose in-flight state is to be written
+        self._state_due: dict[str, Any] = {}
+        self._state_at = 0.0  # trio time before which no state record is written
         #: client id -> gateway its newest record names (sweep)
         self._owners: dict[str, str] = {}
         #: client id -> stamp of the record found expired (ended when found again)
@@ -131,6 +139,11 @@ class ClusterSessions:
         `state` (on disconnect) the record also carries the session's in-flight
         outbound messages, inbound QoS 2 ids and positions, so the gateway that resumes
         it re-sends what was not acknowledged (DUP, same packet ids)."""
+        done = trio.Event()
+        self._post(("record", (sess, self._body(sess, state), done)))
+        return done
+
+    def _body(self, sess: Any, state: bool) -> dict:
         body = {"c": sess.client_id, "g": self.gateway_id, "r": sess.record()}
         if state:
             body["s"] = {"pos": sess.offsets_record(), "inf": sess.inflight_record(),
@@ -138,9 +151,16 @@ class ClusterSessions:
             if sess.will is not None and sess.will_due is not None:
                 due = int(time.time() * 1000 + (sess.will_due - trio.current_time()) * 1000)
                 body["w"] = will_record(sess.will, due)
-        done = trio.Event()
-        self._post(("record", (sess, body, done)))
-        return done
+        return body
+
+    def post_state(self, sess: Any) -> None:
+        """The in-flight state of connected `sess` changed: write its record with that
+        state soon (a session already waiting keeps its place; the record is built when
+        written, so it is the newest state then), at most `STATE_WRITES_PER_S` records
+        a second for the whole gateway, after the ordered writes."""
+        if sess.client_id not in self._state_due:
+            self._state_due[sess.client_id] = sess
+            self._work.set()
 
     def post_delete(self, client_id: str) -> None:
         self._post(("record", (None, {"c": client_id, "g": self.gateway_id, "r": None},
@@ -167,23 +187,39 @@ class ClusterSessions:
         await self.client.api.create_topic(self.addr, self.topic, 1, 1)
         task_status.started()
         while True:
-            await self._work.wait()
-            self._work = trio.Event()
-            while self._outbox:
+            if self._outbox:
                 kind, data = self._outbox[0]
-                try:
-                    if kind == "record":
-                        await self._write_record(*data)
-                    else:
-                        await self._write_offsets(*data)
-                except (MQClientError, RemotingError, OSError) as exc:
-                    log.warning("session state not stored yet, retrying: %r", exc)
-                    if await self.master.reresolve():
-                        await self._refresh_link()
-                    else:
-                        await trio.sleep(self.retry_s)
-                    continue
-                self._outbox.pop(0)
+                if await self._attempt(self._write_record(*data) if kind == "record"
+                                       else self._write_offsets(*data)):
+                    self._outbox.pop(0)
+                continue
+            now = trio.current_time()
+            if self._state_due and now >= self._state_at:
+                cid = next(iter(self._state_due))
+                sess = self._state_due.pop(cid)
+                if sess.conn is None or sess.ended:
+                    continue  # gone: its disconnect record (if any) carries the state
+                self._state_at = now + 1 / STATE_WRITES_PER_S
+                if not await self._attempt(self._write_record(sess, self._body(sess, True),
+                                                              None)):
+                    self._state_due.setdefault(cid, sess)
+                continue
+            with trio.move_on_at(self._state_at if self._state_due else math.inf):
+                await self._work.wait()
+            self._work = trio.Event()
+
+    async def _attempt(self, write: Any) -> bool:
+        """Run one write; on a failure wait (or follow a moved master) and say so."""
+        try:
+            await write
+            return True
+        except (MQClientError, RemotingError, OSError) as exc:
+            log.warning("session state not stored yet, retrying: %r", exc)
+            if await self.master.reresolve():
+                await self._refresh_link()
+            else:
+                await trio.sleep(self.retry_s)
+            return False
 
     async def _refresh_link(self) -> None:
         """The master moved: the link's broker table (offsets of the sessions go through
@@ -414,12 +450,14 @@ class ClusterSessions:
         routes = registry.gw.routes
         state = stored.state if isinstance(stored.state, dict) else None
         positions = state.get("pos") if state is not None else None
+        inflight = state.get("inf") or [] if state is not None else []
         if isinstance(positions, dict):
             # Where its gateway left it (delivered up to `sent`), not the committed
             # positions: the unacknowledged ones are re-sent below, not delivered anew.
             for key, pair in positions.items():
                 if key in offsets and isinstance(pair, list) and len(pair) == 2:
                     offsets[key] = [int(pair[0]), int(pair[1])]
+            inflight = _drop_acknowledged(offsets, inflight, found)
         for sub in subs:
             shared = parse_shared_subscription(sub.filter)
             sub.route = Route("mqtt", shared.filter if shared is not None else sub.filter,
@@ -429,7 +467,7 @@ class ClusterSessions:
                 routes.post("add", sub.route)
         if state is not None:
             try:
-                restore_state(sess, offsets, state.get("inf") or [], state.get("q2") or [],
+                restore_state(sess, offsets, inflight, state.get("q2") or [],
                               registry.gw.retained.get)
             except (ValueError, TypeError) as exc:
                 log.warning("session %r: in-flight state not restored: %r", client_id[:64],
@@ -442,6 +480,30 @@ class ClusterSessions:
         registry.gw.store.put_session(client_id, sess.record())
         log.info("session %r taken over from gateway %s (%d subscriptions)", client_id[:64],
                  stored.gateway, len(subs))
+
+
+def _drop_acknowledged(offsets: dict, inflight: list,
+                       committed: dict[tuple[str, str], int]) -> list:
+    """A record's positions and in-flight entries brought up to the committed positions
+    of the offset table, which may be newer (a record written while connected, then a
+    crash): what was acknowledged since is neither re-sent nor delivered again."""
+    done = {f"{b}\x00{lmq}": off for (b, lmq), off in committed.items()}
+    for key, pair in offsets.items():
+        c = done.get(key)
+        if c is not None and c > pair[0]:
+            offsets[key] = [c, max(pair[1], c)]
+    out = []
+    for item in inflight:
+        try:
+            refs = item[5]
+            left = [r for r in refs if r[1] >= done.get(r[0], -1)]
+        except (IndexError, TypeError):
+            out.append(item)  # restore_state judges it
+            continue
+        if refs and not left:
+            continue  # acknowledged after the record was written
+        out.append([*item[:5], left, *item[6:]] if len(left) != len(refs) else item)
+    return out
 
 
 def will_record(will: Any, due_ms: int) -> dict:

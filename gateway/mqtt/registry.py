@@ -63,6 +63,7 @@ def route_owner(client_id: str, gateway_id: str | None) -> str:
 #: Longest a persistent session's SUBSCRIBE waits for its record to be stored in the
 #: cluster (several gateways; the write goes on after it).
 CLUSTER_WRITE_WAIT_S = 3.0
+_NO_STATE = hash(((), ()))  # nothing in flight, no inbound QoS 2 id
 
 
 class SessionQuotaExceeded(Exception):
@@ -92,6 +93,8 @@ class SessionRegistry:
         self._expiring: set[str] = set()
         #: client id -> positions last written to the cluster
         self._posted: dict[str, dict[tuple[str, str], int]] = {}
+        #: client id -> signature of the in-flight state last posted to the cluster
+        self._state_sig: dict[str, int] = {}
 
     def route(self, topic: str) -> tuple[str, ...]:
         """LMQs of every live filter matching `topic`, sorted (the dispatcher's router)."""
@@ -343,6 +346,7 @@ class SessionRegistry:
             cs.post_delete(sess.client_id)
         sess.ended = True
         self._posted.pop(sess.client_id, None)
+        self._state_sig.pop(sess.client_id, None)
         if sess.will is not None and sess.will_due is not None:
             self.publish_will(sess, sess.will)  # will delay cut short (v5 §3.1.3.2.2)
         for f in list(sess.subs):
@@ -552,6 +556,7 @@ class SessionRegistry:
         from gateway.mqtt.session_store import P_INFLIGHT, P_OFFSETS, P_QOS2
 
         store = self.gw.store
+        inflight, qos2 = sess.inflight_record(), sorted(sess.inbound_qos2)
         cs = self.cluster()
         if cs is not None:
             now = {(c.st.broker, c.st.lmq): c.committed for c in sess.cursors.values()}
@@ -560,9 +565,15 @@ class SessionRegistry:
             if changed:
                 self._posted[sess.client_id] = now
                 cs.post_offsets(sess.client_id, changed)
+            # In-flight ids and inbound QoS 2 ids into the cluster record as they change
+            # (a resume elsewhere after a crash re-sends with DUP, same packet ids).
+            sig = hash((tuple((e[0], e[2]) for e in inflight), tuple(qos2)))
+            if sess.conn is not None and self._state_sig.get(sess.client_id, _NO_STATE) != sig:
+                self._state_sig[sess.client_id] = sig
+                cs.post_state(sess)
         store.stage(P_OFFSETS, sess.client_id, sess.offsets_record())
-        store.stage(P_INFLIGHT, sess.client_id, sess.inflight_record())
-        store.stage(P_QOS2, sess.client_id, sorted(sess.inbound_qos2))
+        store.stage(P_INFLIGHT, sess.client_id, inflight)
+        store.stage(P_QOS2, sess.client_id, qos2)
 
     def flush(self) -> int:
         """Write everything changed since the last flush (sessions and shared groups)."""
