@@ -15,10 +15,13 @@ gateway B (docs/stateless-gateways.md "Sessions"). Standard RocketMQ requests on
 Writes go through one FIFO (`post_*`, one task), so a session's records keep their order
 without holding up the connection. The record written on a disconnect also carries the
 session's in-flight outbound messages, inbound QoS 2 ids and positions (`"s"`): the
-gateway that resumes it re-sends the unacknowledged ones (DUP, same packet ids). Without
-such a record (its gateway died) a resumed QoS 1/2 session restarts at the committed
-position, so what was delivered but not yet acknowledged is delivered again (QoS 1 allows
-it), and inbound QoS 2 ids are lost.
+gateway that resumes it re-sends the unacknowledged ones (DUP, same packet ids). While a
+session is connected, the same state is written whenever it changed (`post_state`, from
+the state flush): one pending write per session, built when written, after the FIFO's
+writes, at most `STATE_WRITES_PER_S` a second. So after a crash of its gateway the
+resumed session re-sends what that record held in flight (less what newer committed
+positions acknowledged) and keeps its inbound QoS 2 ids; only what changed after the
+record was written is delivered again as new or forgotten.
 
 **Sweep** (`sweep_sessions`, run by the route log's sweep on the MQTT gateway with the
 smallest id): a persistent session whose record names a gateway that has been out of the
