@@ -56,6 +56,10 @@ def mqtt_config_from_args(args: argparse.Namespace, **extra):
         "certfile": args.mqtt_certfile,
         "keyfile": args.mqtt_keyfile,
     }
+    # `lmq mqtt` only (docs/stateless-gateways.md, "Failure behaviour"): flags win over
+    # the file's gateway_orphan_timeout_s / gateway_sweep_interval_s.
+    overrides["gateway_orphan_timeout_s"] = getattr(args, "orphan_timeout", None)
+    overrides["gateway_sweep_interval_s"] = getattr(args, "sweep_interval", None)
     overrides.update(extra)
     if args.mqtt_config:  # the file's values, typed, before MqttConfig checks their ranges
         import tomllib
@@ -102,6 +106,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="CA certificates (PEM) trusted for --remoting-tls")
     parser.add_argument("--remoting-tls-no-verify", action="store_true",
                         help="do not verify the remoting servers' certificates")
+    parser.add_argument("--orphan-timeout", type=float, metavar="SECONDS",
+                        help="a gateway out of the cluster this long has vanished: its clean "
+                             "sessions' routes are swept and its persistent sessions expire "
+                             "(default 300; config gateway_orphan_timeout_s)")
+    parser.add_argument("--sweep-interval", type=float, metavar="SECONDS",
+                        help="how often this gateway looks for vanished gateways (default "
+                             "30; config gateway_sweep_interval_s)")
     add_mqtt_options(parser, embedded=False)
     from lmq.metrics import add_metrics_options
 
