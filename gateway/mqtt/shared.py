@@ -14,9 +14,11 @@ broker's POP instead (`use_pop`, docs/stateless-gateways.md): the POP consumer g
 `MQTT_SHARE_<sha256(LMQ)>` is the same on every gateway, so members on all gateways
 compete for the messages and the in-flight state lives in the broker. A gateway pops only
 as many messages as its members have room for; a QoS 0 delivery is acknowledged (ACK) when
-it is written, a QoS 1/2 one when its flow completes (PUBACK / PUBCOMP). Messages a gateway
-holds when its last member leaves are made visible again at once (invisible time 0); those
-of a gateway that died come back after `SHARE_INVISIBLE_MS`.
+it is written, a QoS 1/2 one when its flow completes (PUBACK / PUBCOMP). While a gateway
+holds a message (a member's unacknowledged delivery, or one waiting for room) its invisible
+time is renewed every `SHARE_RENEW_S`. Messages a gateway holds when its last member
+leaves are made visible again at once (invisible time 0); those of a gateway that died
+come back after at most `SHARE_INVISIBLE_MS`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ SHARE_INVISIBLE_MS = 60_000
 SHARE_REPOLL_S = 5.0
 #: Answer time allowed for one POP / ACK request.
 SHARE_REQUEST_TIMEOUT_S = 5.0
+#: A message this gateway holds (a member's unacknowledged QoS 1/2 delivery, or one
+#: waiting for a member's room) has its invisible time renewed to SHARE_INVISIBLE_MS
+#: (CHANGE_MESSAGE_INVISIBLETIME) this long after it was popped or last renewed, so the
+#: broker does not hand it to another gateway's member while it is held here.
+SHARE_RENEW_S = 20.0
 
 
 def pop_group_name(lmq: str) -> str:
@@ -58,7 +65,8 @@ def pop_group_name(lmq: str) -> str:
 class _Part:
     """The group's position in its LMQ on one broker."""
 
-    __slots__ = ("st", "next", "sent", "buf", "unacked", "back", "end_version", "handles")
+    __slots__ = ("st", "next", "sent", "buf", "unacked", "back", "end_version", "handles",
+                 "renew_at")
 
     def __init__(self, st: LmqState, offset: int) -> None:
         self.st = st
@@ -72,6 +80,8 @@ class _Part:
         self.end_version = -1
         #: POP mode: offset -> (client, popped message) not yet acknowledged
         self.handles: dict[int, tuple] = {}
+        #: POP mode: offset -> trio time its invisible time is renewed (SHARE_RENEW_S)
+        self.renew_at: dict[int, float] = {}
 
     @property
     def committed(self) -> int:
@@ -336,6 +346,7 @@ class SharedGroup:
                     self._work.set()
                     continue
                 part.handles[pm.queue_offset] = (pc, pm)
+                part.renew_at[pm.queue_offset] = trio.current_time() + SHARE_RENEW_S
                 part.buf.append((pm.queue_offset, msg))
                 got = True
             if result.rest_num <= 0:
@@ -356,11 +367,13 @@ class SharedGroup:
         self._work.set()
 
     async def _pop_loop(self) -> None:
-        """Send the acknowledgements and releases; repoll now and then."""
+        """Send the acknowledgements and releases; renew what is held; repoll now and
+        then."""
         while True:
             with trio.move_on_after(SHARE_REPOLL_S):
                 await self._work.wait()
             self._work = trio.Event()
+            await self._renew_held()
             acks, self._acks = self._acks, []
             nacks, self._nacks = self._nacks, []
             if not acks and not nacks:
@@ -387,3 +400,26 @@ class SharedGroup:
                     log.debug("release of a $share message of %s failed: %r", self.lmq, exc)
             if self.closed and not self._acks and not self._nacks:
                 return
+
+    async def _renew_held(self) -> None:
+        """Extend the invisible time of the messages held here whose renewal is due (in
+        this task, so an ack sent later carries the renewed handle)."""
+        now = trio.current_time()
+        for part in self.parts.values():
+            for offset, due in list(part.renew_at.items()):
+                held = part.handles.get(offset)
+                if held is None:
+                    del part.renew_at[offset]  # acknowledged or released meanwhile
+                    continue
+                if now < due or self.closed:
+                    continue
+                pc, pm = held
+                try:
+                    current = await pc.change_invisible(pm, SHARE_INVISIBLE_MS)
+                except Exception as exc:  # noqa: BLE001 - tried again at the next round
+                    log.debug("renewal of a $share message of %s failed: %r", self.lmq, exc)
+                    continue
+                if current:
+                    part.renew_at[offset] = trio.current_time() + SHARE_RENEW_S
+                else:
+                    part.renew_at.pop(offset, None)  # handed out again already
