@@ -23,6 +23,7 @@ __all__ = [
     "PUB",
     "SUB",
     "check_permission",
+    "gateway_only",
     "group_resource",
     "needs_admin",
     "parse_perm",
@@ -117,6 +118,21 @@ def _retry_group(topic: str) -> str | None:
     if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
         return topic[len(RETRY_GROUP_TOPIC_PREFIX):]
     return None
+
+
+#: Groups and topics of the gateways' shared state (docs/stateless-gateways.md, "Security"):
+#: `$share` POP groups, session position groups, the gateways' membership group and the
+#: route log / client registry / session topics. Only gateway accounts (`admin` or
+#: `innerProperties`) may use them, whatever their permissions say (ours; docs/acl.md §4).
+GATEWAY_GROUP_PREFIXES = ("MQTT_SHARE_", "MQTT_S_", "LMQ_GW_")
+GATEWAY_TOPIC_PREFIXES = ("LMQ_GW_",)
+
+
+def gateway_only(resource: str) -> bool:
+    """Is `resource` (a topic, or a group as its retry topic) reserved for gateways?"""
+    if resource.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        return resource[len(RETRY_GROUP_TOPIC_PREFIX):].startswith(GATEWAY_GROUP_PREFIXES)
+    return resource.startswith(GATEWAY_TOPIC_PREFIXES)
 
 
 def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:

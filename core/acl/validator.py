@@ -18,6 +18,7 @@ from core.acl.config import Account, AclConfig
 from core.acl.permissions import (
     BodyTooLarge,
     check_permission,
+    gateway_only,
     needs_admin,
     request_resources,
 )
@@ -176,7 +177,13 @@ class PlainAclGuard:
             resources = list(request_resources(cmd))
         except BodyTooLarge as exc:
             raise AclError(str(exc)) from None
+        gateway = account.admin or account.inner_properties
         for resource, needed in resources:
+            if not gateway and gateway_only(resource):
+                raise AclError(
+                    f"{_printable(resource)} is reserved for gateway accounts "
+                    f"(accessKey={account.access_key})"
+                )
             owned = perms.get(resource)
             if owned is None:
                 owned = (
