@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateways", type=int, choices=(1, 2), default=1,
                         help="2: also measure two gateway processes on one cluster "
                              "(`lmq serve` + `lmq mqtt`; publishers on the first, "
-                             "subscribers on the second) beside the one-gateway server (1)")
+                             "subscribers on the second) beside the one-gateway server; "
+                             "not with --target (1)")
 
 
 @dataclass
