@@ -19,12 +19,12 @@ import trio
 
 from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
-from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData
+from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData, loads_lenient
 from core.client.pop_consumer import INIT_MODE_MAX, INIT_MODE_MIN, PopClient, PopResult
 from core.common.msgid import decode_offset_msg_id
 from core.common.properties import encode_properties
 from core.common.sysflag import MessageSysFlag
-from core.remoting.codes import ResponseCode
+from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, OutgoingMessage
@@ -45,6 +45,8 @@ MAX_TRANSACTION_TOPICS = 1024
 #: (redeliveries do not grow the parent).
 LITE_WAKE_S = 0.1
 LITE_RESCAN_S = 1.0
+#: Seconds a broker's list of FIFO groups (consumeMessageOrderly) is reused for Settings.
+FIFO_CACHE_S = 10.0
 
 # Broker response code -> RocketMQ 5 status code (as Apache's proxy converts them).
 _CODES = {
@@ -156,6 +158,8 @@ class Backend:
         self._rr = itertools.count()
         self._on_transaction_check = on_transaction_check or (lambda *a: None)
         self.renewer = Renewer(self._renew)
+        #: broker address -> (expiry, FIFO group names): see group_fifo.
+        self._fifo_groups: dict[str, tuple[float, set[str]]] = {}
 
     async def _renew(self, group: str, topic: str, handle: str, invisible_ms: int,
                      route_topic: str | None) -> str:
@@ -211,6 +215,33 @@ class Backend:
                     return bq.addr
             raise GrpcError(pb.BAD_REQUEST, f"unknown broker {broker!r}")
         return addr
+
+    # ------------------------------------------------------------------ groups
+    async def group_fifo(self, group: str, topics: list[str]) -> bool:
+        """Whether `group` is a FIFO group (`consumeMessageOrderly` in its subscription
+        group config on the first broker of its first topic; the table is cached
+        `FIFO_CACHE_S` per broker). False when it cannot be read (the broker account
+        of `lmq proxy` lacks the admin right, or no topic routes)."""
+        for topic in topics[:1]:
+            try:
+                brokers = await self.route(topic)
+            except GrpcError:
+                return False
+            addr = brokers[0].addr
+            now = time.monotonic()
+            hit = self._fifo_groups.get(addr)
+            if hit is None or hit[0] <= now:
+                try:
+                    resp = await self.client.api.call(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+                    table = loads_lenient(resp.body_bytes()).get("subscriptionGroupTable") or {}
+                except Exception as exc:  # noqa: BLE001 - no right, broker gone: not FIFO
+                    log.debug("subscription groups of %s unreadable: %r", addr, exc)
+                    table = {}
+                fifo = {n for n, g in table.items()
+                        if isinstance(g, dict) and g.get("consumeMessageOrderly") is True}
+                hit = self._fifo_groups[addr] = (now + FIFO_CACHE_S, fifo)
+            return group in hit[1]
+        return False
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: OutgoingMessage) -> pb.SendResultEntry:

@@ -5,8 +5,10 @@ subscription-group config, as Apache's) or the request says `order=true`. Then a
 of a message group (property `__SHARDINGKEY`) is handed out only when no earlier message
 of that group is in flight: a delivered message blocks the *rest of its group* (not the
 queue) for that consumer group until it is acknowledged, dead-lettered, or its invisible
-time passes (then it is delivered again, still before the later ones). Messages without
-a group are not ordered (handed out as in a normal pop).
+time passes (then it is delivered again, still before the later ones). So one pop holds
+at most one message per group (the heads of several groups), and a consumer may work on
+them in parallel. Messages without a group are not ordered (handed out as in a normal
+pop).
 
 A message read from the queue while its group is blocked is *held back*: kept in the
 queue state as an in-flight entry that was never delivered (0 deliveries, visible, no
@@ -128,6 +130,7 @@ class OrderlyPop:
                 qs.redeliver(offset, entry, pop_time, invisible_ms)
                 service._hold(entry, holder, group, topic, qid, offset)
                 records.append((offset, got.buffers[0], entry.deliveries))
+                blocked.add(g)  # one message of a group in flight at a time
             for offset, entry in skipped:
                 qs.make_visible(offset, entry)
             need -= len(records)
@@ -155,6 +158,7 @@ class OrderlyPop:
                         entry = qs.hand_out(offset, pop_time, invisible_ms)
                         service._hold(entry, holder, group, topic, qid, offset)
                         records.append((offset, buf, 1))
+                        blocked.add(g)
                         need -= 1
                 if end > qs.next_offset and status in _ADVANCE:
                     qs.next_offset = end

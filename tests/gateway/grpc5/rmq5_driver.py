@@ -140,6 +140,38 @@ def simple(args):
     return {"messages": got, "events": events}
 
 
+def fifo_simple(args):
+    """SimpleConsumer of a FIFO group: acks every message but the first one of group
+    `hold`, which it keeps (invisible `invisible_s`) until `others` messages of the other
+    groups arrived; then it makes that one visible again in 1 s (an "released" event in
+    the sequence) and acks everything until `want` messages were received."""
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    sub = {args["topic"]: FilterExpression("*")}
+    consumer = SimpleConsumer(_config(args), args["group"], sub,
+                              await_duration=args.get("await_s", 2))
+    consumer.startup()
+    seq, held, others = [], None, 0
+    try:
+        deadline = time.time() + args.get("deadline_s", 30)
+        received = 0
+        while received < args["want"] and time.time() < deadline:
+            for m in consumer.receive(args.get("batch", 16), args.get("invisible_s", 60)):
+                received += 1
+                seq.append(_msg_json(m))
+                if held is None and m.message_group == args["hold"]:
+                    held = m
+                    continue
+                consumer.ack(m)
+                others += m.message_group != args["hold"]
+            if held is not None and others >= args["others"] and "released" not in seq:
+                consumer.change_invisible_duration(held, 1)
+                seq.append("released")
+    finally:
+        consumer.shutdown()
+    return {"sequence": seq}
+
+
 def push(args):
     from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
 
@@ -164,9 +196,10 @@ def push(args):
         print(json.dumps({"ready": True}), flush=True)
         done.wait(args.get("deadline_s", 30))
         time.sleep(args.get("linger_s", 1.0))  # let the acks go out
+        fifo = consumer.fifo  # from the server's Settings reply
     finally:
         consumer.shutdown()
-    return {"messages": got}
+    return {"messages": got, "fifo": fifo}
 
 
 def hold(args):
@@ -260,7 +293,7 @@ def lite_push(args):
     return {"messages": got}
 
 
-OPS = {"lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
+OPS = {"fifo_simple": fifo_simple, "lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
 
 
 def main() -> int:
