@@ -17,17 +17,22 @@ from dataclasses import dataclass
 
 import trio
 
+from core.broker.processors.recall import (
+    ILLEGAL_OPERATION,
+    decode_recall_handle,
+    encode_recall_handle,
+)
 from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
 from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData, loads_lenient
 from core.client.pop_consumer import INIT_MODE_MAX, INIT_MODE_MIN, PopClient, PopResult
 from core.common.msgid import decode_offset_msg_id
-from core.common.properties import encode_properties
+from core.common.properties import MessageConst, encode_properties
 from core.common.sysflag import MessageSysFlag
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.grpc5.config import GrpcConfig
-from gateway.grpc5.convert import GrpcError, OutgoingMessage
+from gateway.grpc5.convert import DELIVER_MS, GrpcError, OutgoingMessage
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.renew import Renewer
 
@@ -274,6 +279,10 @@ class Backend:
         code = _SEND_STATUS.get(result.status, pb.OK)
         entry.status.code = code
         entry.status.message = "OK" if code == pb.OK else result.status.name
+        if MessageConst.DELAY_TIME_LEVEL in msg.properties:
+            # A scheduled message: RecallMessage cancels it with this handle.
+            entry.recall_handle = encode_recall_handle(
+                msg.topic, broker.name, int(msg.properties[DELIVER_MS]), msg.message_id)
         if msg.transactional:
             try:
                 _, _, clo = decode_offset_msg_id(result.offset_msg_id)
@@ -308,6 +317,26 @@ class Backend:
             await self.client.api.end_transaction(addr, ext)
         except Exception as exc:
             raise status_of(exc) from exc
+
+    async def recall(self, topic: str, handle: str) -> str:
+        """RECALL_MESSAGE to the broker named in the handle; the recalled message id."""
+        try:
+            h_topic, broker, _, _ = decode_recall_handle(handle)
+        except ValueError as exc:
+            raise GrpcError(pb.BAD_REQUEST, f"malformed recall handle: {exc}") from None
+        if h_topic != topic:
+            raise GrpcError(pb.BAD_REQUEST, "the recall handle is of another topic")
+        addr = await self.broker_addr(broker, topic)
+        try:
+            resp = await self.client.api.call(
+                addr, RequestCode.RECALL_MESSAGE,
+                {"producerGroup": topic, "topic": topic, "recallHandle": handle},
+                ok=(ResponseCode.SUCCESS, ILLEGAL_OPERATION))
+        except Exception as exc:
+            raise status_of(exc) from exc
+        if resp.code == ILLEGAL_OPERATION:  # too late, another broker, malformed
+            raise GrpcError(pb.BAD_REQUEST, resp.remark or "recall refused")
+        return (resp.ext_fields or {}).get("msgId", "")
 
     # ------------------------------------------------------------------ POP
     def _pop_client(self, addr: str, broker: str, group: str) -> PopClient:

@@ -337,6 +337,17 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             return self._fail(resp, err)
         return self._ok(resp)
 
+    async def RecallMessage(self, request, context):
+        resp = pb.RecallMessageResponse()
+        try:
+            topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._authorize(context, (topic, PUB))
+            resp.message_id = await self._call(self.backend.recall, topic,
+                                               request.recall_handle)
+        except GrpcError as err:
+            return self._fail(resp, err)
+        return self._ok(resp)
+
     # ------------------------------------------------------------------ receiving
     async def ReceiveMessage(self, request, context):
         cfg = self.config

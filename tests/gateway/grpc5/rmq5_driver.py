@@ -63,6 +63,30 @@ def produce(args):
     return {"ids": out, "sent_ms": sent_ms}
 
 
+def recall(args):
+    """Send `bodies` (delayed by `delay_s`), recall the ones named in `recall` with the
+    receipt's recall handle; report each (id, handle, recalled id or error)."""
+    from rocketmq import Producer
+
+    topic = args["topic"]
+    producer = Producer(_config(args), (topic,))
+    producer.startup()
+    out = []
+    try:
+        for i, body in enumerate(args["bodies"]):
+            receipt = producer.send(_message(args, topic, body, i))
+            entry = {"id": receipt.message_id, "handle": receipt.recall_handle}
+            if body in args.get("recall", ()):
+                try:
+                    entry["recalled"] = producer.recall_message(topic, receipt.recall_handle)
+                except Exception as exc:  # noqa: BLE001
+                    entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+    finally:
+        producer.shutdown()
+    return {"sent": out}
+
+
 def transaction(args):
     from rocketmq import Producer, TransactionChecker, TransactionResolution
 
@@ -293,7 +317,7 @@ def lite_push(args):
     return {"messages": got}
 
 
-OPS = {"fifo_simple": fifo_simple, "lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
+OPS = {"recall": recall, "fifo_simple": fifo_simple, "lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
 
 
 def main() -> int:
