@@ -1,5 +1,5 @@
 """RECALL_MESSAGE (370): cancel a scheduled (delayed) message before it is due
-(docs/topics.md "Recalling a delayed message"; the 5.x RecallMessage RPC, docs/grpc.md).
+(docs/grpc.md "RecallMessage").
 
 Request header (Apache RocketMQ 5's): `topic`, `recallHandle`, optional `producerGroup`.
 The handle is the base64url (no padding) of `v1 <topic> <brokerName> <deliverMs>
