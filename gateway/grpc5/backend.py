@@ -50,6 +50,9 @@ MAX_TRANSACTION_TOPICS = 1024
 #: (redeliveries do not grow the parent).
 LITE_WAKE_S = 0.1
 LITE_RESCAN_S = 1.0
+#: A receive that names no broker, on a topic of several brokers, long-polls each broker
+#: in turn this long (a message on another broker waits at most this per other broker).
+POLL_SLICE_S = 1.0
 #: Seconds a broker's list of FIFO groups (consumeMessageOrderly) is reused for Settings.
 FIFO_CACHE_S = 10.0
 
@@ -352,20 +355,36 @@ class Backend:
         if broker:
             brokers = [b for b in brokers if b.name == broker] or brokers
         results: list[tuple[str, PopResult]] = []
-        # First a quick pass over every broker, then one long poll (on the first broker).
-        for i, b in enumerate(brokers):
-            last = i == len(brokers) - 1
-            r = await self._pop(b, group, topic, batch, invisible_ms,
-                                poll_ms if last and not results else 0, exp_type, exp)
-            if r.messages:
-                results.append((b.name, r))
-                if auto_renew:
-                    for m in r.messages:
-                        self.renewer.add(group, topic, m.handle, invisible_ms)
-                batch -= len(r.messages)
-                if batch <= 0:
-                    break
-        return results
+        # First a quick pass over every broker; then, with several, long polls of
+        # POLL_SLICE_S on each broker in turn until one has messages or the time is up
+        # (every response is read: a poll left running at a broker could pop messages
+        # nobody takes, invisible until their deadline).
+        deadline = trio.current_time() + poll_ms / 1000
+        first = True
+        while True:
+            for b in brokers:
+                if first:
+                    wait_ms = poll_ms if len(brokers) == 1 else 0
+                else:
+                    if results:
+                        return results
+                    left = deadline - trio.current_time()
+                    if left <= 0:
+                        return results
+                    wait_ms = int(min(left, POLL_SLICE_S) * 1000)
+                r = await self._pop(b, group, topic, batch, invisible_ms, wait_ms, exp_type,
+                                    exp)
+                if r.messages:
+                    results.append((b.name, r))
+                    if auto_renew:
+                        for m in r.messages:
+                            self.renewer.add(group, topic, m.handle, invisible_ms)
+                    batch -= len(r.messages)
+                    if batch <= 0:
+                        return results
+            first = False
+            if results or len(brokers) == 1 or trio.current_time() >= deadline:
+                return results
 
     async def _pop(self, b: BrokerQueues, group: str, topic: str, batch: int,
                    invisible_ms: int, poll_ms: int, exp_type, exp,
