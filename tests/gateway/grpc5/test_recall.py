@@ -5,6 +5,7 @@ delivered; a recall after the delivery time, or with a malformed handle, is refu
 from __future__ import annotations
 
 import grpc
+import pytest
 
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
@@ -18,6 +19,7 @@ def _recall(cluster: GrpcCluster, topic: str, handle: str) -> pb.RecallMessageRe
         return pbg.MessagingServiceStub(channel).RecallMessage(req, timeout=10)
 
 
+@pytest.mark.slow  # ~10 s: the 5 s delay level (the broker side: tests/core/broker/test_recall.py)
 def test_recalled_delayed_message_is_never_delivered(rmq5_python, tmp_path):
     topic, group = "T_recall", "G_recall"
     with GrpcCluster(tmp_path) as cluster:
