@@ -168,7 +168,8 @@ def fifo_simple(args):
     """SimpleConsumer of a FIFO group: acks every message but the first one of group
     `hold`, which it keeps (invisible `invisible_s`) until `others` messages of the other
     groups arrived; then it makes that one visible again in 1 s (an "released" event in
-    the sequence) and acks everything until `want` messages were received."""
+    the sequence; with `natural`, it waits for the invisible time to pass instead) and
+    acks everything until `want` messages were received."""
     from rocketmq import FilterExpression, SimpleConsumer
 
     sub = {args["topic"]: FilterExpression("*")}
@@ -188,7 +189,8 @@ def fifo_simple(args):
                     continue
                 consumer.ack(m)
                 others += m.message_group != args["hold"]
-            if held is not None and others >= args["others"] and "released" not in seq:
+            if (held is not None and others >= args["others"] and "released" not in seq
+                    and not args.get("natural")):  # natural: wait for its invisible time
                 consumer.change_invisible_duration(held, 1)
                 seq.append("released")
     finally:

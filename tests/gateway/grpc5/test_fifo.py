@@ -15,7 +15,7 @@ from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from tests.gateway.grpc5.harness import GrpcCluster, drive, finish_driver, start_driver
 
-FIFO_GROUPS = ("G_fifo_simple", "G_fifo_push", "G_fifo_wire")
+FIFO_GROUPS = ("G_fifo_simple", "G_fifo_push", "G_fifo_wire", "G_fifo_natural")
 
 
 def make_fifo(cluster: GrpcCluster, group: str) -> None:
@@ -35,7 +35,7 @@ def cluster(tmp_path_factory):
     with GrpcCluster(tmp_path_factory.mktemp("fifo")) as c:
         for group in FIFO_GROUPS:  # before any Settings (the front end caches the table)
             make_fifo(c, group)
-        for topic in ("T_fifo_simple", "T_fifo_push", "T_fifo_wire"):
+        for topic in ("T_fifo_simple", "T_fifo_push", "T_fifo_wire", "T_fifo_natural"):
             c.create_topic(topic)
         yield c
 
@@ -85,6 +85,23 @@ def test_unacked_message_blocks_its_group_only_and_comes_back_first(rmq5_python,
     # Visible again: a-0 comes back (second attempt) before the rest of its group.
     assert [(m["body"], m["attempt"]) for m in after] == \
         [("a-0", 2)] + [(f"a-{i}", 1) for i in range(1, n)]
+
+
+@pytest.mark.slow  # ~10 s: waits for a 4 s invisible time to pass
+def test_redelivery_after_invisible_time_keeps_group_order(rmq5_python, cluster):
+    topic, group = "T_fifo_natural", "G_fifo_natural"
+    _start(rmq5_python, cluster, topic, group)
+    n = 3
+    drive(rmq5_python, endpoint=cluster.endpoint, op="produce", topic=topic,
+          bodies=[f"{g}-{i}" for i in range(n) for g in ("a", "b")], group_of=["ga", "gb"])
+    got = drive(rmq5_python, endpoint=cluster.endpoint, op="fifo_simple", topic=topic,
+                group=group, hold="ga", others=n, want=2 * n + 1, invisible_s=4,
+                natural=True, deadline_s=40)
+    seq = got["sequence"]
+    a = [(m["body"], m["attempt"]) for m in seq if m["group"] == "ga"]
+    # a-0 not acknowledged: after its 4 s it comes again, and only then the rest of a.
+    assert a == [("a-0", 1), ("a-0", 2)] + [(f"a-{i}", 1) for i in range(1, n)]
+    assert [m["body"] for m in seq if m["group"] == "gb"] == [f"b-{i}" for i in range(n)]
 
 
 def test_push_consumer_gets_fifo_settings_and_group_order(rmq5_python, cluster):
