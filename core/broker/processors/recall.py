@@ -25,6 +25,7 @@ import base64
 import binascii
 import logging
 import os
+import re
 import time
 
 from core.broker.metadata import atomic_write_bytes
@@ -46,6 +47,8 @@ MAX_RECALL_MARKS = 10_000
 #: Longest recall handle accepted.
 MAX_RECALL_HANDLE_LENGTH = 1024
 _FILE = "delayRecall"
+#: A handle field: printable ASCII without spaces (a mark is one line of the file).
+_TOKEN = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 def encode_recall_handle(topic: str, broker: str, deliver_ms: int, message_id: str) -> str:
@@ -62,7 +65,7 @@ def decode_recall_handle(handle: str) -> tuple[str, str, int, str]:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise ValueError("recall handle is not base64url") from None
     parts = text.split(" ")
-    if len(parts) != 5 or parts[0] != "v1" or not all(parts[1:]):
+    if len(parts) != 5 or parts[0] != "v1" or not all(_TOKEN.fullmatch(p) for p in parts):
         raise ValueError("recall handle is not a v1 handle")
     return parts[1], parts[2], int(parts[3]), parts[4]
 

@@ -53,6 +53,9 @@ def test_recall_survives_restart_and_refusals(tmp_path):
         other = encode_recall_handle(TOPIC, "other-broker", int(time.time() * 1000) + 9000, "U")
         assert (await recall(server, client, other)).code == 604
         assert (await recall(server, client, "bm90IGEgaGFuZGxl")).code == 604
+        newline = encode_recall_handle(TOPIC, server.broker.config.broker_name,
+                                       int(time.time() * 1000) + 3000, "U\nX")
+        assert (await recall(server, client, newline)).code == 604
         assert (await recall(server, client, handle(server, "U"), "NoSuchT")).code == 17
 
     async def second(server, client):
