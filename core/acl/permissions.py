@@ -177,6 +177,8 @@ def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
         yield group_resource(str(ext.get("consumerGroup") or "")), SUB
     elif code == R.BATCH_ACK_MESSAGE:
         yield from _batch_ack_resources(cmd)
+    elif code == R.RECALL_MESSAGE:  # as a send: PUB on the topic
+        yield str(ext.get("topic") or ""), PUB
 
 
 #: Largest HEART_BEAT / LOCK_BATCH_MQ / BATCH_ACK_MESSAGE body the ACL check parses to find its groups and

@@ -64,6 +64,7 @@ PROCESSOR_MODULES = (
     "end_transaction",
     "lock",
     "pop",  # RocketMQ 5 POP (docs/pop.md); sets broker.pop_service
+    "recall",  # RECALL_MESSAGE of delayed messages; sets schedule_service.recalls
 )
 
 # Upper bound of each shutdown step (a dead name server must not hang the exit).

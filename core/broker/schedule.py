@@ -126,6 +126,8 @@ class ScheduleMessageService:
         self._persist_lock = threading.Lock()
         self.delivered = 0  # counters for runtime info
         self.skipped = 0
+        #: Recall marks (processors/recall.py): recalled messages are dropped when due.
+        self.recalls = None
         # Recovery re-dispatches lost CQ units from the CommitLog; our units must get the
         # delivery time back in their tag slot, not the TAGS hash (docs/protocol.md §7.10).
         store = getattr(broker, "store", None)
@@ -343,6 +345,9 @@ class ScheduleMessageService:
             log.warning("delay level %d: record at %d has no REAL_TOPIC; skipped", level, phys)
             self.skipped += 1
             return "skip"
+        if self.recalls is not None and self.recalls.take(
+                dest[0], inner.properties.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)):
+            return "skip"  # recalled (RECALL_MESSAGE)
         inner.topic, inner.queue_id = dest
         clear_property(inner, MessageConst.DELAY_TIME_LEVEL)
         inner.tags_code = None  # the store hashes TAGS again

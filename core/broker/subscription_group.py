@@ -28,6 +28,7 @@ _JSON_NAMES = {
     "broker_id": "brokerId",
     "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
     "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+    "consume_message_orderly": "consumeMessageOrderly",
 }
 
 
@@ -44,6 +45,9 @@ class SubscriptionGroupConfig:
     broker_id: int = 0
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True
+    #: FIFO group: POP hands out a message group's messages one in flight at a time
+    #: (docs/pop.md "FIFO message groups"; 5.x Settings `subscription.fifo`).
+    consume_message_orderly: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {_JSON_NAMES[f.name]: getattr(self, f.name) for f in fields(self)}

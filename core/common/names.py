@@ -12,6 +12,10 @@ GROUP_MAX_LENGTH = 120  # "%RETRY%" + group must still fit in 127 bytes.
 # Always used with fullmatch: with re.match, `$` also matches before a trailing newline,
 # which let "evil\n" through and created a directory with a newline in its name.
 _VALID_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")
+# LMQ names may also hold `$`: Apache's lite topics are the LMQs `%LMQ%$<parent>$<lite>`
+# (RIP-83, docs/grpc.md "Lite topics"). Topics and groups keep the 4.x charset; the
+# gateways' own LMQ names (gateway/routing/lmq_names.py) never contain `$`.
+_LMQ_CHARS = re.compile(r"[%|$a-zA-Z0-9_-]+")
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
@@ -95,9 +99,24 @@ def is_lmq(name: str) -> bool:
 
 
 def validate_lmq(name: str) -> str | None:
-    """An LMQ name is a valid topic that starts with `%LMQ%` and has a non-empty rest."""
+    """An LMQ name starts with `%LMQ%`, has a non-empty rest and is a valid topic name,
+    except that `$` is allowed too (lite topics)."""
     if not is_lmq(name) or len(name) == len(LMQ_PREFIX):
         return f"The LMQ name[{name}] must start with {LMQ_PREFIX} followed by a name."
+    if len(name.encode("utf-8")) > TOPIC_MAX_LENGTH:
+        return f"The specified topic is longer than topic max length {TOPIC_MAX_LENGTH}."
+    if not _LMQ_CHARS.fullmatch(name):
+        return (
+            f"The LMQ name[{name}] contains illegal characters, "
+            "allowing only ^[%|$a-zA-Z0-9_-]+$"
+        )
+    return None
+
+
+def validate_topic_or_lmq(name: str | None) -> str | None:
+    """`validate_lmq` for an LMQ name, else `validate_topic`."""
+    if name and is_lmq(name):
+        return validate_lmq(name)
     return validate_topic(name)
 
 

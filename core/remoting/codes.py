@@ -82,6 +82,7 @@ class RequestCode(IntEnum):
     SEND_REPLY_MESSAGE_V2 = 325
     PUSH_REPLY_MESSAGE_TO_CLIENT = 326
     ADD_WRITE_PERM_OF_BROKER = 327
+    RECALL_MESSAGE = 370  # cancel a delayed message (core/broker/processors/recall.py)
     # RocketMQ 5 POP consumption (docs/pop.md).
     POP_MESSAGE = 200050
     ACK_MESSAGE = 200051

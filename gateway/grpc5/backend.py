@@ -17,17 +17,22 @@ from dataclasses import dataclass
 
 import trio
 
+from core.broker.processors.recall import (
+    ILLEGAL_OPERATION,
+    decode_recall_handle,
+    encode_recall_handle,
+)
 from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
-from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData
+from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData, loads_lenient
 from core.client.pop_consumer import INIT_MODE_MAX, INIT_MODE_MIN, PopClient, PopResult
 from core.common.msgid import decode_offset_msg_id
-from core.common.properties import encode_properties
+from core.common.properties import MessageConst, encode_properties
 from core.common.sysflag import MessageSysFlag
-from core.remoting.codes import ResponseCode
+from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.grpc5.config import GrpcConfig
-from gateway.grpc5.convert import GrpcError, OutgoingMessage
+from gateway.grpc5.convert import DELIVER_MS, GrpcError, OutgoingMessage
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.renew import Renewer
 
@@ -45,6 +50,11 @@ MAX_TRANSACTION_TOPICS = 1024
 #: (redeliveries do not grow the parent).
 LITE_WAKE_S = 0.1
 LITE_RESCAN_S = 1.0
+#: A receive that names no broker, on a topic of several brokers, long-polls each broker
+#: in turn this long (a message on another broker waits at most this per other broker).
+POLL_SLICE_S = 1.0
+#: Seconds a broker's list of FIFO groups (consumeMessageOrderly) is reused for Settings.
+FIFO_CACHE_S = 10.0
 
 # Broker response code -> RocketMQ 5 status code (as Apache's proxy converts them).
 _CODES = {
@@ -156,6 +166,8 @@ class Backend:
         self._rr = itertools.count()
         self._on_transaction_check = on_transaction_check or (lambda *a: None)
         self.renewer = Renewer(self._renew)
+        #: broker address -> (expiry, FIFO group names): see group_fifo.
+        self._fifo_groups: dict[str, tuple[float, set[str]]] = {}
 
     async def _renew(self, group: str, topic: str, handle: str, invisible_ms: int,
                      route_topic: str | None) -> str:
@@ -212,6 +224,33 @@ class Backend:
             raise GrpcError(pb.BAD_REQUEST, f"unknown broker {broker!r}")
         return addr
 
+    # ------------------------------------------------------------------ groups
+    async def group_fifo(self, group: str, topics: list[str]) -> bool:
+        """Whether `group` is a FIFO group (`consumeMessageOrderly` in its subscription
+        group config on the first broker of its first topic; the table is cached
+        `FIFO_CACHE_S` per broker). False when it cannot be read (the broker account
+        of `lmq proxy` lacks the admin right, or no topic routes)."""
+        for topic in topics[:1]:
+            try:
+                brokers = await self.route(topic)
+            except GrpcError:
+                return False
+            addr = brokers[0].addr
+            now = time.monotonic()
+            hit = self._fifo_groups.get(addr)
+            if hit is None or hit[0] <= now:
+                try:
+                    resp = await self.client.api.call(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+                    table = loads_lenient(resp.body_bytes()).get("subscriptionGroupTable") or {}
+                except Exception as exc:  # noqa: BLE001 - no right, broker gone: not FIFO
+                    log.debug("subscription groups of %s unreadable: %r", addr, exc)
+                    table = {}
+                fifo = {n for n, g in table.items()
+                        if isinstance(g, dict) and g.get("consumeMessageOrderly") is True}
+                hit = self._fifo_groups[addr] = (now + FIFO_CACHE_S, fifo)
+            return group in hit[1]
+        return False
+
     # ------------------------------------------------------------------ sending
     async def send(self, msg: OutgoingMessage) -> pb.SendResultEntry:
         brokers = [b for b in await self.route(msg.topic) if b.write > 0 and b.perm & 2]
@@ -243,6 +282,10 @@ class Backend:
         code = _SEND_STATUS.get(result.status, pb.OK)
         entry.status.code = code
         entry.status.message = "OK" if code == pb.OK else result.status.name
+        if MessageConst.DELAY_TIME_LEVEL in msg.properties:
+            # A scheduled message: RecallMessage cancels it with this handle.
+            entry.recall_handle = encode_recall_handle(
+                msg.topic, broker.name, int(msg.properties[DELIVER_MS]), msg.message_id)
         if msg.transactional:
             try:
                 _, _, clo = decode_offset_msg_id(result.offset_msg_id)
@@ -278,6 +321,26 @@ class Backend:
         except Exception as exc:
             raise status_of(exc) from exc
 
+    async def recall(self, topic: str, handle: str) -> str:
+        """RECALL_MESSAGE to the broker named in the handle; the recalled message id."""
+        try:
+            h_topic, broker, _, _ = decode_recall_handle(handle)
+        except ValueError as exc:
+            raise GrpcError(pb.BAD_REQUEST, f"malformed recall handle: {exc}") from None
+        if h_topic != topic:
+            raise GrpcError(pb.BAD_REQUEST, "the recall handle is of another topic")
+        addr = await self.broker_addr(broker, topic)
+        try:
+            resp = await self.client.api.call(
+                addr, RequestCode.RECALL_MESSAGE,
+                {"producerGroup": topic, "topic": topic, "recallHandle": handle},
+                ok=(ResponseCode.SUCCESS, ILLEGAL_OPERATION))
+        except Exception as exc:
+            raise status_of(exc) from exc
+        if resp.code == ILLEGAL_OPERATION:  # too late, another broker, malformed
+            raise GrpcError(pb.BAD_REQUEST, resp.remark or "recall refused")
+        return (resp.ext_fields or {}).get("msgId", "")
+
     # ------------------------------------------------------------------ POP
     def _pop_client(self, addr: str, broker: str, group: str) -> PopClient:
         return PopClient(self.client.remoting, addr, broker, group)
@@ -292,20 +355,36 @@ class Backend:
         if broker:
             brokers = [b for b in brokers if b.name == broker] or brokers
         results: list[tuple[str, PopResult]] = []
-        # First a quick pass over every broker, then one long poll (on the first broker).
-        for i, b in enumerate(brokers):
-            last = i == len(brokers) - 1
-            r = await self._pop(b, group, topic, batch, invisible_ms,
-                                poll_ms if last and not results else 0, exp_type, exp)
-            if r.messages:
-                results.append((b.name, r))
-                if auto_renew:
-                    for m in r.messages:
-                        self.renewer.add(group, topic, m.handle, invisible_ms)
-                batch -= len(r.messages)
-                if batch <= 0:
-                    break
-        return results
+        # First a quick pass over every broker; then, with several, long polls of
+        # POLL_SLICE_S on each broker in turn until one has messages or the time is up
+        # (every response is read: a poll left running at a broker could pop messages
+        # nobody takes, invisible until their deadline).
+        deadline = trio.current_time() + poll_ms / 1000
+        first = True
+        while True:
+            for b in brokers:
+                if first:
+                    wait_ms = poll_ms if len(brokers) == 1 else 0
+                else:
+                    if results:
+                        return results
+                    left = deadline - trio.current_time()
+                    if left <= 0:
+                        return results
+                    wait_ms = int(min(left, POLL_SLICE_S) * 1000)
+                r = await self._pop(b, group, topic, batch, invisible_ms, wait_ms, exp_type,
+                                    exp)
+                if r.messages:
+                    results.append((b.name, r))
+                    if auto_renew:
+                        for m in r.messages:
+                            self.renewer.add(group, topic, m.handle, invisible_ms)
+                    batch -= len(r.messages)
+                    if batch <= 0:
+                        return results
+            first = False
+            if results or len(brokers) == 1 or trio.current_time() >= deadline:
+                return results
 
     async def _pop(self, b: BrokerQueues, group: str, topic: str, batch: int,
                    invisible_ms: int, poll_ms: int, exp_type, exp,

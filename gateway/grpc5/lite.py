@@ -2,9 +2,8 @@
 
 A lite topic is a second-level channel under a parent topic; each is one LMQ, so a
 million lite topics cost what a million LMQs cost (an index entry per message, no copy).
-Apache names the LMQ `%LMQ%$<parent>$<lite>`; our store's names allow only
-`[%|a-zA-Z0-9_-]`, so ours is `%LMQ%%<parent>%<lite>` (unambiguous: a lite topic name has
-no `%`). Subscriptions are kept per (group, client id) in the front end, replaced by the
+The LMQ is named as Apache's, `%LMQ%$<parent>$<lite>` (LMQ names may hold `$`,
+core/common/names.py; unambiguous: neither a topic nor a lite topic name has a `$`). Subscriptions are kept per (group, client id) in the front end, replaced by the
 clients' periodic COMPLETE_ADD (every 30 s), so a restarted proxy learns them again.
 """
 
@@ -22,7 +21,7 @@ _LITE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
 
 
 def lmq_name(parent: str, lite: str) -> str:
-    return f"{LMQ_PREFIX}%{parent}%{lite}"
+    return f"{LMQ_PREFIX}${parent}${lite}"
 
 
 def check_lite_topic(name: str, max_length: int) -> str:

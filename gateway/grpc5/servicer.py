@@ -195,7 +195,19 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         self.lite.forget(client_id)
         return self._ok(pb.NotifyClientTerminationResponse())
 
-    def _settings_reply(self, asked: pb.Settings) -> pb.TelemetryCommand:
+    async def _fifo(self, asked: pb.Settings) -> bool:
+        """Whether the consumer's group is a FIFO group (its subscription-group config)."""
+        if not asked.HasField("subscription") or not asked.subscription.HasField("group"):
+            return False
+        sub = asked.subscription
+        topics = [wrap(e.topic.resource_namespace, e.topic.name) for e in sub.subscriptions]
+        try:
+            return await self._call(self.backend.group_fifo,
+                                    wrap(sub.group.resource_namespace, sub.group.name), topics)
+        except GrpcError:
+            return False
+
+    def _settings_reply(self, asked: pb.Settings, fifo: bool = False) -> pb.TelemetryCommand:
         out = pb.TelemetryCommand()
         s = out.settings
         s.CopyFrom(asked)
@@ -212,7 +224,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             sub.long_polling_timeout.FromMilliseconds(
                 int(self.config.long_polling_timeout_s * 1000))
             sub.receive_batch_size = self.config.max_receive_batch
-            sub.fifo = sub.fifo if sub.HasField("fifo") else False
+            sub.fifo = fifo  # the group's, as the proxy: FIFO groups consume in order
             sub.lite_subscription_quota = self.config.lite_subscription_quota
             sub.max_lite_topic_size = self.config.max_lite_topic_size
             s.backoff_policy.max_attempts = _CONSUMER_ATTEMPTS
@@ -254,7 +266,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                                          for t in cmd.settings.publishing.topics}
                         if me.queue.qsize() >= _TELEMETRY_QUEUE:
                             break  # not reading its replies: end the stream
-                        me.queue.put_nowait(self._settings_reply(cmd.settings))
+                        fifo = await self._fifo(cmd.settings)
+                        me.queue.put_nowait(self._settings_reply(cmd.settings, fifo))
             except (grpc.aio.AioRpcError, asyncio.CancelledError):
                 pass
             finally:
@@ -320,6 +333,17 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             await self._call(self.backend.end_transaction, topic, request.message_id,
                              request.transaction_id, request.resolution == pb.COMMIT,
                              request.source == pb.SOURCE_SERVER_CHECK)
+        except GrpcError as err:
+            return self._fail(resp, err)
+        return self._ok(resp)
+
+    async def RecallMessage(self, request, context):
+        resp = pb.RecallMessageResponse()
+        try:
+            topic = wrap(request.topic.resource_namespace, request.topic.name)
+            self._authorize(context, (topic, PUB))
+            resp.message_id = await self._call(self.backend.recall, topic,
+                                               request.recall_handle)
         except GrpcError as err:
             return self._fail(resp, err)
         return self._ok(resp)

@@ -27,6 +27,7 @@ import trio
 from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
 from core.broker.pop.journal import PopJournal, snapshot_line
+from core.broker.pop.orderly import OrderlyPop
 from core.broker.pop.state import DEAD_LETTERING, PopState, QueueState
 from core.common import names
 from core.common.codec import (
@@ -113,6 +114,7 @@ class PopService:
         self._held: dict[str, set[tuple[str, str, int, int]]] = {}
         self.journal = PopJournal(os.path.join(broker.config.data_dir, "pop"))
         broker.add_dispatch_listener(self.on_dispatch)
+        self.orderly = OrderlyPop(self)  # FIFO message groups (orderly.py)
 
     # ------------------------------------------------------------------ service
     def load(self) -> None:
@@ -267,6 +269,8 @@ class PopService:
         self.journal.gone(group, topic, qid, offset)
         self.journal.flush()
         self._commit(group, topic, qid, qs)
+        if self.orderly.queues:
+            self.orderly.freed(group, topic, qid)
         return True
 
     # ------------------------------------------------------------------ wake-ups
@@ -345,10 +349,15 @@ class PopService:
         return [(r + i) % queue_nums for i in range(queue_nums)]
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
-            invisible_ms: int, init_mode: int, filt, holder: str | None = None) -> PopBatch:
+            invisible_ms: int, init_mode: int, filt, holder: str | None = None,
+            order: bool = False) -> PopBatch:
         """Hand out up to `max_nums` messages (no awaiting: pops never interleave). The
-        journal records are written before it returns, whatever happens."""
+        journal records are written before it returns, whatever happens. `order`: FIFO
+        message groups (orderly.py)."""
         try:
+            if order:
+                return self.orderly.pop(group, topic, queue_ids, max_nums, invisible_ms,
+                                        init_mode, filt, holder, now_ms())
             return self._pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
                              holder)
         finally:
@@ -490,6 +499,8 @@ class PopService:
             self.journal.flush()
         if commit:
             self._commit(group, topic, queue_id, qs)
+        if self.orderly.queues:
+            self.orderly.freed(group, topic, queue_id)
         return True
 
     def commit_acks(self, group: str, topic: str, queue_id: int) -> None:

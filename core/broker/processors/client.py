@@ -97,7 +97,7 @@ class ClientProcessor:
                     return error(cmd, exc.response_code, f"group {group}: {exc}")
                 except ValueError:
                     continue
-                if names.validate_topic(sub.topic) is None:
+                if names.validate_topic_or_lmq(sub.topic) is None:
                     subs.append(sub)
             entries.append((group, raw, subs))
         producer_groups = [g for g in map(_valid_group, producers) if g is not None]

@@ -67,9 +67,10 @@ def ext_int64(cmd: RemotingCommand, name: str, default: int | None = None,
 
 
 def required_topic(cmd: RemotingCommand, name: str = "topic") -> str:
-    """The `name` ext field, checked to be a legal topic (else HeaderError naming it)."""
+    """The `name` ext field, checked to be a legal topic or LMQ name (else HeaderError
+    naming it)."""
     topic = cmd.ext_str(name, required=True)
-    reason = names.validate_topic(topic)
+    reason = names.validate_topic_or_lmq(topic)
     if reason is not None:
         raise HeaderError(name, reason)
     return topic

@@ -100,13 +100,14 @@ class PopProcessor:
         if isinstance(holder, RemotingCommand):
             return holder
         service = self.service
+        order = service.orderly.wanted(group, cmd.ext_bool("order", False))  # FIFO groups
         queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
         hold_s = min(max(poll_ms, 0), POP_MAX_POLL_MS) / 1000.0
         deadline = trio.current_time() + hold_s
         while True:
             try:
                 batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode,
-                                    filt, holder)
+                                    filt, holder, order)
             except PopStateFull as exc:
                 return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
             remaining = deadline - trio.current_time()

@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class MessagingServiceStub:
-    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset,
-    QueryOffset and RecallMessage are not served (UNIMPLEMENTED).
+    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset and
+    QueryOffset are not served (UNIMPLEMENTED).
     """
 
     def __init__(self, channel):
@@ -91,6 +91,11 @@ class MessagingServiceStub:
                 request_serializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationRequest.SerializeToString,
                 response_deserializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationResponse.FromString,
                 _registered_method=True)
+        self.RecallMessage = channel.unary_unary(
+                '/apache.rocketmq.v2.MessagingService/RecallMessage',
+                request_serializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageRequest.SerializeToString,
+                response_deserializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageResponse.FromString,
+                _registered_method=True)
         self.SyncLiteSubscription = channel.unary_unary(
                 '/apache.rocketmq.v2.MessagingService/SyncLiteSubscription',
                 request_serializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.SyncLiteSubscriptionRequest.SerializeToString,
@@ -99,8 +104,8 @@ class MessagingServiceStub:
 
 
 class MessagingServiceServicer:
-    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset,
-    QueryOffset and RecallMessage are not served (UNIMPLEMENTED).
+    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset and
+    QueryOffset are not served (UNIMPLEMENTED).
     """
 
     def QueryRoute(self, request, context):
@@ -164,6 +169,12 @@ class MessagingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ChangeInvisibleDuration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecallMessage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -233,6 +244,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     request_deserializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationRequest.FromString,
                     response_serializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationResponse.SerializeToString,
             ),
+            'RecallMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecallMessage,
+                    request_deserializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageRequest.FromString,
+                    response_serializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageResponse.SerializeToString,
+            ),
             'SyncLiteSubscription': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncLiteSubscription,
                     request_deserializer=gateway_dot_grpc5_dot_proto_dot_messaging__pb2.SyncLiteSubscriptionRequest.FromString,
@@ -247,8 +263,8 @@ def add_MessagingServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class MessagingService:
-    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset,
-    QueryOffset and RecallMessage are not served (UNIMPLEMENTED).
+    """The RPCs the official 5.x clients call. PullMessage, UpdateOffset, GetOffset and
+    QueryOffset are not served (UNIMPLEMENTED).
     """
 
     @staticmethod
@@ -538,6 +554,33 @@ class MessagingService:
             '/apache.rocketmq.v2.MessagingService/ChangeInvisibleDuration',
             gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationRequest.SerializeToString,
             gateway_dot_grpc5_dot_proto_dot_messaging__pb2.ChangeInvisibleDurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apache.rocketmq.v2.MessagingService/RecallMessage',
+            gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageRequest.SerializeToString,
+            gateway_dot_grpc5_dot_proto_dot_messaging__pb2.RecallMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,30 @@ def produce(args):
     return {"ids": out, "sent_ms": sent_ms}
 
 
+def recall(args):
+    """Send `bodies` (delayed by `delay_s`), recall the ones named in `recall` with the
+    receipt's recall handle; report each (id, handle, recalled id or error)."""
+    from rocketmq import Producer
+
+    topic = args["topic"]
+    producer = Producer(_config(args), (topic,))
+    producer.startup()
+    out = []
+    try:
+        for i, body in enumerate(args["bodies"]):
+            receipt = producer.send(_message(args, topic, body, i))
+            entry = {"id": receipt.message_id, "handle": receipt.recall_handle}
+            if body in args.get("recall", ()):
+                try:
+                    entry["recalled"] = producer.recall_message(topic, receipt.recall_handle)
+                except Exception as exc:  # noqa: BLE001
+                    entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+    finally:
+        producer.shutdown()
+    return {"sent": out}
+
+
 def transaction(args):
     from rocketmq import Producer, TransactionChecker, TransactionResolution
 
@@ -140,6 +164,40 @@ def simple(args):
     return {"messages": got, "events": events}
 
 
+def fifo_simple(args):
+    """SimpleConsumer of a FIFO group: acks every message but the first one of group
+    `hold`, which it keeps (invisible `invisible_s`) until `others` messages of the other
+    groups arrived; then it makes that one visible again in 1 s (an "released" event in
+    the sequence; with `natural`, it waits for the invisible time to pass instead) and
+    acks everything until `want` messages were received."""
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    sub = {args["topic"]: FilterExpression("*")}
+    consumer = SimpleConsumer(_config(args), args["group"], sub,
+                              await_duration=args.get("await_s", 2))
+    consumer.startup()
+    seq, held, others = [], None, 0
+    try:
+        deadline = time.time() + args.get("deadline_s", 30)
+        received = 0
+        while received < args["want"] and time.time() < deadline:
+            for m in consumer.receive(args.get("batch", 16), args.get("invisible_s", 60)):
+                received += 1
+                seq.append(_msg_json(m))
+                if held is None and m.message_group == args["hold"]:
+                    held = m
+                    continue
+                consumer.ack(m)
+                others += m.message_group != args["hold"]
+            if (held is not None and others >= args["others"] and "released" not in seq
+                    and not args.get("natural")):  # natural: wait for its invisible time
+                consumer.change_invisible_duration(held, 1)
+                seq.append("released")
+    finally:
+        consumer.shutdown()
+    return {"sequence": seq}
+
+
 def push(args):
     from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
 
@@ -164,9 +222,10 @@ def push(args):
         print(json.dumps({"ready": True}), flush=True)
         done.wait(args.get("deadline_s", 30))
         time.sleep(args.get("linger_s", 1.0))  # let the acks go out
+        fifo = consumer.fifo  # from the server's Settings reply
     finally:
         consumer.shutdown()
-    return {"messages": got}
+    return {"messages": got, "fifo": fifo}
 
 
 def hold(args):
@@ -260,7 +319,7 @@ def lite_push(args):
     return {"messages": got}
 
 
-OPS = {"lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
+OPS = {"recall": recall, "fifo_simple": fifo_simple, "lite_push": lite_push, "lite": lite, "hold": hold, "produce": produce, "transaction": transaction, "simple": simple, "push": push}
 
 
 def main() -> int:

@@ -181,7 +181,7 @@ def test_lite_topics_over_lmqs(rmq5_python, cluster):
 
     async def lmq_sizes(client):  # one LMQ per lite topic, as the broker stores them
         addr = cluster.server.broker.broker_addr
-        return [await client.api.get_max_offset(addr, f"%LMQ%%T_lite%{x}", 0)
+        return [await client.api.get_max_offset(addr, f"%LMQ%$T_lite${x}", 0)
                 for x in "abc"]
 
     assert cluster.with_client(lmq_sizes) == [2, 2, 2]

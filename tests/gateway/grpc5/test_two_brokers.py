@@ -60,3 +60,62 @@ def test_proxy_spreads_over_two_brokers(rmq5_python):
         thread.join(60)
     assert sorted(m["id"] for m in got["messages"]) == sorted(sent["ids"])
     assert box["sizes"] == [4, 4]  # round robin over the four queues of two brokers
+
+
+def test_receive_naming_no_broker_long_polls_every_broker():
+    """A ReceiveMessage that names no broker waits on each broker in turn: a message
+    sent to the first broker while it waits is received (it used to hold the poll on
+    the last broker only and answer MESSAGE_NOT_FOUND)."""
+    import grpc
+
+    from gateway.grpc5.proto import messaging_pb2 as pb
+    from gateway.grpc5.proto import messaging_pb2_grpc as pbg
+    from tests.core.broker.harness import send_request
+
+    port = free_port()
+    box: dict = {}
+
+    async def receive() -> None:
+        req = pb.ReceiveMessageRequest(batch_size=4, auto_renew=False)
+        req.group.name = "GNB"
+        req.message_queue.topic.name = "TNB"
+        req.message_queue.id = -1
+        req.invisible_duration.FromSeconds(30)
+        req.long_polling_timeout.FromSeconds(10)
+
+        def call() -> list:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                return list(pbg.MessagingServiceStub(ch).ReceiveMessage(
+                    req, metadata=(("x-mq-client-id", "nb"),), timeout=20))
+
+        box["replies"] = await trio.to_thread.run_sync(call)
+
+    async def main() -> None:
+        async with cluster(2) as c, ClientInstance(namesrv_addr=c.namesrv_addr) as client:
+            for addr in c.broker_addrs:
+                await client.api.create_topic(addr, "TNB", 1, 1)
+            with trio.fail_after(30):
+                while True:
+                    route = await client.api.get_route("TNB")
+                    if route is not None and len(route.queue_datas) == 2:
+                        break
+                    await trio.sleep(0.1)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(run_proxy, c.namesrv_addr,
+                                                      GrpcConfig(port=port)))
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(receive)
+                    # Until the receive is held at a broker (after its quick pass).
+                    with trio.fail_after(20):
+                        while not any(b.pop_service.polling for b in c.brokers):
+                            await trio.sleep(0.05)
+                    first = min(c.servers, key=lambda s: s.broker.config.broker_name)
+                    resp = await client.remoting.invoke(first.broker.broker_addr,
+                                                        send_request("TNB", b"on-a"))
+                    assert resp.code == 0, resp.remark
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    replies = box["replies"]
+    assert replies[0].status.code == pb.OK
+    assert [r.message.body for r in replies if r.HasField("message")] == [b"on-a"]
