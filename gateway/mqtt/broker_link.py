@@ -379,7 +379,8 @@ class BrokerLink:
         results: dict[int, int] = {}
         self._in_round = True
         try:
-            for (broker, qid), reqs in groups.items():
+            last_group = len(groups) - 1
+            for g, ((broker, qid), reqs) in enumerate(groups.items()):
                 start = 0
                 while start < len(reqs):
                     end, size = start, 0
@@ -397,7 +398,11 @@ class BrokerLink:
                         results[id(req)] = code
                     self._advance_tails(broker, chunk, code == STORED)
                     start = end
-                    await trio.lowlevel.checkpoint()  # a round is long: let others run
+                    if start < len(reqs) or g < last_group:
+                        # A round is long: let others run between its sends. Not after
+                        # its last (a lone message's only) send: the readers are woken
+                        # below at once, not after one more pass of the scheduler.
+                        await trio.lowlevel.checkpoint()
         finally:
             self._in_round = False
             late, self._late = self._late, []
