@@ -1162,12 +1162,14 @@ fail:
     return NULL;
 }
 
-/* ==== s4-perf: a batch's multi-dispatch planned and staged in C ====================
- * The MessageBatch put of the MQTT gateway: every sub-message carries INNER_MULTI_DISPATCH
- * (split_batch gives its value when the properties are canonical). _plan_dicts and
- * _dispatch_native did the planning per message in Python; these two do the whole batch,
- * so a batch costs one call each plus O(#LMQs) Python. Both take only the usual case and
- * leave the rest to the Python path (which stays the reference, tests compare them). */
+/* ==== s4-perf: the MQTT fan-in's per-message work, a batch per call ==================
+ * plan_batch_lmqs / stage_batch_lmqs: the MessageBatch put of the MQTT gateway, where
+ * every sub-message carries INNER_MULTI_DISPATCH (split_batch gives its value when the
+ * properties are canonical). _plan_dicts and _dispatch_native did the planning per message
+ * in Python; these two do the whole batch, so a batch costs one call each plus O(#LMQs)
+ * Python. scan_publishes: a socket read's 3.x PUBLISH packets decoded in one call
+ * (gateway/mqtt/codec.py). Each takes only the usual case and leaves the rest to the
+ * Python code (which stays the reference: tests compare them). */
 
 /* plan_batch_lmqs(items, memo, cache, topic, fixed, limit, max_props)
  *   -> (names, bases, first offsets | None) | (status name, remark) | None
@@ -1554,6 +1556,125 @@ done:
     Py_DECREF(snap);
     return ret;
 }
+/* scan_publishes(src, pos, max_packet_size) -> (run: list, pos)
+ * The MQTT gateway's read path (gateway/mqtt/codec.py MqttCodec.feed, 3.1/3.1.1 server
+ * side): the complete PUBLISH packets at src[pos:] (bytes or bytearray), decoded as
+ * (topic str, payload bytes, fixed-header flags int, packet id int or None) tuples, up to
+ * the first packet that is not a PUBLISH, is incomplete, or fails any check the Python
+ * decoder makes (QoS 3, DUP on QoS 0, a truncated or empty topic, a topic that is not
+ * UTF-8 or holds + # U+0000, packet id 0, longer than max_packet_size, a remaining length
+ * over 4 bytes): the Python decoder takes that packet (and raises its error). Returns the
+ * tuples and the position after the last one. Consecutive packets with the same topic
+ * bytes share one str. No Python code runs while the buffer is read. */
+static PyObject *sp_scan_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos, limit;
+    if (nargs != 3 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scan_publishes(src: bytes | bytearray, pos: int, max_packet_size: int)");
+        return NULL;
+    }
+    if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &limit, "max packet size") < 0)
+        return NULL;
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(args[0])) {
+        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+        n = PyBytes_GET_SIZE(args[0]);
+    } else {
+        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        n = PyByteArray_GET_SIZE(args[0]);
+    }
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_ValueError, "scan_publishes: pos outside the buffer");
+        return NULL;
+    }
+    PyObject *run = PyList_New(0);
+    if (!run)
+        return NULL;
+    PyObject *prev = NULL;  /* the last topic (borrowed from `run`) */
+    const unsigned char *prev_b = NULL;
+    Py_ssize_t prev_l = 0;
+    while (pos < n) {
+        unsigned char first = p[pos];
+        if ((first >> 4) != 3)
+            break;
+        Py_ssize_t q = (Py_ssize_t)pos + 1;
+        long long length = 0;
+        int shift = 0, done = 0;
+        while (q < n && shift < 28) {
+            unsigned char b = p[q++];
+            length |= (long long)(b & 0x7F) << shift;
+            if (b < 0x80) {
+                done = 1;
+                break;
+            }
+            shift += 7;
+        }
+        if (!done)
+            break;  /* incomplete, or a remaining length over 4 bytes (Python raises) */
+        if (q - pos + length > limit || q + length > n)
+            break;
+        Py_ssize_t end = q + (Py_ssize_t)length;
+        int qos = (first >> 1) & 3;
+        if (qos == 3 || ((first & 0x08) && !qos) || q + 2 > end)
+            break;
+        Py_ssize_t tl = ((Py_ssize_t)p[q] << 8) | p[q + 1];
+        Py_ssize_t t0 = q + 2, stop = t0 + tl;
+        if (tl == 0 || stop > end || memchr(p + t0, '+', tl) || memchr(p + t0, '#', tl) ||
+            memchr(p + t0, 0, tl))
+            break;
+        PyObject *pid = Py_None;
+        long id = 0;
+        if (qos) {
+            if (stop + 2 > end)
+                break;
+            id = ((long)p[stop] << 8) | p[stop + 1];
+            if (!id)
+                break;
+            stop += 2;
+        }
+        PyObject *topic;
+        if (prev && tl == prev_l && memcmp(p + t0, prev_b, tl) == 0) {
+            topic = Py_NewRef(prev);
+        } else {
+            topic = PyUnicode_DecodeUTF8((const char *)p + t0, tl, "strict");
+            if (!topic) {
+                if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    PyErr_Clear();
+                    break;  /* the Python decoder refuses it */
+                }
+                goto fail;
+            }
+        }
+        if (qos && !(pid = PyLong_FromLong(id))) {
+            Py_DECREF(topic);
+            goto fail;
+        }
+        PyObject *flags = PyLong_FromLong(first & 0x0F);  /* small ints: cached */
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)p + stop, end - stop);
+        PyObject *item = flags && payload ? PyTuple_Pack(4, topic, payload, flags, pid) : NULL;
+        Py_XDECREF(flags);
+        Py_XDECREF(payload);
+        if (qos)
+            Py_DECREF(pid);
+        if (!item || PyList_Append(run, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(topic);
+            goto fail;
+        }
+        Py_DECREF(item);
+        prev = topic;  /* still held by the item in `run` */
+        Py_DECREF(topic);
+        prev_b = p + t0;
+        prev_l = tl;
+        pos = end;
+    }
+    return Py_BuildValue("(NL)", run, pos);
+fail:
+    Py_DECREF(run);
+    return NULL;
+}
 /* ==== end s4-perf ==== */
 
 /* ------------------------------------------------------------------ module */
@@ -1578,6 +1699,8 @@ static PyMethodDef methods[] = {
      "plan_batch_lmqs(items, memo, cache, topic, ...) -> (names, bases, first) | refusal | None."},
     {"stage_batch_lmqs", (PyCFunction)(void (*)(void))sp_stage_batch_lmqs, METH_FASTCALL,
      "stage_batch_lmqs(staged, cache, names, bases, cq_units, store_ms) -> int: LMQ units."},
+    {"scan_publishes", (PyCFunction)(void (*)(void))sp_scan_publishes, METH_FASTCALL,
+     "scan_publishes(src, pos, max_packet_size) -> (run, pos): 3.x PUBLISHes decoded."},
     /* ==== end s4-perf ==== */
     {NULL, NULL, 0, NULL},
 };
