@@ -62,10 +62,31 @@ def test_a_round_of_several_sends_yields_between_them():
         assert len({hash_queue(link, r.msg.topic) for r in reqs}) > 1
         with trio.testing.assert_checkpoints():
             await link._round(reqs)
-        assert acked == [STORED] * 8 and reader.woken == 8
+        assert acked == [STORED] * 8 and reader.woken == 1  # one wake-up per round
 
     trio.run(main)
 
 
 def hash_queue(link: BrokerLink, topic: str) -> tuple[str, int]:
     return link.queues[zlib.crc32(topic.encode()) % len(link.queues)]
+
+
+def test_remember_many_keeps_what_remember_keeps():
+    from gateway.mqtt.lmq_state import LmqState, RecentBudget
+
+    budget_a, budget_b = RecentBudget(3_000_000), RecentBudget(3_000_000)
+    a = LmqState("b", "%LMQ%a", budget_a)
+    b = LmqState("b", "%LMQ%a", budget_b)
+    offset = 0
+    for size in (10, 700_000, 0, 5, 900_000, 1, 1):  # past the per-LMQ byte bound
+        payload = bytes(size)  # shared: the test holds little memory
+        chunk = [MqttMessage("t", payload) for _ in range(700)]
+        pairs = []
+        for msg in chunk:
+            a.remember(offset, msg)
+            pairs += [offset, msg]
+            offset += 1
+        b.remember_many(pairs + pairs[:4])  # entries already known are skipped
+        assert list(a.recent) == list(b.recent)
+        assert (a.recent_bytes, budget_a.used) == (b.recent_bytes, budget_b.used)
+    assert len(a.recent) < offset  # the bounds did cut
