@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.mqtt import publish_run
 from gateway.mqtt.codec import MqttCodec, PublishRun
@@ -122,3 +124,16 @@ def test_scan_publishes_refuses_bad_arguments() -> None:
     assert scan(data, 0, len(data) - 1) == ([], 0)  # over the limit: left to Python
     assert scan(data[:-1], 0, 100) == ([], 0)  # incomplete
     assert scan(bytearray(data * 2), 0, 100) == ([("a", b"x", 0, None)] * 2, 2 * len(data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda t, p, q, i, f: _publish(t, p, q, i, f), st.binary(max_size=6),
+              st.binary(max_size=20), st.integers(0, 3), st.integers(0, 2), st.integers(0, 9)),
+), max_size=12), st.integers(3, 4))
+def test_any_bytes_decode_as_the_python_decoder_decodes(parts: list[bytes], version: int) -> None:
+    data = b"".join(parts)
+    fast, fast_err = _feed(_codec(version, True, 64), [data])
+    slow, slow_err = _feed(_codec(version, False, 64), [data])
+    assert _flat(fast) == slow and fast_err == slow_err
