@@ -1162,6 +1162,521 @@ fail:
     return NULL;
 }
 
+/* ==== s4-perf: the MQTT fan-in's per-message work, a batch per call ==================
+ * plan_batch_lmqs / stage_batch_lmqs: the MessageBatch put of the MQTT gateway, where
+ * every sub-message carries INNER_MULTI_DISPATCH (split_batch gives its value when the
+ * properties are canonical). _plan_dicts and _dispatch_native did the planning per message
+ * in Python; these two do the whole batch, so a batch costs one call each plus O(#LMQs)
+ * Python. scan_publishes: a socket read's 3.x PUBLISH packets decoded in one call
+ * (gateway/mqtt/codec.py). Each takes only the usual case and leaves the rest to the
+ * Python code (which stays the reference: tests compare them). */
+
+/* plan_batch_lmqs(items, memo, cache, topic, fixed, limit, max_props)
+ *   -> (names, bases, first offsets | None) | (status name, remark) | None
+ * items: split_batch items. An item whose last field is False is left alone; one whose
+ * last field is a str (its INNER_MULTI_DISPATCH value) gets INNER_MULTI_QUEUE_OFFSET
+ * appended to its properties and its record size grown, as _plan_dicts does, with offsets
+ * from `cache` (LmqIndex.cache: name -> next offset) counted up through the batch. Returns
+ * None, with nothing changed, unless every such item's value is a key of `memo` (the store's
+ * split, duplicate-free name lists), every name is an exact str cached with an offset > 0
+ * (an LMQ that exists, so none is created) and `topic` is not cached. Else: `names`, per
+ * item the tuple of its LMQ names or None; `bases`, each LMQ's first offset in the batch;
+ * the first item's offsets (None when it has no dispatch). A properties string longer than
+ * max_props or a record larger than `limit` is refused as _plan_dicts refuses it (status
+ * name, remark); the items before it are already changed then (the batch is refused). */
+static PyObject *sp_plan_batch_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long fixed, limit, max_props;
+    if (nargs != 7 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyDict_CheckExact(args[2]) || !PyUnicode_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "plan_batch_lmqs(items: list, memo: dict, cache: dict, topic: str, "
+                        "fixed: int, limit: int, max_props: int)");
+        return NULL;
+    }
+    if (as_i64(args[4], &fixed, "fixed size") < 0 || as_i64(args[5], &limit, "limit") < 0 ||
+        as_i64(args[6], &max_props, "max properties") < 0)
+        return NULL;
+    if (fixed < 0 || fixed > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "plan_batch_lmqs: fixed size out of range");
+        return NULL;
+    }
+    PyObject *items = args[0], *memo = args[1], *cache = args[2];
+    PyObject *snap = PyList_AsTuple(items);  /* strong: the list may change below */
+    if (!snap)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(snap);
+    PyObject *tuples = NULL, *bases = NULL, *next = NULL, *names = NULL, *first = NULL;
+    PyObject *ret = NULL;
+    char *text = NULL;
+    int has = PyDict_Contains(cache, args[3]);
+    if (has != 0) {
+        ret = has < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    tuples = PyDict_New();  /* dispatch value -> tuple of names (held here) */
+    bases = PyDict_New();
+    names = PyList_New(n);
+    if (!tuples || !bases || !names)
+        goto done;
+    Py_ssize_t most = 0;  /* the longest name tuple */
+    /* Pass 1: everything checked, nothing changed. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(snap, i);
+        if (!PyTuple_CheckExact(it) || PyTuple_GET_SIZE(it) != 10) {
+            PyErr_SetString(PyExc_TypeError, "plan_batch_lmqs: an item must be a tuple of 10");
+            goto done;
+        }
+        PyObject *how = PyTuple_GET_ITEM(it, 9);
+        if (how == Py_False) {
+            PyList_SET_ITEM(names, i, Py_NewRef(Py_None));
+            continue;
+        }
+        if (!PyUnicode_CheckExact(how) || !PyBytes_CheckExact(PyTuple_GET_ITEM(it, 3))) {
+            ret = Py_NewRef(Py_None);  /* the dict path */
+            goto done;
+        }
+        PyObject *t = PyDict_GetItemWithError(tuples, how);
+        if (!t) {
+            if (PyErr_Occurred())
+                goto done;
+            PyObject *lst = PyDict_GetItemWithError(memo, how);
+            if (!lst || !PyList_CheckExact(lst)) {
+                ret = lst || !PyErr_Occurred() ? Py_NewRef(Py_None) : NULL;
+                goto done;
+            }
+            PyObject *tup = PyList_AsTuple(lst);
+            if (!tup)
+                goto done;
+            int r = PyDict_SetItem(tuples, how, tup);
+            Py_DECREF(tup);
+            if (r < 0)
+                goto done;
+            t = tup;  /* held by `tuples` */
+            Py_ssize_t m = PyTuple_GET_SIZE(t);
+            if (m == 0) {
+                ret = Py_NewRef(Py_None);
+                goto done;
+            }
+            if (m > most)
+                most = m;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                PyObject *name = PyTuple_GET_ITEM(t, k);
+                if (!PyUnicode_CheckExact(name)) {
+                    ret = Py_NewRef(Py_None);
+                    goto done;
+                }
+                PyObject *off = PyDict_GetItemWithError(cache, name);
+                long long o;
+                if (!off) {
+                    ret = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+                    goto done;
+                }
+                Py_INCREF(off);
+                r = as_i64(off, &o, "a cached offset");
+                if (r == 0 && o <= 0) {
+                    Py_DECREF(off);
+                    ret = Py_NewRef(Py_None);  /* a new LMQ: counted by the Python path */
+                    goto done;
+                }
+                r = r < 0 ? -1 : PyDict_SetDefault(bases, name, off) ? 0 : -1;
+                Py_DECREF(off);
+                if (r < 0)
+                    goto done;
+            }
+        }
+        PyList_SET_ITEM(names, i, Py_NewRef(t));
+    }
+    /* Duplicates inside one list would need one offset for both: the memo holds none,
+     * but a list changed since could; the Python path handles them. */
+    {
+        Py_ssize_t pos = 0;
+        PyObject *key, *val;
+        while (PyDict_Next(tuples, &pos, &key, &val)) {
+            Py_ssize_t m = PyTuple_GET_SIZE(val);
+            for (Py_ssize_t a = 0; a < m; a++)
+                for (Py_ssize_t b = a + 1; b < m; b++) {
+                    int eq = PyUnicode_Compare(PyTuple_GET_ITEM(val, a), PyTuple_GET_ITEM(val, b));
+                    if (eq == -1 && PyErr_Occurred())
+                        goto done;
+                    if (eq == 0) {
+                        ret = Py_NewRef(Py_None);
+                        goto done;
+                    }
+                }
+        }
+    }
+    /* Pass 2: offsets counted through the batch, properties and sizes. */
+    next = PyDict_Copy(bases);
+    text = PyMem_Malloc(OFFSETS_PAIR_LEN + (size_t)(most ? most : 1) * 21 + 1);
+    if (!next || !text) {
+        if (!text)
+            PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(text, OFFSETS_PAIR, OFFSETS_PAIR_LEN);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(names, i);
+        if (t == Py_None)
+            continue;
+        PyObject *it = PyTuple_GET_ITEM(snap, i);
+        Py_ssize_t m = PyTuple_GET_SIZE(t), tl = OFFSETS_PAIR_LEN;
+        PyObject *offs = NULL;
+        if (i == 0 && !(offs = first = PyList_New(m)))
+            goto done;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            PyObject *name = PyTuple_GET_ITEM(t, k);
+            PyObject *cur = PyDict_GetItemWithError(next, name);  /* exact int, set below */
+            long long o;
+            if (!cur) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "plan_batch_lmqs: a name went missing");
+                goto done;
+            }
+            if (as_i64(cur, &o, "an offset") < 0)
+                goto done;
+            if (o == INT64_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "LMQ offset out of int64 range");
+                goto done;
+            }
+            if (offs)
+                PyList_SET_ITEM(offs, k, Py_NewRef(cur));
+            PyObject *nx = PyLong_FromLongLong(o + 1);
+            if (!nx || PyDict_SetItem(next, name, nx) < 0) {
+                Py_XDECREF(nx);
+                goto done;
+            }
+            Py_DECREF(nx);
+            if (k)
+                text[tl++] = ',';
+            tl += format_i64(text + tl, o);
+        }
+        PyObject *own = PyTuple_GET_ITEM(it, 3);
+        Py_ssize_t ol = PyBytes_GET_SIZE(own), pbl = ol + tl;
+        long long blen, total;
+        if (as_i64(PyTuple_GET_ITEM(it, 2), &blen, "body length") < 0)
+            goto done;
+        if (pbl > max_props) {
+            ret = Py_BuildValue("(sN)", "PROPERTIES_SIZE_EXCEEDED",
+                                PyUnicode_FromFormat("properties size %zd exceeds %lld", pbl,
+                                                     max_props));
+            goto done;
+        }
+        if (blen < 0 || blen > INT32_MAX || (total = fixed + blen + pbl) > limit) {
+            ret = Py_BuildValue("(ss)", "MESSAGE_ILLEGAL", "record larger than a CommitLog file");
+            goto done;
+        }
+        PyObject *pb = PyBytes_FromStringAndSize(NULL, pbl);
+        if (!pb)
+            goto done;
+        memcpy(PyBytes_AS_STRING(pb), PyBytes_AS_STRING(own), ol);
+        memcpy(PyBytes_AS_STRING(pb) + ol, text, tl);
+        PyObject *tot = PyLong_FromLongLong(total);
+        if (!tot) {
+            Py_DECREF(pb);
+            goto done;
+        }
+        PyObject *nt = PyTuple_Pack(10, PyTuple_GET_ITEM(it, 0), PyTuple_GET_ITEM(it, 1),
+                                    PyTuple_GET_ITEM(it, 2), pb, PyTuple_GET_ITEM(it, 4), tot,
+                                    PyTuple_GET_ITEM(it, 6), PyTuple_GET_ITEM(it, 7),
+                                    PyTuple_GET_ITEM(it, 8), Py_False);
+        Py_DECREF(pb);
+        Py_DECREF(tot);
+        if (!nt)
+            goto done;
+        /* the list may have been shortened meanwhile (no Python code ran, but be exact) */
+        if (i >= PyList_GET_SIZE(items)) {
+            Py_DECREF(nt);
+            PyErr_SetString(PyExc_ValueError, "plan_batch_lmqs: the item list changed");
+            goto done;
+        }
+        if (PyList_SetItem(items, i, nt) < 0)  /* steals nt */
+            goto done;
+    }
+    ret = PyTuple_Pack(3, names, bases, first ? first : Py_None);
+done:
+    PyMem_Free(text);
+    Py_XDECREF(first);
+    Py_XDECREF(names);
+    Py_XDECREF(next);
+    Py_XDECREF(bases);
+    Py_XDECREF(tuples);
+    Py_DECREF(snap);
+    return ret;
+}
+
+/* stage_batch_lmqs(staged, cache, names, bases, cq_units, store_ms) -> int
+ * After write_batch: the LMQ units of a batch planned by plan_batch_lmqs. Item i's
+ * ConsumeQueue unit in cq_units (20 bytes at 20 * i: phys int64, size int32, tag code
+ * int64) gives its LMQ unit (lmq_index.LMQ_UNIT: phys, size, tag code, store_ms), staged
+ * under each of its names at the next offset from `bases`, as LmqIndex.add_planned_many
+ * stages them; cache[name] ends one past each LMQ's last offset. Returns the number of
+ * units staged. Everything is checked before anything is staged. */
+static PyObject *sp_stage_batch_lmqs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long store_ms;
+    if (nargs != 6 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyList_CheckExact(args[2]) || !PyDict_CheckExact(args[3]) ||
+        !PyByteArray_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "stage_batch_lmqs(staged: dict, cache: dict, names: list, bases: dict, "
+                        "cq_units: bytearray, store_ms: int)");
+        return NULL;
+    }
+    if (as_i64(args[5], &store_ms, "store timestamp") < 0)
+        return NULL;
+    PyObject *staged = args[0], *cache = args[1], *bases = args[3];
+    PyObject *snap = PyList_AsTuple(args[2]);
+    if (!snap)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(snap);
+    PyObject *next = NULL, *ret = NULL;
+    /* a copy of the units: the bytearray could be resized by a dict lookup's code */
+    Py_ssize_t ulen = PyByteArray_GET_SIZE(args[4]);
+    if (ulen < n * 20) {
+        PyErr_SetString(PyExc_ValueError, "stage_batch_lmqs: cq_units shorter than the items");
+        goto done;
+    }
+    next = PyDict_Copy(bases);
+    if (!next)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* checks */
+        PyObject *t = PyTuple_GET_ITEM(snap, i);
+        if (t == Py_None)
+            continue;
+        if (!PyTuple_CheckExact(t)) {
+            PyErr_SetString(PyExc_TypeError, "stage_batch_lmqs: names must be tuples or None");
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
+            PyObject *name = PyTuple_GET_ITEM(t, k), *b;
+            long long o;
+            if (!PyUnicode_CheckExact(name)) {
+                PyErr_SetString(PyExc_TypeError, "LMQ names must be str");
+                goto done;
+            }
+            if (!(b = PyDict_GetItemWithError(next, name))) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "stage_batch_lmqs: a name has no base");
+                goto done;
+            }
+            if (as_i64(b, &o, "a base offset") < 0)
+                goto done;
+            if (o < 0 || o > INT64_MAX - n) {
+                PyErr_SetString(PyExc_ValueError, "LMQ offset out of range");
+                goto done;
+            }
+            PyObject *u = PyDict_GetItemWithError(staged, name);
+            if (!u && PyErr_Occurred())
+                goto done;
+            if (u && !PyList_CheckExact(u)) {
+                PyErr_SetString(PyExc_TypeError, "staged units must be lists");
+                goto done;
+            }
+        }
+    }
+    if (PyByteArray_GET_SIZE(args[4]) < n * 20) {
+        PyErr_SetString(PyExc_ValueError, "stage_batch_lmqs: cq_units changed");
+        goto done;
+    }
+    unsigned char *cq = NULL;
+    cq = PyMem_Malloc(n * 20 + 1);
+    if (!cq) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(cq, PyByteArray_AS_STRING(args[4]), n * 20);
+    long long count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(snap, i);
+        if (t == Py_None)
+            continue;
+        PyObject *unit = PyBytes_FromStringAndSize(NULL, 28);
+        if (!unit)
+            goto fail;
+        unsigned char *up = (unsigned char *)PyBytes_AS_STRING(unit);
+        memcpy(up, cq + 20 * i, 20);  /* phys, size, tag code: the same big-endian fields */
+        put_u64(up + 20, (uint64_t)store_ms);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t); k++) {
+            PyObject *name = PyTuple_GET_ITEM(t, k);
+            PyObject *cur = PyDict_GetItemWithError(next, name);
+            if (!cur) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "stage_batch_lmqs: a name went missing");
+                Py_DECREF(unit);
+                goto fail;
+            }
+            Py_INCREF(cur);
+            long long o = PyLong_AsLongLong(cur);  /* an exact int (checked or ours) */
+            PyObject *nx = o == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(o + 1);
+            PyObject *units = nx ? PyDict_GetItemWithError(staged, name) : NULL;
+            int r = -1;
+            if (nx && !units && !PyErr_Occurred()) {
+                units = PyList_New(2);
+                if (units) {
+                    PyList_SET_ITEM(units, 0, Py_NewRef(cur));
+                    PyList_SET_ITEM(units, 1, Py_NewRef(unit));
+                    r = PyDict_SetItem(staged, name, units);
+                    Py_DECREF(units);
+                }
+            } else if (units && PyList_CheckExact(units)) {
+                Py_INCREF(units);
+                r = PyList_Append(units, cur) < 0 || PyList_Append(units, unit) < 0 ? -1 : 0;
+                Py_DECREF(units);
+            } else if (units) {
+                PyErr_SetString(PyExc_TypeError, "staged units must be lists");
+            }
+            if (r == 0)
+                r = PyDict_SetItem(next, name, nx);
+            Py_DECREF(cur);
+            Py_XDECREF(nx);
+            if (r < 0) {
+                Py_DECREF(unit);
+                goto fail;
+            }
+            count++;
+        }
+        Py_DECREF(unit);
+    }
+    PyMem_Free(cq);
+    {
+        Py_ssize_t pos = 0;
+        PyObject *key, *val;
+        while (PyDict_Next(next, &pos, &key, &val)) {
+            if (PyDict_SetItem(cache, key, val) < 0)
+                goto done;
+        }
+    }
+    ret = PyLong_FromLongLong(count);
+    goto done;
+fail:
+    PyMem_Free(cq);
+done:
+    Py_XDECREF(next);
+    Py_DECREF(snap);
+    return ret;
+}
+/* scan_publishes(src, pos, max_packet_size) -> (run: list, pos)
+ * The MQTT gateway's read path (gateway/mqtt/codec.py MqttCodec.feed, 3.1/3.1.1 server
+ * side): the complete PUBLISH packets at src[pos:] (bytes or bytearray), decoded as
+ * (topic str, payload bytes, fixed-header flags int, packet id int or None) tuples, up to
+ * the first packet that is not a PUBLISH, is incomplete, or fails any check the Python
+ * decoder makes (QoS 3, DUP on QoS 0, a truncated or empty topic, a topic that is not
+ * UTF-8 or holds + # U+0000, packet id 0, longer than max_packet_size, a remaining length
+ * over 4 bytes): the Python decoder takes that packet (and raises its error). Returns the
+ * tuples and the position after the last one. Consecutive packets with the same topic
+ * bytes share one str. No Python code runs while the buffer is read. */
+static PyObject *sp_scan_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos, limit;
+    if (nargs != 3 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scan_publishes(src: bytes | bytearray, pos: int, max_packet_size: int)");
+        return NULL;
+    }
+    if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &limit, "max packet size") < 0)
+        return NULL;
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(args[0])) {
+        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+        n = PyBytes_GET_SIZE(args[0]);
+    } else {
+        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        n = PyByteArray_GET_SIZE(args[0]);
+    }
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_ValueError, "scan_publishes: pos outside the buffer");
+        return NULL;
+    }
+    PyObject *run = PyList_New(0);
+    if (!run)
+        return NULL;
+    PyObject *prev = NULL;  /* the last topic (borrowed from `run`) */
+    const unsigned char *prev_b = NULL;
+    Py_ssize_t prev_l = 0;
+    while (pos < n) {
+        unsigned char first = p[pos];
+        if ((first >> 4) != 3)
+            break;
+        Py_ssize_t q = (Py_ssize_t)pos + 1;
+        long long length = 0;
+        int shift = 0, done = 0;
+        while (q < n && shift < 28) {
+            unsigned char b = p[q++];
+            length |= (long long)(b & 0x7F) << shift;
+            if (b < 0x80) {
+                done = 1;
+                break;
+            }
+            shift += 7;
+        }
+        if (!done)
+            break;  /* incomplete, or a remaining length over 4 bytes (Python raises) */
+        if (q - pos + length > limit || q + length > n)
+            break;
+        Py_ssize_t end = q + (Py_ssize_t)length;
+        int qos = (first >> 1) & 3;
+        if (qos == 3 || ((first & 0x08) && !qos) || q + 2 > end)
+            break;
+        Py_ssize_t tl = ((Py_ssize_t)p[q] << 8) | p[q + 1];
+        Py_ssize_t t0 = q + 2, stop = t0 + tl;
+        if (tl == 0 || stop > end || memchr(p + t0, '+', tl) || memchr(p + t0, '#', tl) ||
+            memchr(p + t0, 0, tl))
+            break;
+        PyObject *pid = Py_None;
+        long id = 0;
+        if (qos) {
+            if (stop + 2 > end)
+                break;
+            id = ((long)p[stop] << 8) | p[stop + 1];
+            if (!id)
+                break;
+            stop += 2;
+        }
+        PyObject *topic;
+        if (prev && tl == prev_l && memcmp(p + t0, prev_b, tl) == 0) {
+            topic = Py_NewRef(prev);
+        } else {
+            topic = PyUnicode_DecodeUTF8((const char *)p + t0, tl, "strict");
+            if (!topic) {
+                if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    PyErr_Clear();
+                    break;  /* the Python decoder refuses it */
+                }
+                goto fail;
+            }
+        }
+        if (qos && !(pid = PyLong_FromLong(id))) {
+            Py_DECREF(topic);
+            goto fail;
+        }
+        PyObject *flags = PyLong_FromLong(first & 0x0F);  /* small ints: cached */
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)p + stop, end - stop);
+        PyObject *item = flags && payload ? PyTuple_Pack(4, topic, payload, flags, pid) : NULL;
+        Py_XDECREF(flags);
+        Py_XDECREF(payload);
+        if (qos)
+            Py_DECREF(pid);
+        if (!item || PyList_Append(run, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(topic);
+            goto fail;
+        }
+        Py_DECREF(item);
+        prev = topic;  /* still held by the item in `run` */
+        Py_DECREF(topic);
+        prev_b = p + t0;
+        prev_l = tl;
+        pos = end;
+    }
+    return Py_BuildValue("(NL)", run, pos);
+fail:
+    Py_DECREF(run);
+    return NULL;
+}
+/* ==== end s4-perf ==== */
+
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"crc32", sp_crc32, METH_O, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object."},
@@ -1179,6 +1694,14 @@ static PyMethodDef methods[] = {
      "split_batch(body, extra, ...) -> items | (status, remark) | None: batch pass 1."},
     {"write_batch", (PyCFunction)(void (*)(void))sp_write_batch, METH_FASTCALL,
      "write_batch(mm, pos, limit, items, i, ...) -> (i, pos): batch pass 2."},
+    /* ==== s4-perf ==== */
+    {"plan_batch_lmqs", (PyCFunction)(void (*)(void))sp_plan_batch_lmqs, METH_FASTCALL,
+     "plan_batch_lmqs(items, memo, cache, topic, ...) -> (names, bases, first) | refusal | None."},
+    {"stage_batch_lmqs", (PyCFunction)(void (*)(void))sp_stage_batch_lmqs, METH_FASTCALL,
+     "stage_batch_lmqs(staged, cache, names, bases, cq_units, store_ms) -> int: LMQ units."},
+    {"scan_publishes", (PyCFunction)(void (*)(void))sp_scan_publishes, METH_FASTCALL,
+     "scan_publishes(src, pos, max_packet_size) -> (run, pos): 3.x PUBLISHes decoded."},
+    /* ==== end s4-perf ==== */
     {NULL, NULL, 0, NULL},
 };
 

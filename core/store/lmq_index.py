@@ -22,7 +22,7 @@ from itertools import islice
 
 from core.common.names import validate_lmq
 from core.store.kv import INT64, LMQ_COUNT_KEY, KvStore
-from core.store.speedups import stage_units, write_units
+from core.store.speedups import stage_batch_lmqs, stage_units, write_units
 
 # Unit value: phys int64 | size int32 | tag code int64 | store timestamp int64 (28 bytes,
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
@@ -151,6 +151,14 @@ class LmqIndex:
                 self.count += 1
                 self._count_dirty = True
         self._kv.staged_ops += len(items)
+
+    def add_batch(self, names: list, bases: dict[str, int], cq_units: bytearray,
+                  store_ms: int) -> int:
+        """Stage the units of a batch planned by speedups.plan_batch_lmqs (every LMQ
+        exists: none is created); returns how many were staged."""
+        staged = stage_batch_lmqs(self._staged, self.cache, names, bases, cq_units, store_ms)
+        self._kv.staged_ops += staged
+        return staged
 
     def _stage(self) -> None:
         """Before a commit: stage the LMQ count with the units."""

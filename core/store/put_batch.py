@@ -39,7 +39,7 @@ from core.store.put_path import (
     _Reject,
 )
 from core.store.results import PutResult, PutStatus
-from core.store.speedups import split_batch, write_batch
+from core.store.speedups import plan_batch_lmqs, split_batch, write_batch
 
 # Markers (name + \x01) for reading encoded property strings, and their lengths.
 _M_WAIT = _WAIT.encode() + b"\x01"
@@ -269,9 +269,28 @@ class BatchPutPath(PutPath):
             status, remark, before = items
             self._plan_dicts(before, batch.topic, batch.queue_id, qoff, len(tail))
             raise _Reject(PutStatus[status], remark)
-        multi = self._plan_dicts(items, batch.topic, batch.queue_id, qoff, len(tail)) \
-            if self._multi_on else None
+        multi = None
+        if self._multi_on:
+            multi = self._plan_batch_lmqs(items, batch.topic, len(tail))
+            if multi is None:
+                multi = self._plan_dicts(items, batch.topic, batch.queue_id, qoff, len(tail))
         return items, tail, cq, qoff, x_keys, x_uniq, multi
+
+    def _plan_batch_lmqs(self, items: list, topic: str, tlen: int):
+        """The usual multi-dispatch of a batch (every item's LMQs known, see
+        speedups.plan_batch_lmqs) planned in one C call: ("c", names, bases, first offsets),
+        or None for _plan_dicts (without the extension, or any other case)."""
+        if plan_batch_lmqs is None or not self._lmq_on:
+            return None
+        planned = plan_batch_lmqs(
+            items, self._multi_names, self._lmq.cache, topic, FIXED_SIZE + tlen - 1,
+            self._fs - END_FILE_MIN_BLANK, self._max_props,
+        )
+        if planned is None:
+            return None
+        if len(planned) == 2:
+            raise _Reject(PutStatus[planned[0]], planned[1])
+        return ("c", *planned)
 
     def _plan_dicts(self, items: list, topic: str, qid: int, qoff: int, tlen: int):
         """Items flagged by split_batch (their properties mention INNER_MULTI_DISPATCH) get
@@ -353,7 +372,10 @@ class BatchPutPath(PutPath):
             listener(batch.topic, qid, qoff + n)
         first_offsets = None
         if multi is not None:
-            first_offsets = self._dispatch_native(multi, items, ids, store_ms)
+            if type(multi) is tuple:  # planned in C
+                first_offsets = self._stage_batch_lmqs(multi, units, store_ms)
+            else:
+                first_offsets = self._dispatch_native(multi, items, ids, store_ms)
         kv = self._kv
         if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
             self._commit_kv()
@@ -366,6 +388,19 @@ class BatchPutPath(PutPath):
             PutStatus.OK, None, int(ids[0][-16:], 16), wrote, qoff, ids, store_ms, end,
             first_offsets if first_offsets is not None else [],
         )
+
+    def _stage_batch_lmqs(self, multi: tuple, units: bytearray, store_ms: int):
+        """_dispatch_native for a batch planned by _plan_batch_lmqs: LMQ units staged in
+        one C call, one wake-up per LMQ; returns the first record's offsets (or None)."""
+        _, names, bases, first = multi
+        lmq = self._lmq
+        self._stats.lmq_dispatches += lmq.add_batch(names, bases, units, store_ms)
+        listener = self.dispatch_listener
+        if listener is not None:
+            cache = lmq.cache
+            for name in bases:
+                listener(name, 0, cache[name])
+        return first
 
     def _dispatch_native(self, multi: list, items: list, ids: list[str], store_ms: int):
         """Multi-dispatch units of a native batch (LMQ units staged, other queues appended,

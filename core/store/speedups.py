@@ -23,6 +23,8 @@ accept").
 - stage_units(staged, cache, targets, unit) -> int: LmqIndex staging of (name, offset)
   targets; returns the number of new LMQs (offset 0).
 - write_units(snapshot, put, prefixes) -> int: staged LMQ units as RocksDB puts in key order.
+- plan_batch_lmqs / stage_batch_lmqs (C only, like split_batch / write_batch): a batch's
+  multi-dispatch when every LMQ it names exists, planned and staged in one call each.
 """
 
 from __future__ import annotations
@@ -39,14 +41,18 @@ from core.store.speedups_py import (
 )
 
 __all__ = [
-    "NATIVE", "crc32", "encode_props", "plan_lmqs", "split_batch", "stage_units",
-    "write_batch", "write_record", "write_units",
+    "NATIVE", "crc32", "encode_props", "plan_batch_lmqs", "plan_lmqs", "split_batch",
+    "stage_batch_lmqs", "stage_units", "write_batch", "write_record", "write_units",
 ]
 
 # Batch sends (put_batch.py): C only; without the extension put_batch takes its general
 # Python path, which is the reference these are tested against.
 split_batch = None
 write_batch = None
+# A batch's usual multi-dispatch (put_batch.py _plan_batch_lmqs): C only as well; the
+# reference is _plan_dicts + _dispatch_native.
+plan_batch_lmqs = None
+stage_batch_lmqs = None
 
 NATIVE = False
 if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
@@ -54,8 +60,10 @@ if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
         from core._speedups import (  # noqa: F401, F811
             crc32,
             encode_props,
+            plan_batch_lmqs,
             plan_lmqs,
             split_batch,
+            stage_batch_lmqs,
             stage_units,
             write_batch,
             write_record,

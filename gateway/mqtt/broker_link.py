@@ -93,13 +93,14 @@ RETAINED_LMQ = "%LMQ%mqtt_retained"
 
 
 class _Request:
-    __slots__ = ("msg", "done", "lmqs", "routed")
+    __slots__ = ("msg", "done", "lmqs", "routed", "states")
 
     def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
         self.msg = msg
         self.done = done
         self.lmqs: tuple[str, ...] | list[str] = []
         self.routed = False  # some subscription matched (v5 PUBACK 0x10 otherwise)
+        self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
 
 
 class BrokerLink:
@@ -352,34 +353,27 @@ class BrokerLink:
             self._fail(batch, "no broker is known")
             return
         groups: dict[tuple[str, int], list[_Request]] = {}
-        states = self.states
-        touched: list[LmqState] = []
+        # Messages written to each read LMQ this round (its pending count, one wake-up).
+        touched: dict[LmqState, int] = {}
+        # Publishers repeat their topics: the route of a (topic, retain) once per round.
+        routes: dict[tuple[str, bool], tuple] = {}
         for req in batch:
-            topic = req.msg.topic
-            lmqs = self.router(topic)
-            crc = zlib.crc32(topic.encode("utf-8"))
-            broker, qid = queues[crc % nq]
-            if lmqs:
-                req.routed = True
-                if nq > self.config.store_queues and \
-                        any(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
-                    # Several brokers, and it reaches AMQP queues (amq.topic): stored where
-                    # the AMQP gateways pop them, the first master by name.
-                    broker, qid = queues[crc % self.config.store_queues]
-            if req.msg.retain:
-                lmqs = (*lmqs, RETAINED_LMQ)
-            if lmqs:
-                req.lmqs = lmqs if type(lmqs) is tuple else sorted(lmqs)
-                for lmq in req.lmqs:
-                    st = states.get((broker, lmq))
-                    if st is not None:  # only LMQs someone reads need the count
-                        st.pending += 1
-                        touched.append(st)
-            groups.setdefault((broker, qid), []).append(req)
+            msg = req.msg
+            key = (msg.topic, msg.retain)
+            route = routes.get(key)
+            if route is None:
+                route = routes[key] = self._route(msg.topic, msg.retain, queues, groups)
+            group, req.lmqs, req.routed, req.states = route
+            group.append(req)
+            for st in req.states:
+                touched[st] = touched.get(st, 0) + 1
+        for st, n in touched.items():
+            st.pending += n
         results: dict[int, int] = {}
         self._in_round = True
         try:
-            for (broker, qid), reqs in groups.items():
+            last_group = len(groups) - 1
+            for g, ((broker, qid), reqs) in enumerate(groups.items()):
                 start = 0
                 while start < len(reqs):
                     end, size = start, 0
@@ -397,12 +391,16 @@ class BrokerLink:
                         results[id(req)] = code
                     self._advance_tails(broker, chunk, code == STORED)
                     start = end
-                    await trio.lowlevel.checkpoint()  # a round is long: let others run
+                    if start < len(reqs) or g < last_group:
+                        # A round is long: let others run between its sends. Not after
+                        # its last (a lone message's only) send: the readers are woken
+                        # below at once, not after one more pass of the scheduler.
+                        await trio.lowlevel.checkpoint()
         finally:
             self._in_round = False
             late, self._late = self._late, []
-            for st in touched + late:
-                st.completed()
+            for st, n in [*touched.items(), *((st, 1) for st in late)]:
+                st.completed(n)
                 if not st.watchers and not st.pending:
                     self.release(st)
         on_stored = self.on_stored
@@ -426,6 +424,30 @@ class BrokerLink:
                 except Exception:
                     log.exception("publish callback failed")
 
+    def _route(self, topic: str, retain: bool, queues: list, groups: dict) -> tuple:
+        """(the request list of its store queue in `groups`, LMQs sorted, routed, the read
+        LMQs' states) of a publish on `topic`."""
+        nq = len(queues)
+        lmqs = self.router(topic)
+        crc = zlib.crc32(topic.encode("utf-8"))
+        broker, qid = queues[crc % nq]
+        routed = bool(lmqs)
+        if lmqs and nq > self.config.store_queues and \
+                any(lmq.startswith(AMQP_LMQ_PREFIXES) for lmq in lmqs):
+            # Several brokers, and it reaches AMQP queues (amq.topic): stored where
+            # the AMQP gateways pop them, the first master by name.
+            broker, qid = queues[crc % self.config.store_queues]
+        if retain:
+            lmqs = (*lmqs, RETAINED_LMQ)
+        lmqs = (lmqs if type(lmqs) is tuple else tuple(sorted(lmqs))) if lmqs else ()
+        states = self.states
+        # only LMQs someone reads need the count (and their tails)
+        read = tuple(st for st in (states.get((broker, lmq)) for lmq in lmqs) if st is not None)
+        group = groups.get((broker, qid))
+        if group is None:
+            group = groups[(broker, qid)] = []
+        return group, lmqs, routed, read
+
     def _fail(self, batch: list[_Request], why: str) -> None:
         """Answer every request of a round that could not be sent at all."""
         log.warning("%d MQTT message(s) not stored: %s", len(batch), why)
@@ -440,24 +462,32 @@ class BrokerLink:
 
     def _advance_tails(self, broker: str, chunk: list[_Request], stored: bool) -> None:
         """Give each stored message its offset in every read LMQ whose tail is known."""
-        states = self.states
         if stored:
             last = chunk[-1].msg.commitlog_offset
             if last > self.advanced.get(broker, -1):
                 self.advanced[broker] = last
+        # (States created since the round began are pending until it ends: their tails
+        # are not known yet, so the states found when it began are all there is to do.)
+        entries: dict[LmqState, list] = {}
         for req in chunk:
             msg = req.msg
-            for lmq in req.lmqs:
-                st = states.get((broker, lmq))
-                if st is None or st.tail is None:
+            for st in req.states:
+                if st.tail is None:
                     continue
                 if not stored or msg.commitlog_offset < 0:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
                 offset = st.tail
                 st.tail = st.top = offset + 1
-                msg.lmq_offsets[lmq] = offset
-                st.remember(offset, msg)
+                msg.lmq_offsets[st.lmq] = offset
+                got = entries.get(st)
+                if got is None:
+                    entries[st] = [offset, msg]
+                else:
+                    got.append(offset)
+                    got.append(msg)
+        for st, got in entries.items():
+            st.remember_many(got)
 
     def _properties(self, msg: MqttMessage, lmqs) -> bytes:
         """The stored properties of `msg` (to_properties + INNER_MULTI_DISPATCH), UTF-8.

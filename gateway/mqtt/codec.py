@@ -53,9 +53,11 @@ from gateway.mqtt.packets import (
     Will,
 )
 from gateway.mqtt.properties import WILL, decode_binary, decode_properties, decode_string
+from gateway.mqtt.publish_run import PublishRun, scan_publishes
 from gateway.mqtt.topics import parse_shared_subscription, validate_topic_filter
 
-__all__ = ["DEFAULT_MAX_PACKET_SIZE", "MqttCodec", "MqttProtocolError", "ConnectRejected"]
+__all__ = ["DEFAULT_MAX_PACKET_SIZE", "MqttCodec", "MqttProtocolError", "ConnectRejected",
+           "PublishRun"]
 
 #: Default inbound limit: EMQX also defaults to 1 MB (Mosquitto and HiveMQ default to the
 #: 256 MB protocol maximum, too much to buffer per connection on a gateway).
@@ -112,6 +114,7 @@ class MqttCodec:
         "_buf",
         "_failed",
         "_aliases",
+        "publish_runs",
     )
 
     def __init__(
@@ -139,6 +142,8 @@ class MqttCodec:
         self._buf = bytearray()
         self._failed: MqttProtocolError | None = None
         self._aliases: dict[int, str] = {}
+        #: feed gives PublishRun lists for 3.x PUBLISHes (server role, C extension built)
+        self.publish_runs = False
 
     @property
     def buffered(self) -> int:
@@ -165,10 +170,19 @@ class MqttCodec:
         n = len(src)
         pos = 0
         mv = memoryview(src)
+        scan = scan_publishes if self.publish_runs else None
         try:
             limit = self.max_packet_size
             while pos < n:
                 first = src[pos]
+                if scan is not None and first >> 4 == PUBLISH and self._connected \
+                        and self.protocol_version != 5:  # (CONNECT may be in this read)
+                    run, pos = scan(src, pos, limit)
+                    if run:
+                        out.append(PublishRun(run))
+                        if pos == n:
+                            break
+                        first = src[pos]
                 # Remaining Length: at most four bytes (§2.1.4).
                 p = pos + 1
                 length = 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.mqtt.auth import SUB_REFUSED
-from gateway.mqtt.codec import MqttCodec
+from gateway.mqtt.codec import MqttCodec, PublishRun
 from gateway.mqtt.connection_guards import ConnectionGuards
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
@@ -79,6 +79,7 @@ class Connection(ConnectionGuards, PublishHandler):
         self.remote = remote
         self.transport = transport
         self.codec = MqttCodec(cfg.max_packet_size, topic_alias_maximum=cfg.topic_alias_maximum)
+        self.codec.publish_runs = True  # 3.x PUBLISHes come as PublishRun (on_publish_run)
         self.version = 4
         self.client_id = ""
         self.username: str | None = None
@@ -439,7 +440,9 @@ class Connection(ConnectionGuards, PublishHandler):
             if self.closed:
                 return False
             t = type(p)
-            if t is Publish:
+            if t is PublishRun:
+                await self.on_publish_run(p)
+            elif t is Publish:
                 await self.on_publish(p)
             elif t is Puback or t is Pubcomp:
                 self._on_ack(p)

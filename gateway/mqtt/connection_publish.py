@@ -23,6 +23,7 @@ from gateway.mqtt.packets import NO_PROPERTIES, MqttProtocolError, Puback, Publi
 from gateway.mqtt.topics import validate_topic_name
 
 if TYPE_CHECKING:
+    from gateway.mqtt.codec import PublishRun
     from gateway.mqtt.connection import Connection
 
 __all__ = ["PublishHandler"]
@@ -82,18 +83,7 @@ class PublishHandler:
         topic = p.topic
         code = 0
         if topic != self._topic_ok:
-            try:
-                validate_topic_name(topic, max_length=cfg.max_topic_length,
-                                    max_levels=cfg.max_topic_levels)
-            except MqttProtocolError as exc:
-                code, why = 0x90, exc.message
-            if not code:
-                if topic.startswith("$SYS"):
-                    code, why = 0x87, "clients may not publish to $SYS"
-                elif not gw.auth.can_publish(self.username, self.client_id, topic):
-                    code, why = 0x87, "denied by the ACL"
-                else:
-                    self._topic_ok = topic
+            code, why = self._check_topic(topic)
         if not code:
             if p.retain and gw.retained.would_refuse(topic, len(p.payload)):
                 code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
@@ -131,17 +121,85 @@ class PublishHandler:
             # deliveries) run between slices of it.
             await trio.lowlevel.checkpoint()
 
+    async def on_publish_run(self: Connection, run: PublishRun) -> None:
+        """3.1/3.1.1 PUBLISHes decoded in one go by the codec (codec.PublishRun): the
+        handling of on_publish for a 3.x client (no properties), without a packet object
+        per message."""
+        self.publishing = True
+        gw = self.gw
+        cfg = gw.config
+        stats = gw.stats
+        link = gw.link
+        client_id = self.client_id
+        for topic, payload, flags, pid in run:
+            if self.closed:
+                return
+            stats.msgs_in += 1
+            qos = (flags >> 1) & 3
+            if qos > cfg.maximum_qos:
+                log.info("client %s: PUBLISH QoS %d above maximum_qos", shown(client_id), qos)
+                self.close(0x9B)
+                return
+            if qos == 2 and (pid in self.qos2_pending or pid in self.session.inbound_qos2):
+                if pid in self.session.inbound_qos2:
+                    self.send(Pubrec(pid))  # a retransmission: acknowledged once (§4.3.3)
+                continue
+            retain = bool(flags & 1)
+            code = 0
+            if topic != self._topic_ok:
+                code, why = self._check_topic(topic)
+            if not code and retain and gw.retained.would_refuse(topic, len(payload)):
+                code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
+            if code:
+                log.info("client %s: PUBLISH to %s refused (0x%02X): %s", shown(client_id),
+                         shown(topic), code, why)
+                self._refuse(qos, pid, code)
+                continue
+            msg = MqttMessage(topic, payload, qos, retain, NO_PROPERTIES, None, client_id)
+            if qos == 0:
+                link.submit(msg)
+            elif qos == 1:
+                self.inbound += 1
+                link.submit(msg, _ack_later(self, pid, 1))
+            else:
+                self.inbound += 1
+                self.qos2_pending.add(pid)
+                link.submit(msg, _ack_later(self, pid, 2))
+            if link.backlog_full:
+                await link.wait_for_space()
+            elif not link.backlog % PUBLISHES_PER_STEP:
+                await trio.lowlevel.checkpoint()
+
+    def _check_topic(self: Connection, topic: str) -> tuple[int, str]:
+        """(0, "") when `topic` may be published to (then it is remembered as
+        `_topic_ok`), else the refusal's reason code and why."""
+        cfg = self.gw.config
+        try:
+            validate_topic_name(topic, max_length=cfg.max_topic_length,
+                                max_levels=cfg.max_topic_levels)
+        except MqttProtocolError as exc:
+            return 0x90, exc.message
+        if topic.startswith("$SYS"):
+            return 0x87, "clients may not publish to $SYS"
+        if not self.gw.auth.can_publish(self.username, self.client_id, topic):
+            return 0x87, "denied by the ACL"
+        self._topic_ok = topic
+        return 0, ""
+
     def _refused(self: Connection, p: Publish, code: int) -> None:
-        if p.qos == 0:
+        self._refuse(p.qos, p.packet_id, code)
+
+    def _refuse(self: Connection, qos: int, pid: int | None, code: int) -> None:
+        if qos == 0:
             return
         if self.version != 5:
             code = 0
-        if p.qos == 1:
-            self.send(Puback(p.packet_id, code))
+        if qos == 1:
+            self.send(Puback(pid, code))
         else:
             if code < 0x80:
-                self.session.inbound_qos2.add(p.packet_id)  # 3.1.1: PUBREL will follow
-            self.send(Pubrec(p.packet_id, code))
+                self.session.inbound_qos2.add(pid)  # 3.1.1: PUBREL will follow
+            self.send(Pubrec(pid, code))
 
     def _stored(self: Connection, pid: int, qos: int, code: int) -> None:
         """Broker answered for a QoS 1/2 publish (runs in the dispatcher task)."""
@@ -172,6 +230,10 @@ class PublishHandler:
                 self.inbound = max(0, self.inbound - 1)
             self.send(Pubrec(pid, code))
         self.wake()
+
+
+def _ack_later(conn: Connection, pid: int, qos: int):
+    return lambda code: conn._stored(pid, qos, code)
 
 
 def _utf8(data: bytes) -> bool:

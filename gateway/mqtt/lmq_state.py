@@ -156,6 +156,37 @@ class LmqState:
         if used > budget.limit:
             budget.trim(self)
 
+    def remember_many(self, entries: list) -> None:
+        """remember() for [offset, msg, offset, msg, ...] (one send's entries of this
+        LMQ, ascending offsets): the bounds are applied once, after all of them."""
+        recent = self.recent
+        size = len(recent)
+        added = 0
+        for i in range(0, len(entries), 2):
+            offset = entries[i]
+            if offset not in recent:
+                msg = entries[i + 1]
+                recent[offset] = msg
+                added += len(msg.payload)
+        if len(recent) == size:
+            return  # all known already
+        budget = self.budget
+        own = self._recent_bytes + added
+        used = budget.used + added
+        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES):
+            gone = len(recent.popitem(last=False)[1].payload)
+            own -= gone
+            used -= gone
+        self._recent_bytes = own
+        budget.used = used
+        order = budget.order
+        try:
+            order.move_to_end(self)
+        except KeyError:
+            order[self] = None
+        if used > budget.limit:
+            budget.trim(self)
+
     def forget_recent(self) -> None:
         """Drop the recent entries (a state released, a foreign writer found)."""
         self.recent.clear()
@@ -175,9 +206,9 @@ class LmqState:
         if self.version == v0 and not self.pending:
             self.tail = max_offset
 
-    def completed(self) -> None:
-        """A write to this LMQ finished: wake whoever reads it."""
-        self.pending -= 1
+    def completed(self, writes: int = 1) -> None:
+        """Writes to this LMQ finished: wake whoever reads it."""
+        self.pending -= writes
         self.version += 1
         for w in self.watchers:
             w.wake()
