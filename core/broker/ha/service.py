@@ -32,6 +32,13 @@ import struct
 
 import trio
 
+from core.broker.ha.pop_sync import (
+    POP_KINDS,
+    POP_SNAPSHOT_END,
+    PopFeed,
+    PopReplica,
+    PopSyncError,
+)
 from core.broker.offsets import TOPIC_GROUP_SEPARATOR
 from core.broker.subscription_group import SubscriptionGroupConfig
 from core.broker.topic_config import TopicConfig
@@ -42,7 +49,7 @@ from core.store.ha import ReplicaError, append_chunk, read_chunk
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LMQHA2"
+MAGIC = b"LMQHA3"
 _NONCE = 32
 _MAC = 32
 _I64 = struct.Struct(">q")
@@ -106,6 +113,7 @@ class HAMaster:
         self._next_id = 0
         self.refused = 0  # connections refused at the handshake
         self._open = 0  # connections being served (handshaking or streaming)
+        self.pop_feed = PopFeed(self)  # POP journal to the slaves (pop_sync.py)
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -210,14 +218,16 @@ class HAMaster:
         self.slave_ids[cid] = slave_id
         self._set_acked()
         log.info("HA: slave %s connected at offset %d", peer, offset)
+        box = self.pop_feed.open(cid)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_reports, stream, cid, nursery.cancel_scope)
-                await self._stream_to(stream, offset)
+                await self._stream_to(stream, offset, box)
         except (HAProtocolError, ReplicaError, OSError, trio.BrokenResourceError,
                 trio.ClosedResourceError) as exc:
             log.warning("HA: slave %s dropped: %s", peer, exc)
         finally:
+            self.pop_feed.close(cid)
             self.slaves.pop(cid, None)
             self.slave_ids.pop(cid, None)
             self.caught_up_at.pop(cid, None)
@@ -277,7 +287,7 @@ class HAMaster:
             log.info("HA: slave connection %d ends: %s", cid, exc)
         scope.cancel()
 
-    async def _stream_to(self, stream, offset: int) -> None:
+    async def _stream_to(self, stream, offset: int, box) -> None:
         cfg = self.config
         store = self.store
         store_start = store.min_physical_offset
@@ -286,6 +296,9 @@ class HAMaster:
             # start at the first file (the slave repositions an empty store).
             offset = store_start
         while True:
+            if box.frames:  # POP journal frames first (small; the state changes they carry)
+                for kind, data in box.take():
+                    await stream.send_all(_HEADER.pack(kind, len(data)) + data)
             chunk = read_chunk(store, offset, cfg.ha_batch_bytes)
             if chunk is None:
                 ev = self._data
@@ -323,6 +336,7 @@ class HASlave:
         self._retargeted = trio.Event()
         self._session_scope: trio.CancelScope | None = None
         self._run_scope: trio.CancelScope | None = None
+        self.pop = broker.ha_pop_replica = PopReplica(broker)  # POP journal (pop_sync.py)
 
     def retarget(self, address: str | None) -> None:
         """Follow another master (controller mode): drop the current session."""
@@ -354,10 +368,12 @@ class HASlave:
                     try:
                         with trio.CancelScope() as self._session_scope:
                             await self._session(address)
-                    except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
-                            trio.BrokenResourceError, trio.ClosedResourceError,
+                    except (HAProtocolError, ReplicaError, PopSyncError, OSError, ValueError,
+                            struct.error, trio.BrokenResourceError, trio.ClosedResourceError,
                             trio.TooSlowError) as exc:
                         log.warning("HA: connection to master %s failed: %s", address, exc)
+                    finally:
+                        self.pop.abort()
                     self.connected = False
                     if address == self.master_address:
                         await trio.sleep(self.config.ha_reconnect_s)
@@ -407,6 +423,11 @@ class HASlave:
                     if length < 0 or length > limit:
                         raise HAProtocolError(f"chunk of {length} bytes")
                     data = await _recv_exactly(stream, length) if length else b""
+                if offset < 0:  # POP journal frames (pop_sync.py): no report
+                    if offset not in POP_KINDS or (offset == POP_SNAPSHOT_END and length):
+                        raise HAProtocolError(f"frame of kind {offset}")
+                    await self.pop.apply(offset, data)
+                    continue
                 if length:
                     append_chunk(self.store, offset, data)
                 else:
