@@ -58,6 +58,8 @@ _HEADER = struct.Struct(">qi")
 _MAX_NAME = 1024
 _MAX_HANDSHAKES = 16  # connections in the handshake at once, beyond ha_max_slaves
 _COALESCE = 64 * 1024  # chunks up to this are copied behind their header: one send
+_REPORTS_READ = 4096  # bytes of slave reports read at once (512 reports)
+_FRAMES_READ = 256 * 1024  # the slave reads the stream this much at a time
 
 
 class SyncStatus:
@@ -72,6 +74,26 @@ class HAProtocolError(Exception):
 
 def _mac(secret: str, role: bytes, nonce: bytes, name: bytes, extra: bytes = b"") -> bytes:
     return hmac.new(secret.encode(), role + nonce + name + extra, hashlib.sha256).digest()
+
+
+class _Reader:
+    """Buffered reads of the HA stream (slave): small frames and their headers come out
+    of one receive, not one each."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    async def exactly(self, n: int) -> bytes:
+        buf = self.buf
+        while len(buf) < n:
+            data = await self.stream.receive_some(max(n - len(buf), _FRAMES_READ))
+            if not data:
+                raise HAProtocolError("connection closed")
+            buf += data
+        out = bytes(buf[:n])
+        del buf[:n]
+        return out
 
 
 async def _recv_exactly(stream, n: int) -> bytes:
@@ -270,13 +292,23 @@ class HAMaster:
         return offset, slave_id
 
     async def _read_reports(self, stream, cid: int, scope: trio.CancelScope) -> None:
+        buf = b""
         try:
             while True:
                 with trio.fail_after(self.config.ha_housekeeping_s):
-                    data = await _recv_exactly(stream, 8)
+                    data = await stream.receive_some(_REPORTS_READ)
+                if not data:
+                    raise HAProtocolError("connection closed")
+                # Reports only grow: of those that arrived together, the last one counts
+                # (one wake-up of the waiting sends, not one per report).
+                buf += data
+                whole = len(buf) - len(buf) % 8
+                if not whole:
+                    continue
+                report, buf = buf[whole - 8 : whole], buf[whole:]
                 # A report past our own end would acknowledge sends the slave cannot hold.
                 end = self.store.max_physical_offset
-                off = min(_I64.unpack(data)[0], end)
+                off = min(_I64.unpack(report)[0], end)
                 if off == end:
                     self.caught_up_at[cid] = trio.current_time()
                 if off > self.slaves.get(cid, -1):
@@ -417,12 +449,13 @@ class HASlave:
             log.info("HA: replicating from %s at offset %d", address,
                      self.store.max_physical_offset)
             limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
+            reader = _Reader(stream)
             while True:
                 with trio.fail_after(cfg.ha_housekeeping_s):
-                    offset, length = _HEADER.unpack(await _recv_exactly(stream, _HEADER.size))
+                    offset, length = _HEADER.unpack(await reader.exactly(_HEADER.size))
                     if length < 0 or length > limit:
                         raise HAProtocolError(f"chunk of {length} bytes")
-                    data = await _recv_exactly(stream, length) if length else b""
+                    data = await reader.exactly(length) if length else b""
                 if offset < 0:  # POP journal frames (pop_sync.py): no report
                     if offset not in POP_KINDS or (offset == POP_SNAPSHOT_END and length):
                         raise HAProtocolError(f"frame of kind {offset}")
