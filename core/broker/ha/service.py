@@ -45,7 +45,7 @@ from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
-from core.store.ha import ReplicaError, append_chunk, read_chunk
+from core.store.ha import ReplicaError, append_chunk, commit_if_due, read_chunk
 
 log = logging.getLogger(__name__)
 
@@ -462,10 +462,13 @@ class HASlave:
                     await self.pop.apply(offset, data)
                     continue
                 if length:
-                    append_chunk(self.store, offset, data)
+                    append_chunk(self.store, offset, data, commit=False)
                 else:
                     self.master_offset = offset
                 await stream.send_all(_I64.pack(self.store.max_physical_offset))
+                # The key index's RocksDB batch after the report: the waiting sends need
+                # the CommitLog bytes, not the index (rebuilt by recovery anyway).
+                commit_if_due(self.store)
 
     async def _config_sync_loop(self) -> None:
         while True:

@@ -88,11 +88,12 @@ def read_chunk(store, offset: int, max_bytes: int) -> memoryview | None:
     return mf.view[pos:p]
 
 
-def append_chunk(store, phys: int, data) -> int:
+def append_chunk(store, phys: int, data, commit: bool = True) -> int:
     """Slave side: write `data` (a chunk cut by `read_chunk`) at CommitLog offset `phys`
     and dispatch its records; returns the new max offset. Raises ReplicaError when the
     chunk does not continue the CommitLog or holds an invalid record (what was valid
-    before it stays written and dispatched)."""
+    before it stays written and dispatched). With `commit` False the caller runs
+    `commit_if_due` itself (the slave does, after it has sent its report)."""
     cl = store.commitlog
     fs = cl.file_size
     n = len(data)
@@ -141,13 +142,18 @@ def append_chunk(store, phys: int, data) -> int:
         store._last_store_ms = last_ms
     store._wpos = pos + end
     store._wrote = mf.start + pos + end
-    kv = store._kv
-    # RocksDB batches as on the master's put path (not one write per chunk).
-    if kv.ops >= store._kv_max_ops or store._wrote - kv.marker > _KV_COMMIT_BYTES:
-        store._commit_kv()
+    if commit:
+        commit_if_due(store)
     if bad:
         raise ReplicaError(f"invalid record at {store._wrote} in a replicated chunk")
     return store._wrote
+
+
+def commit_if_due(store) -> None:
+    """RocksDB batches as on the master's put path (not one write per chunk)."""
+    kv = store._kv
+    if kv.ops >= store._kv_max_ops or store._wrote - kv.marker > _KV_COMMIT_BYTES:
+        store._commit_kv()
 
 
 def _multi_offsets_ok(data: bytes, pos: int, phys: int) -> bool:
