@@ -1216,6 +1216,101 @@ static int ha_entry(PyObject *entries, char prefix, int64_t bucket, const unsign
     return r;
 }
 
+#define HA_MAX_TARGETS 64  /* more multi-dispatch names: the general dispatch */
+
+/* 1 when every multi-dispatch target is an LMQ: names start with `lp`, distinct, none the
+ * topic; offsets plain decimal (1-18 digits) within `bound`; as many as names. */
+static int ha_lmq_check(const unsigned char *md, Py_ssize_t mdl, const unsigned char *mo,
+                        Py_ssize_t mol, const unsigned char *topic, Py_ssize_t tl,
+                        const unsigned char *lp, Py_ssize_t ll, long long bound)
+{
+    const unsigned char *ns[HA_MAX_TARGETS];
+    Py_ssize_t nl[HA_MAX_TARGETS];
+    int n = 0, k = 0;
+    Py_ssize_t s = 0;
+    if (!lp)
+        return 0;
+    for (;;) {
+        const unsigned char *c = memchr(md + s, ',', mdl - s);
+        Py_ssize_t e = c ? c - md : mdl;
+        if (n == HA_MAX_TARGETS)
+            return 0;
+        ns[n] = md + s;
+        nl[n++] = e - s;
+        if (!c)
+            break;
+        s = e + 1;
+    }
+    s = 0;
+    for (;;) {
+        const unsigned char *c = memchr(mo + s, ',', mol - s);
+        Py_ssize_t e = c ? c - mo : mol;
+        if (k == n || e - s < 1 || e - s > 18)
+            return 0;
+        long long v = 0;
+        for (Py_ssize_t i = s; i < e; i++) {
+            if (mo[i] < '0' || mo[i] > '9')
+                return 0;
+            v = v * 10 + (mo[i] - '0');
+        }
+        if (v > bound)
+            return 0;
+        k++;
+        if (!c)
+            break;
+        s = e + 1;
+    }
+    if (k != n)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        if (nl[i] < ll || memcmp(ns[i], lp, ll) != 0
+            || (nl[i] == tl && memcmp(ns[i], topic, tl) == 0))
+            return 0;
+        for (int j = 0; j < i; j++)
+            if (nl[j] == nl[i] && memcmp(ns[j], ns[i], nl[i]) == 0)
+                return 0;
+    }
+    return 1;
+}
+
+/* The (name, offset, LMQ unit) targets of a record ha_lmq_check accepted, into `out`. */
+static int ha_lmq_add(PyObject *out, const unsigned char *md, Py_ssize_t mdl,
+                      const unsigned char *mo, Py_ssize_t mol, long long phys, long long total,
+                      long long tc, long long store_ms)
+{
+    PyObject *unit = PyBytes_FromStringAndSize(NULL, 28);
+    if (!unit)
+        return -1;
+    unsigned char *u = (unsigned char *)PyBytes_AS_STRING(unit);
+    put_u64(u, (uint64_t)phys);
+    put_u32(u + 8, (uint32_t)total);
+    put_u64(u + 12, (uint64_t)tc);
+    put_u64(u + 20, (uint64_t)store_ms);
+    Py_ssize_t s = 0, t = 0;
+    int r = 0;
+    for (;;) {
+        const unsigned char *c = memchr(md + s, ',', mdl - s);
+        const unsigned char *d = memchr(mo + t, ',', mol - t);
+        Py_ssize_t e = c ? c - md : mdl, f = d ? d - mo : mol;
+        long long v = 0;
+        for (Py_ssize_t i = t; i < f; i++)
+            v = v * 10 + (mo[i] - '0');
+        PyObject *item = Py_BuildValue("(s#LO)", (const char *)md + s, e - s, v, unit);
+        if (!item || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            r = -1;
+            break;
+        }
+        Py_DECREF(item);
+        if (!c)
+            break;
+        s = e + 1;
+        t = f + 1;
+    }
+    Py_DECREF(unit);
+    return r;
+}
+
 static int ha_ascii(const unsigned char *p, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++)
@@ -1356,9 +1451,13 @@ static PyObject *sp_scan_chunk(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_ssize_t tagl = 0, keyl = 0, uniql = 0, mdl = 0, mol = 0;
         int general = !ha_ascii(topic, tl) || !ha_ascii(props, pl)
             || (lp && tl >= ll && memcmp(topic, lp, ll) == 0);
-        if (!general && multi_on)
-            general = last_value(props, pl, "INNER_MULTI_DISPATCH", 20, &md, &mdl)
-                && last_value(props, pl, "INNER_MULTI_QUEUE_OFFSET", 24, &mo, &mol);
+        int targets = 0;
+        if (!general && multi_on
+            && last_value(props, pl, "INNER_MULTI_DISPATCH", 20, &md, &mdl)
+            && last_value(props, pl, "INNER_MULTI_QUEUE_OFFSET", 24, &mo, &mol)) {
+            targets = ha_lmq_check(md, mdl, mo, mol, topic, tl, lp, ll, rphys / HA_FIXED);
+            general = !targets;
+        }
         if (general) {
             PyDict_Clear(runs);
             last = NULL;
@@ -1389,8 +1488,10 @@ static PyObject *sp_scan_chunk(PyObject *self, PyObject *const *args, Py_ssize_t
                 goto fail;
             }
             if (!run) {
-                run = Py_BuildValue("[ONLNN]", PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(key, 1),
-                                    qoff, PyByteArray_FromStringAndSize(NULL, 0), PyList_New(0));
+                run = Py_BuildValue("[OOLNNN]", PyTuple_GET_ITEM(key, 0),
+                                    PyTuple_GET_ITEM(key, 1), qoff,
+                                    PyByteArray_FromStringAndSize(NULL, 0), PyList_New(0),
+                                    PyList_New(0));
                 if (!run || PyDict_SetItem(runs, key, run) < 0 || PyList_Append(ops, run) < 0) {
                     Py_XDECREF(run);
                     Py_DECREF(key);
@@ -1415,6 +1516,9 @@ static PyObject *sp_scan_chunk(PyObject *self, PyObject *const *args, Py_ssize_t
         put_u64(u, (uint64_t)rphys);
         put_u32(u + 8, (uint32_t)total);
         put_u64(u + 12, (uint64_t)tc);
+        if (targets && ha_lmq_add(PyList_GET_ITEM(run, 5), md, mdl, mo, mol, rphys, total, tc,
+                                  store_ms) < 0)
+            goto fail;
         if (bucket_ms > 0) {
             PyObject *entries = PyList_GET_ITEM(run, 4);
             int64_t bucket = store_ms / bucket_ms;

@@ -142,6 +142,25 @@ _BLANK = 0xCBD43194
 _MIN_BLANK = 8
 _MAX_TK = 1024  # key_index._MAX_KEY_BYTES
 _I32_MAX = (1 << 31) - 1
+_LMQ_UNIT = struct.Struct(">qiqq")  # lmq_index.LMQ_UNIT: phys, size, tag code, store ms
+_MAX_TARGETS = 64  # more INNER_MULTI_DISPATCH names: the general dispatch
+
+
+def _lmq_targets(names: bytes, offsets: bytes, topic: bytes, prefix: bytes | None, bound: int):
+    """[(name, offset)] when every multi-dispatch target is an LMQ (distinct, not the
+    topic, offset plain decimal within `bound`, as many offsets as names); else None."""
+    if prefix is None:
+        return None
+    ns, os_ = names.split(b","), offsets.split(b",")
+    if len(ns) != len(os_) or len(ns) > _MAX_TARGETS:
+        return None
+    out = []
+    for i, (n, o) in enumerate(zip(ns, os_, strict=True)):
+        if (not n.startswith(prefix) or n == topic or n in ns[:i] or not o.isdigit()
+                or len(o) > 18 or int(o) > bound):
+            return None
+        out.append((n.decode(), int(o)))
+    return out
 
 
 def _java_hash(tags: bytes) -> int:
@@ -201,12 +220,14 @@ def scan_chunk(data: bytes, phys: int, fpos: int, file_size: int, max_qid: int,
     failed a check (size, magic, stored offset, layout, body CRC, queue id in
     [0, max_qid), 0 <= queue offset <= offset // 91, store time >= 0 and, when indexing,
     its bucket an int32). `ops`, in CommitLog order: an int is the offset of a record for
-    the general dispatch (multi-dispatch when `multi_on`, a topic starting with
-    `lmq_prefix`, non-ASCII topic or properties); a list [topic, queue id, first queue
-    offset, units, entries] is a run of records of one queue with consecutive queue
+    the general dispatch (multi-dispatch to a target that is not an LMQ when `multi_on`, a
+    topic starting with `lmq_prefix`, non-ASCII topic or properties); a list [topic, queue id, first queue
+    offset, units, entries, lmq] is a run of records of one queue with consecutive queue
     offsets: their ConsumeQueue units packed (phys int64, size int32, Java hash of TAGS
-    int64) and, when `bucket_ms` > 0, their key-index entries (KEYS, then UNIQ_KEY; the
-    (key, value) pairs of key_index.py). A general record closes every open run."""
+    int64), when `bucket_ms` > 0 their key-index entries (KEYS, then UNIQ_KEY; the
+    (key, value) pairs of key_index.py), and the (LMQ name, offset, LMQ unit) targets of
+    their multi-dispatch when every target is an LMQ (see _lmq_targets; otherwise a
+    multi-dispatch record is general). A general record closes every open run."""
     if type(data) is not bytes:
         raise TypeError("data must be bytes")
     for v in (phys, fpos, file_size, max_qid, bucket_ms):
@@ -255,10 +276,15 @@ def scan_chunk(data: bytes, phys: int, fpos: int, file_size: int, max_qid: int,
             name, sep, value = item.partition(b"\x01")
             if sep and name and value:
                 pairs[name] = value
-        if (not topic.isascii() or not props.isascii()
-                or (lmq_prefix is not None and topic.startswith(lmq_prefix))
-                or (multi_on and pairs.get(b"INNER_MULTI_DISPATCH")
-                    and pairs.get(b"INNER_MULTI_QUEUE_OFFSET"))):
+        general = (not topic.isascii() or not props.isascii()
+                   or (lmq_prefix is not None and topic.startswith(lmq_prefix)))
+        targets = None
+        if not general and multi_on:
+            md, mo = pairs.get(b"INNER_MULTI_DISPATCH"), pairs.get(b"INNER_MULTI_QUEUE_OFFSET")
+            if md and mo:
+                targets = _lmq_targets(md, mo, topic, lmq_prefix, (phys + p) // _FIXED)
+                general = targets is None
+        if general:
             runs.clear()
             ops.append(phys + p)
             p += total
@@ -266,10 +292,14 @@ def scan_chunk(data: bytes, phys: int, fpos: int, file_size: int, max_qid: int,
         key = (topic, qid)
         run = runs.get(key)
         if run is None or run[2] + len(run[3]) // _UNIT.size != qoff:
-            run = runs[key] = [topic, qid, qoff, bytearray(), []]
+            run = runs[key] = [topic, qid, qoff, bytearray(), [], []]
             ops.append(run)
         tags = pairs.get(b"TAGS")
-        run[3] += _UNIT.pack(phys + p, total, _java_hash(tags) if tags else 0)
+        tc = _java_hash(tags) if tags else 0
+        run[3] += _UNIT.pack(phys + p, total, tc)
+        if targets:
+            unit = _LMQ_UNIT.pack(phys + p, total, tc, store_ms)
+            run[5].extend((name, off, unit) for name, off in targets)
         if bucket_ms > 0:
             th = topic + b"#"
             head = struct.pack(">ci", b"k", store_ms // bucket_ms)

@@ -198,7 +198,7 @@ def _dispatch_ops(store, mf, ops: list) -> None:
                 qid, qoff = _QID_QOFF.unpack_from(rec, 12)
                 woken[(_topic_bytes(rec), qid)] = qoff + 1
             continue
-        topic_b, qid, first, units, entries = op
+        topic_b, qid, first, units, entries, lmq_targets = op
         general = special.get(topic_b)
         if general is None:
             topic = topic_b.decode()
@@ -222,6 +222,14 @@ def _dispatch_ops(store, mf, ops: list) -> None:
                     cq.put_at(first + i, phys, size, tc)
             if entries:
                 pending.extend(entries)
+            if lmq_targets:  # multi-dispatch to LMQs (names checked as recovery does)
+                lmq = store._lmq
+                for name, off, unit in lmq_targets:
+                    if lmq.check_name(name) is None:
+                        lmq.add(name, off, unit)
+                        if listener is not None:
+                            k = (name.encode(), 0)
+                            woken[k] = max(woken.get(k, 0), off + 1)
         if listener is not None and count:
             woken[(topic_b, qid)] = first + count
     if listener is not None:
