@@ -1676,6 +1676,394 @@ fail:
     return NULL;
 }
 /* ==== end s4-perf ==== */
+/* ==== s4-ha: slave apply path (scan_chunk; core/store/ha/replica.py, docs/ha.md) ==== */
+/* scan_chunk(data, phys, fpos, file_size, max_qid, multi_on, lmq_prefix, bucket_ms)
+ *   -> (end, bad, last_store_ms, ops)
+ * Validates the records of a replicated CommitLog chunk and plans their dispatch; the
+ * Python reference (and the full contract) is speedups_py.scan_chunk. `data` is exact
+ * bytes at CommitLog offset `phys`, position `fpos` of a file of `file_size` bytes
+ * (fpos + len(data) <= file_size); multi_on an exact bool; lmq_prefix bytes or None;
+ * bucket_ms >= 0 (0: no key-index entries). Work is linear in len(data). */
+#define HA_FIXED 91
+#define HA_MAGIC_V1 0xDAA320A7u
+#define HA_MAGIC_V2 0xDAA320ABu
+#define HA_BLANK 0xCBD43194u
+#define HA_MAX_TK 1024  /* key_index._MAX_KEY_BYTES */
+
+static inline int64_t ha_i64(const unsigned char *p)
+{
+    return (int64_t)(((uint64_t)get_u32(p) << 32) | get_u32(p + 4));
+}
+
+/* A key-index entry (key_index.py layout) for topic#key, appended to `entries`. */
+static int ha_entry(PyObject *entries, char prefix, int64_t bucket, const unsigned char *topic,
+                    Py_ssize_t tl, const unsigned char *key, Py_ssize_t kl, int64_t store_ms,
+                    int64_t phys, int64_t total)
+{
+    Py_ssize_t tk = tl + 1 + kl;
+    if (tk > HA_MAX_TK)
+        return 0;
+    PyObject *k = PyBytes_FromStringAndSize(NULL, 1 + 4 + 2 + tk + 16);
+    PyObject *v = PyBytes_FromStringAndSize(NULL, 4);
+    if (!k || !v) {
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        return -1;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(k);
+    p[0] = prefix;
+    put_u32(p + 1, (uint32_t)bucket);
+    put_u16(p + 5, (uint32_t)tk);
+    memcpy(p + 7, topic, tl);
+    p[7 + tl] = '#';
+    memcpy(p + 8 + tl, key, kl);
+    put_u64(p + 7 + tk, (uint64_t)store_ms);
+    put_u64(p + 15 + tk, (uint64_t)phys);
+    put_u32((unsigned char *)PyBytes_AS_STRING(v), (uint32_t)total);
+    PyObject *pair = PyTuple_Pack(2, k, v);
+    Py_DECREF(k);
+    Py_DECREF(v);
+    if (!pair)
+        return -1;
+    int r = PyList_Append(entries, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
+#define HA_MAX_TARGETS 64  /* more multi-dispatch names: the general dispatch */
+
+/* 1 when every multi-dispatch target is an LMQ: names start with `lp`, distinct, none the
+ * topic; offsets plain decimal (1-18 digits) within `bound`; as many as names. */
+static int ha_lmq_check(const unsigned char *md, Py_ssize_t mdl, const unsigned char *mo,
+                        Py_ssize_t mol, const unsigned char *topic, Py_ssize_t tl,
+                        const unsigned char *lp, Py_ssize_t ll, long long bound)
+{
+    const unsigned char *ns[HA_MAX_TARGETS];
+    Py_ssize_t nl[HA_MAX_TARGETS];
+    int n = 0, k = 0;
+    Py_ssize_t s = 0;
+    if (!lp)
+        return 0;
+    for (;;) {
+        const unsigned char *c = memchr(md + s, ',', mdl - s);
+        Py_ssize_t e = c ? c - md : mdl;
+        if (n == HA_MAX_TARGETS)
+            return 0;
+        ns[n] = md + s;
+        nl[n++] = e - s;
+        if (!c)
+            break;
+        s = e + 1;
+    }
+    s = 0;
+    for (;;) {
+        const unsigned char *c = memchr(mo + s, ',', mol - s);
+        Py_ssize_t e = c ? c - mo : mol;
+        if (k == n || e - s < 1 || e - s > 18)
+            return 0;
+        long long v = 0;
+        for (Py_ssize_t i = s; i < e; i++) {
+            if (mo[i] < '0' || mo[i] > '9')
+                return 0;
+            v = v * 10 + (mo[i] - '0');
+        }
+        if (v > bound)
+            return 0;
+        k++;
+        if (!c)
+            break;
+        s = e + 1;
+    }
+    if (k != n)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        if (nl[i] < ll || memcmp(ns[i], lp, ll) != 0
+            || (nl[i] == tl && memcmp(ns[i], topic, tl) == 0))
+            return 0;
+        for (int j = 0; j < i; j++)
+            if (nl[j] == nl[i] && memcmp(ns[j], ns[i], nl[i]) == 0)
+                return 0;
+    }
+    return 1;
+}
+
+/* The (name, offset, LMQ unit) targets of a record ha_lmq_check accepted, into `out`. */
+static int ha_lmq_add(PyObject *out, const unsigned char *md, Py_ssize_t mdl,
+                      const unsigned char *mo, Py_ssize_t mol, long long phys, long long total,
+                      long long tc, long long store_ms)
+{
+    PyObject *unit = PyBytes_FromStringAndSize(NULL, 28);
+    if (!unit)
+        return -1;
+    unsigned char *u = (unsigned char *)PyBytes_AS_STRING(unit);
+    put_u64(u, (uint64_t)phys);
+    put_u32(u + 8, (uint32_t)total);
+    put_u64(u + 12, (uint64_t)tc);
+    put_u64(u + 20, (uint64_t)store_ms);
+    Py_ssize_t s = 0, t = 0;
+    int r = 0;
+    for (;;) {
+        const unsigned char *c = memchr(md + s, ',', mdl - s);
+        const unsigned char *d = memchr(mo + t, ',', mol - t);
+        Py_ssize_t e = c ? c - md : mdl, f = d ? d - mo : mol;
+        long long v = 0;
+        for (Py_ssize_t i = t; i < f; i++)
+            v = v * 10 + (mo[i] - '0');
+        PyObject *item = Py_BuildValue("(s#LO)", (const char *)md + s, e - s, v, unit);
+        if (!item || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            r = -1;
+            break;
+        }
+        Py_DECREF(item);
+        if (!c)
+            break;
+        s = e + 1;
+        t = f + 1;
+    }
+    Py_DECREF(unit);
+    return r;
+}
+
+static int ha_ascii(const unsigned char *p, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (p[i] & 0x80)
+            return 0;
+    return 1;
+}
+
+static PyObject *sp_scan_chunk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "scan_chunk takes 8 arguments");
+        return NULL;
+    }
+    long long phys, fpos, fsz, max_qid, bucket_ms;
+    if (!PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "data must be bytes");
+        return NULL;
+    }
+    if (as_i64(args[1], &phys, "phys") < 0 || as_i64(args[2], &fpos, "fpos") < 0
+        || as_i64(args[3], &fsz, "file_size") < 0 || as_i64(args[4], &max_qid, "max_qid") < 0
+        || as_i64(args[7], &bucket_ms, "bucket_ms") < 0)
+        return NULL;
+    if (!PyBool_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "multi_on must be a bool");
+        return NULL;
+    }
+    if (args[6] != Py_None && !PyBytes_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "lmq_prefix must be bytes or None");
+        return NULL;
+    }
+    const int multi_on = args[5] == Py_True;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    if (phys < 0 || fpos < 0 || fsz <= 0 || max_qid < 0 || bucket_ms < 0
+        || fpos > fsz || n > fsz - fpos || phys > INT64_MAX - fsz) {
+        PyErr_SetString(PyExc_ValueError, "scan_chunk: bad offsets");
+        return NULL;
+    }
+    const unsigned char *lp = NULL;
+    Py_ssize_t ll = 0;
+    if (args[6] != Py_None) {
+        lp = (const unsigned char *)PyBytes_AS_STRING(args[6]);
+        ll = PyBytes_GET_SIZE(args[6]);
+    }
+    PyObject *ops = PyList_New(0);
+    PyObject *runs = PyDict_New();
+    if (!ops || !runs)
+        goto fail;
+    /* The run the previous record went to (borrowed: `runs` or `ops` holds it). */
+    PyObject *last = NULL;
+    const unsigned char *last_topic = NULL;
+    Py_ssize_t last_tl = 0;
+    long long last_qid = 0, last_next = 0;
+    long long last_ms = -1;
+    int bad = 0;
+    Py_ssize_t p = 0;
+    while (p < n) {
+        long long at = fpos + p;
+        if (at + 8 > fsz) {
+            p = n;
+            break;
+        }
+        if (p + 8 > n) {
+            bad = 1;
+            break;
+        }
+        int32_t total = (int32_t)get_u32(d + p);
+        uint32_t magic = get_u32(d + p + 4);
+        if (magic == HA_BLANK && (long long)total == fsz - at) {
+            p = (Py_ssize_t)(fsz - fpos);
+            break;
+        }
+        if ((magic != HA_MAGIC_V1 && magic != HA_MAGIC_V2) || total < HA_FIXED
+            || total > n - p || at + total + 8 > fsz || ha_i64(d + p + 28) != phys + p) {
+            bad = 1;
+            break;
+        }
+        /* Layout (core.common.codec.parse_layout) and body CRC. */
+        const unsigned char *r = d + p;
+        const Py_ssize_t end = total;
+        int32_t sys_flag = (int32_t)get_u32(r + 36);
+        Py_ssize_t born = (sys_flag & (1 << 4)) ? 20 : 8;
+        Py_ssize_t stored = (sys_flag & (1 << 5)) ? 20 : 8;
+        if (total < HA_FIXED + born - 8 + stored - 8) {
+            bad = 1;
+            break;
+        }
+        Py_ssize_t ts = 48 + born;
+        Py_ssize_t q = ts + 8 + stored + 12;
+        int32_t blen = (int32_t)get_u32(r + q);
+        Py_ssize_t body = q + 4;
+        if (blen < 0 || blen > end - body) {
+            bad = 1;
+            break;
+        }
+        q = body + blen;
+        Py_ssize_t tl;
+        if (magic == HA_MAGIC_V1) {
+            if (q + 1 > end) {
+                bad = 1;
+                break;
+            }
+            tl = r[q];
+            q += 1;
+        } else {
+            if (q + 2 > end) {
+                bad = 1;
+                break;
+            }
+            tl = (int16_t)((r[q] << 8) | r[q + 1]);
+            q += 2;
+        }
+        if (tl < 0 || q + tl + 2 > end) {
+            bad = 1;
+            break;
+        }
+        const unsigned char *topic = r + q;
+        q += tl;
+        Py_ssize_t pl = (int16_t)((r[q] << 8) | r[q + 1]);
+        const unsigned char *props = r + q + 2;
+        if (pl < 0 || q + 2 + pl != end
+            || (crc32_buf(r + body, blen) & 0x7FFFFFFFu) != get_u32(r + 8)) {
+            bad = 1;
+            break;
+        }
+        long long qid = (int32_t)get_u32(r + 12);
+        long long qoff = ha_i64(r + 20);
+        long long store_ms = ha_i64(r + ts);
+        if (qid < 0 || qid >= max_qid || qoff < 0 || qoff > (phys + p) / HA_FIXED
+            || store_ms < 0 || (bucket_ms > 0 && store_ms / bucket_ms > INT32_MAX)) {
+            bad = 1;
+            break;
+        }
+        last_ms = store_ms;
+        long long rphys = phys + p;
+        const unsigned char *tags = NULL, *keys = NULL, *uniq = NULL, *md = NULL, *mo = NULL;
+        Py_ssize_t tagl = 0, keyl = 0, uniql = 0, mdl = 0, mol = 0;
+        int general = !ha_ascii(topic, tl) || !ha_ascii(props, pl)
+            || (lp && tl >= ll && memcmp(topic, lp, ll) == 0);
+        int targets = 0;
+        if (!general && multi_on
+            && last_value(props, pl, "INNER_MULTI_DISPATCH", 20, &md, &mdl)
+            && last_value(props, pl, "INNER_MULTI_QUEUE_OFFSET", 24, &mo, &mol)) {
+            targets = ha_lmq_check(md, mdl, mo, mol, topic, tl, lp, ll, rphys / HA_FIXED);
+            general = !targets;
+        }
+        if (general) {
+            PyDict_Clear(runs);
+            last = NULL;
+            PyObject *o = PyLong_FromLongLong(rphys);
+            if (!o || PyList_Append(ops, o) < 0) {
+                Py_XDECREF(o);
+                goto fail;
+            }
+            Py_DECREF(o);
+            p += total;
+            continue;
+        }
+        PyObject *run = NULL;
+        if (last && last_qid == qid && last_tl == tl && last_next == qoff
+            && memcmp(last_topic, topic, tl) == 0) {
+            run = last;
+        } else {
+            PyObject *key = Py_BuildValue("(y#L)", (const char *)topic, tl, qid);
+            if (!key)
+                goto fail;
+            run = PyDict_GetItemWithError(runs, key);
+            if (run) {
+                Py_ssize_t have = PyByteArray_GET_SIZE(PyList_GET_ITEM(run, 3)) / 20;
+                if (PyLong_AsLongLong(PyList_GET_ITEM(run, 2)) + have != qoff)
+                    run = NULL;
+            } else if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto fail;
+            }
+            if (!run) {
+                run = Py_BuildValue("[OOLNNN]", PyTuple_GET_ITEM(key, 0),
+                                    PyTuple_GET_ITEM(key, 1), qoff,
+                                    PyByteArray_FromStringAndSize(NULL, 0), PyList_New(0),
+                                    PyList_New(0));
+                if (!run || PyDict_SetItem(runs, key, run) < 0 || PyList_Append(ops, run) < 0) {
+                    Py_XDECREF(run);
+                    Py_DECREF(key);
+                    goto fail;
+                }
+                Py_DECREF(run);  /* `runs` and `ops` hold it */
+            }
+            Py_DECREF(key);
+            last = run;
+            last_topic = topic;
+            last_tl = tl;
+            last_qid = qid;
+        }
+        last_next = qoff + 1;
+        PyObject *units = PyList_GET_ITEM(run, 3);
+        Py_ssize_t un = PyByteArray_GET_SIZE(units);
+        if (PyByteArray_Resize(units, un + 20) < 0)
+            goto fail;
+        unsigned char *u = (unsigned char *)PyByteArray_AS_STRING(units) + un;
+        long long tc = last_value(props, pl, "TAGS", 4, &tags, &tagl)
+            ? java_hash_ascii(tags, tagl) : 0;
+        put_u64(u, (uint64_t)rphys);
+        put_u32(u + 8, (uint32_t)total);
+        put_u64(u + 12, (uint64_t)tc);
+        if (targets && ha_lmq_add(PyList_GET_ITEM(run, 5), md, mdl, mo, mol, rphys, total, tc,
+                                  store_ms) < 0)
+            goto fail;
+        if (bucket_ms > 0) {
+            PyObject *entries = PyList_GET_ITEM(run, 4);
+            int64_t bucket = store_ms / bucket_ms;
+            if (last_value(props, pl, "KEYS", 4, &keys, &keyl)) {
+                Py_ssize_t s = 0;
+                while (s <= keyl) {
+                    const unsigned char *sp = memchr(keys + s, ' ', keyl - s);
+                    Py_ssize_t e = sp ? sp - keys : keyl;
+                    if (e > s && ha_entry(entries, 'k', bucket, topic, tl, keys + s, e - s,
+                                          store_ms, rphys, total) < 0)
+                        goto fail;
+                    if (!sp)
+                        break;
+                    s = e + 1;
+                }
+            }
+            if (last_value(props, pl, "UNIQ_KEY", 8, &uniq, &uniql)
+                && ha_entry(entries, 'q', bucket, topic, tl, uniq, uniql, store_ms, rphys,
+                            total) < 0)
+                goto fail;
+        }
+        p += total;
+    }
+    Py_DECREF(runs);
+    return Py_BuildValue("(nOLN)", p, bad ? Py_True : Py_False, last_ms, ops);
+fail:
+    Py_XDECREF(ops);
+    Py_XDECREF(runs);
+    return NULL;
+}
+/* ==== end s4-ha ==== */
 
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
@@ -1702,6 +2090,9 @@ static PyMethodDef methods[] = {
     {"scan_publishes", (PyCFunction)(void (*)(void))sp_scan_publishes, METH_FASTCALL,
      "scan_publishes(src, pos, max_packet_size) -> (run, pos): 3.x PUBLISHes decoded."},
     /* ==== end s4-perf ==== */
+    /* s4-ha */
+    {"scan_chunk", (PyCFunction)(void (*)(void))sp_scan_chunk, METH_FASTCALL,
+     "scan_chunk(data, phys, fpos, ...) -> (end, bad, last ms, ops): a replicated chunk."},
     {NULL, NULL, 0, NULL},
 };
 

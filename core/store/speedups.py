@@ -73,3 +73,16 @@ if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
         pass
     else:
         NATIVE = True
+
+# s4-ha: the slave's apply path (core/store/ha/replica.py): C when built, else Python.
+from core.store.speedups_py import scan_chunk  # noqa: E402
+
+__all__ += ["scan_chunk"]
+SCAN_NATIVE = False
+if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from core._speedups import scan_chunk  # noqa: F811
+    except ImportError:
+        pass
+    else:
+        SCAN_NATIVE = True

@@ -134,33 +134,65 @@ async def _case(opts, tmp: str, client: RemotingClient, name: str, role: str,
 
 
 async def run_replicated(opts) -> dict[str, Any]:
+    """`--runs` rounds, each running the three cases one after the other (interleaved, so
+    a change of machine load hits every case alike); figures and ratios are medians over
+    the rounds, a ratio being taken within its round."""
     tmp = tempfile.mkdtemp(prefix="lmq-bench-replicated-")
     load = list(os.getloadavg())
-    cases: dict[str, dict[str, Any]] = {}
+    rounds: list[dict[str, dict[str, Any]]] = []
     try:
         async with RemotingClient(request_timeout=10.0) as client:
-            for name, role, slave in CASES:
-                try:
-                    cases[name] = await _case(opts, tmp, client, name, role, slave)
-                except RuntimeError as exc:
-                    cases[name] = {"error": str(exc)}
+            for r in range(max(1, opts.runs)):
+                cases: dict[str, dict[str, Any]] = {}
+                where = os.path.join(tmp, str(r))
+                os.makedirs(where)
+                for name, role, slave in CASES:
+                    try:
+                        cases[name] = await _case(opts, where, client, name, role, slave)
+                    except RuntimeError as exc:
+                        cases[name] = {"error": str(exc)}
+                _ratios(cases)
+                cases["_load"] = {"load1": os.getloadavg()[0]}
+                rounds.append(cases)
     finally:
         if not opts.keep_data:
             shutil.rmtree(tmp, ignore_errors=True)
+    cases = {}
+    for name, _role, _slave in CASES:
+        per = [rd[name] for rd in rounds if "error" not in rd[name]]
+        if not per:
+            cases[name] = rounds[-1][name]
+            continue
+        cases[name] = {key: _median([c.get(key) for c in per]) for key in per[0]
+                       if isinstance(per[0][key], (int, float)) or per[0][key] is None}
+        cases[name]["first_error"] = next((c["first_error"] for c in per
+                                           if c.get("first_error")), None)
+        cases[name]["rounds"] = len(per)
+    sync = cases.get("sync_slave", {})
+    targets = None
+    if sync.get("p99_ms_ratio") is not None and sync.get("batch_msgs_per_s_ratio") is not None:
+        targets = {"p99_at_most_2x": sync["p99_ms_ratio"] <= 2.0,
+                   "batch_at_least_half": sync["batch_msgs_per_s_ratio"] >= 0.5}
+    return {"replicated": cases, "rounds": rounds, "targets": targets, "load_start": load,
+            "load_end": list(os.getloadavg()), "inflight": opts.inflight,
+            "batch": opts.batch, "size": opts.size, "rate": opts.rate,
+            "duration": opts.duration}
+
+
+def _ratios(cases: dict[str, dict[str, Any]]) -> None:
     ref = cases.get("async_noslave", {})
     for c in cases.values():
         for key in ("send_msgs_per_s", "batch_msgs_per_s", "p99_ms"):
             if c.get(key) and ref.get(key):
                 c[f"{key}_ratio"] = c[key] / ref[key]
-    sync = cases.get("sync_slave", {})
-    targets = None
-    if "p99_ms_ratio" in sync and "batch_msgs_per_s_ratio" in sync:
-        targets = {"p99_at_most_2x": sync["p99_ms_ratio"] <= 2.0,
-                   "batch_at_least_half": sync["batch_msgs_per_s_ratio"] >= 0.5}
-    return {"replicated": cases, "targets": targets, "load_start": load,
-            "load_end": list(os.getloadavg()), "inflight": opts.inflight,
-            "batch": opts.batch, "size": opts.size, "rate": opts.rate,
-            "duration": opts.duration}
+
+
+def _median(values: list) -> float | None:
+    vals = sorted(v for v in values if isinstance(v, (int, float)))
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
 def print_replicated(report: dict[str, Any]) -> None:
@@ -182,6 +214,14 @@ def print_replicated(report: dict[str, Any]) -> None:
               f"{f(c.get('p99_ms_ratio'), '.2f'):>8}")
         if c.get("first_error"):
             print(f"{'':<15}first error: {c['first_error']}")
+    per_round = []
+    for rd in report.get("rounds", []):
+        sync = rd.get("sync_slave", {})
+        b, p = sync.get("batch_msgs_per_s_ratio"), sync.get("p99_ms_ratio")
+        per_round.append(f"batch x {b:.2f}, p99 x {p:.2f} (load {rd['_load']['load1']:.1f})"
+                         if b is not None and p is not None else "error")
+    if per_round:
+        print("sync_slave per round: " + "; ".join(per_round))
     t = report["targets"]
     if t is not None:
         print(f"targets (sync_slave vs async_noslave): p99 <= 2x: "

@@ -22,6 +22,7 @@ import os
 
 import trio
 
+from core.broker.ha.pop_sync import reload_pop_state
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
@@ -279,6 +280,7 @@ class ControllerLink:
         self._apply_ack_set()  # SYNC sends wait for the in-sync set from the start
         log.warning("HA: master of %s for epoch %d from offset %d", self.config.broker_name,
                     self.epoch, self.epoch_start)
+        reload_pop_state(broker)  # POP acks the old master sent us (pop_sync.py)
         broker.on_promoted()
 
     def _in_sync(self) -> set[int]:

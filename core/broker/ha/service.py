@@ -32,17 +32,24 @@ import struct
 
 import trio
 
+from core.broker.ha.pop_sync import (
+    POP_KINDS,
+    POP_SNAPSHOT_END,
+    PopFeed,
+    PopReplica,
+    PopSyncError,
+)
 from core.broker.offsets import TOPIC_GROUP_SEPARATOR
 from core.broker.subscription_group import SubscriptionGroupConfig
 from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
-from core.store.ha import ReplicaError, append_chunk, read_chunk
+from core.store.ha import ReplicaError, append_chunk, commit_if_due, read_chunk
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"LMQHA2"
+MAGIC = b"LMQHA3"
 _NONCE = 32
 _MAC = 32
 _I64 = struct.Struct(">q")
@@ -51,6 +58,8 @@ _HEADER = struct.Struct(">qi")
 _MAX_NAME = 1024
 _MAX_HANDSHAKES = 16  # connections in the handshake at once, beyond ha_max_slaves
 _COALESCE = 64 * 1024  # chunks up to this are copied behind their header: one send
+_REPORTS_READ = 4096  # bytes of slave reports read at once (512 reports)
+_FRAMES_READ = 256 * 1024  # the slave reads the stream this much at a time
 
 
 class SyncStatus:
@@ -65,6 +74,26 @@ class HAProtocolError(Exception):
 
 def _mac(secret: str, role: bytes, nonce: bytes, name: bytes, extra: bytes = b"") -> bytes:
     return hmac.new(secret.encode(), role + nonce + name + extra, hashlib.sha256).digest()
+
+
+class _Reader:
+    """Buffered reads of the HA stream (slave): small frames and their headers come out
+    of one receive, not one each."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+
+    async def exactly(self, n: int) -> bytes:
+        buf = self.buf
+        while len(buf) < n:
+            data = await self.stream.receive_some(max(n - len(buf), _FRAMES_READ))
+            if not data:
+                raise HAProtocolError("connection closed")
+            buf += data
+        out = bytes(buf[:n])
+        del buf[:n]
+        return out
 
 
 async def _recv_exactly(stream, n: int) -> bytes:
@@ -106,6 +135,7 @@ class HAMaster:
         self._next_id = 0
         self.refused = 0  # connections refused at the handshake
         self._open = 0  # connections being served (handshaking or streaming)
+        self.pop_feed = PopFeed(self)  # POP journal to the slaves (pop_sync.py)
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -210,14 +240,16 @@ class HAMaster:
         self.slave_ids[cid] = slave_id
         self._set_acked()
         log.info("HA: slave %s connected at offset %d", peer, offset)
+        box = self.pop_feed.open(cid)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_reports, stream, cid, nursery.cancel_scope)
-                await self._stream_to(stream, offset)
+                await self._stream_to(stream, offset, box)
         except (HAProtocolError, ReplicaError, OSError, trio.BrokenResourceError,
                 trio.ClosedResourceError) as exc:
             log.warning("HA: slave %s dropped: %s", peer, exc)
         finally:
+            self.pop_feed.close(cid)
             self.slaves.pop(cid, None)
             self.slave_ids.pop(cid, None)
             self.caught_up_at.pop(cid, None)
@@ -260,13 +292,23 @@ class HAMaster:
         return offset, slave_id
 
     async def _read_reports(self, stream, cid: int, scope: trio.CancelScope) -> None:
+        buf = b""
         try:
             while True:
                 with trio.fail_after(self.config.ha_housekeeping_s):
-                    data = await _recv_exactly(stream, 8)
+                    data = await stream.receive_some(_REPORTS_READ)
+                if not data:
+                    raise HAProtocolError("connection closed")
+                # Reports only grow: of those that arrived together, the last one counts
+                # (one wake-up of the waiting sends, not one per report).
+                buf += data
+                whole = len(buf) - len(buf) % 8
+                if not whole:
+                    continue
+                report, buf = buf[whole - 8 : whole], buf[whole:]
                 # A report past our own end would acknowledge sends the slave cannot hold.
                 end = self.store.max_physical_offset
-                off = min(_I64.unpack(data)[0], end)
+                off = min(_I64.unpack(report)[0], end)
                 if off == end:
                     self.caught_up_at[cid] = trio.current_time()
                 if off > self.slaves.get(cid, -1):
@@ -277,7 +319,7 @@ class HAMaster:
             log.info("HA: slave connection %d ends: %s", cid, exc)
         scope.cancel()
 
-    async def _stream_to(self, stream, offset: int) -> None:
+    async def _stream_to(self, stream, offset: int, box) -> None:
         cfg = self.config
         store = self.store
         store_start = store.min_physical_offset
@@ -286,6 +328,9 @@ class HAMaster:
             # start at the first file (the slave repositions an empty store).
             offset = store_start
         while True:
+            if box.frames:  # POP journal frames first (small; the state changes they carry)
+                for kind, data in box.take():
+                    await stream.send_all(_HEADER.pack(kind, len(data)) + data)
             chunk = read_chunk(store, offset, cfg.ha_batch_bytes)
             if chunk is None:
                 ev = self._data
@@ -323,6 +368,7 @@ class HASlave:
         self._retargeted = trio.Event()
         self._session_scope: trio.CancelScope | None = None
         self._run_scope: trio.CancelScope | None = None
+        self.pop = broker.ha_pop_replica = PopReplica(broker)  # POP journal (pop_sync.py)
 
     def retarget(self, address: str | None) -> None:
         """Follow another master (controller mode): drop the current session."""
@@ -354,10 +400,12 @@ class HASlave:
                     try:
                         with trio.CancelScope() as self._session_scope:
                             await self._session(address)
-                    except (HAProtocolError, ReplicaError, OSError, ValueError, struct.error,
-                            trio.BrokenResourceError, trio.ClosedResourceError,
+                    except (HAProtocolError, ReplicaError, PopSyncError, OSError, ValueError,
+                            struct.error, trio.BrokenResourceError, trio.ClosedResourceError,
                             trio.TooSlowError) as exc:
                         log.warning("HA: connection to master %s failed: %s", address, exc)
+                    finally:
+                        self.pop.abort()
                     self.connected = False
                     if address == self.master_address:
                         await trio.sleep(self.config.ha_reconnect_s)
@@ -401,17 +449,26 @@ class HASlave:
             log.info("HA: replicating from %s at offset %d", address,
                      self.store.max_physical_offset)
             limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
+            reader = _Reader(stream)
             while True:
                 with trio.fail_after(cfg.ha_housekeeping_s):
-                    offset, length = _HEADER.unpack(await _recv_exactly(stream, _HEADER.size))
+                    offset, length = _HEADER.unpack(await reader.exactly(_HEADER.size))
                     if length < 0 or length > limit:
                         raise HAProtocolError(f"chunk of {length} bytes")
-                    data = await _recv_exactly(stream, length) if length else b""
+                    data = await reader.exactly(length) if length else b""
+                if offset < 0:  # POP journal frames (pop_sync.py): no report
+                    if offset not in POP_KINDS or (offset == POP_SNAPSHOT_END and length):
+                        raise HAProtocolError(f"frame of kind {offset}")
+                    await self.pop.apply(offset, data)
+                    continue
                 if length:
-                    append_chunk(self.store, offset, data)
+                    append_chunk(self.store, offset, data, commit=False)
                 else:
                     self.master_offset = offset
                 await stream.send_all(_I64.pack(self.store.max_physical_offset))
+                # The key index's RocksDB batch after the report: the waiting sends need
+                # the CommitLog bytes, not the index (rebuilt by recovery anyway).
+                commit_if_due(self.store)
 
     async def _config_sync_loop(self) -> None:
         while True:

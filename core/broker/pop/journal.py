@@ -51,6 +51,8 @@ class PopJournal:
         self._pending: list[bytes] = []
         self.size = 0
         self._compacting: list[bytes] | None = None
+        # s4-ha replication hook: called with the bytes of each flush (core/broker/ha/pop_sync.py).
+        self.replicate = None
 
     # ------------------------------------------------------------------ reading
     def replay(self):
@@ -114,6 +116,13 @@ class PopJournal:
             n = os.write(self._fd, view)
             view = view[n:]
         self.size += len(data)
+        if self.replicate is not None:
+            self.replicate(data)
+
+    def write_replicated(self, data: bytes) -> None:
+        """A slave: append records its master's journal flushed (s4-ha, docs/ha.md)."""
+        self._pending.append(data)
+        self.flush()
 
     def needs_compaction(self, live_records: int) -> bool:
         # ~64 bytes a record.

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import struct
 
-from core.common.codec import BLANK_MAGIC, MAGIC_V1
+from core.common.codec import BLANK_MAGIC, FIXED_SIZE, MAGIC_V1, parse_layout
+from core.common.names import LMQ_PREFIX
+from core.common.properties import MessageConst, decode_properties_bytes
 from core.store.commitlog import END_FILE_MIN_BLANK
+from core.store.consume_queue import UNIT, UNIT_SIZE
 from core.store.put_path import _KV_COMMIT_BYTES
-from core.store.recovery import _dispatch
+from core.store.recovery import _dispatch, _valid_name
+from core.store.speedups import scan_chunk
 
+_LMQ_PREFIX = LMQ_PREFIX.encode()
 _SIZE_MAGIC = struct.Struct(">iI")
 _QID_QOFF = struct.Struct(">i4xq")
 _I32 = struct.Struct(">i")
@@ -83,11 +88,12 @@ def read_chunk(store, offset: int, max_bytes: int) -> memoryview | None:
     return mf.view[pos:p]
 
 
-def append_chunk(store, phys: int, data) -> int:
+def append_chunk(store, phys: int, data, commit: bool = True) -> int:
     """Slave side: write `data` (a chunk cut by `read_chunk`) at CommitLog offset `phys`
     and dispatch its records; returns the new max offset. Raises ReplicaError when the
     chunk does not continue the CommitLog or holds an invalid record (what was valid
-    before it stays written and dispatched)."""
+    before it stays written and dispatched). With `commit` False the caller runs
+    `commit_if_due` itself (the slave does, after it has sent its report)."""
     cl = store.commitlog
     fs = cl.file_size
     n = len(data)
@@ -112,43 +118,125 @@ def append_chunk(store, phys: int, data) -> int:
         err = store._reserve(mf, pos + n)
         if err is not None:
             raise ReplicaError(err)
-    mf.mm[pos : pos + n] = data
-    listener = store.dispatch_listener
+    if type(data) is not bytes:
+        data = bytes(data)
+    # One C call (core/_speedups.c, s4-ha block; Python: speedups_py.scan_chunk) checks
+    # every record as recovery does and plans the dispatch: ConsumeQueue units packed per
+    # queue, key-index entries built; one write puts the valid bytes in the file.
+    end, bad, last_ms, ops = scan_chunk(
+        data, phys, pos, fs, store._max_qid, store._multi_on,
+        _LMQ_PREFIX if store._lmq_on else None,
+        store._keys.bucket_ms if store._index_on and store._keys is not None else 0,
+    )
+    for i, op in enumerate(ops):
+        if type(op) is int and not _multi_offsets_ok(data, op - phys, op):
+            # Refused like a bad CRC. A general record closes every open run, so the runs
+            # before it hold no record after it.
+            end, bad, ops = op - phys, True, ops[:i]
+            break
+    valid = min(end, n)
+    if valid:
+        mf.mm[pos : pos + valid] = data if valid == n else data[:valid]
+    _dispatch_ops(store, mf, ops)
+    if last_ms >= 0:
+        store._last_store_ms = last_ms
+    store._wpos = pos + end
+    store._wrote = mf.start + pos + end
+    if commit:
+        commit_if_due(store)
+    if bad:
+        raise ReplicaError(f"invalid record at {store._wrote} in a replicated chunk")
+    return store._wrote
+
+
+def commit_if_due(store) -> None:
+    """RocksDB batches as on the master's put path (not one write per chunk)."""
     kv = store._kv
-    end = pos + n
-    p = pos
-    bad = None
-    woken: dict[tuple[bytes, int], int] = {}  # (topic, queue) -> new max offset
-    while p < end:
-        if p + END_FILE_MIN_BLANK > fs:
-            p = end
-            break
-        total, magic = _SIZE_MAGIC.unpack_from(mf.mm, p)
-        if magic == BLANK_MAGIC and total == fs - p:
-            p = fs
-            break
-        at = mf.start + p
-        if p + total > end or not cl.valid_record(mf, p, at, total, magic):
-            bad = at
-            break
-        rec = mf.view[p : p + total]
-        store._last_store_ms = _dispatch(store, at, rec, True)
-        if listener is not None:
-            qid, qoff = _QID_QOFF.unpack_from(rec, 12)
-            woken[(_topic_bytes(rec), qid)] = qoff + 1
-        p += total
-        if kv.ops >= store._kv_max_ops:
-            kv.commit(mf.start + p)
-    # Held pulls and LMQ waiters: once per queue and chunk, not once per record.
-    for (topic, qid), top in woken.items():
-        listener(topic.decode("utf-8", "replace"), qid, top)
-    if bad is not None:
-        mf.zero_from(p)  # a later chunk must not find leftovers after the valid end
-    store._wpos = p
-    store._wrote = mf.start + p
-    # RocksDB batches as on the master's put path (not one write per chunk).
     if kv.ops >= store._kv_max_ops or store._wrote - kv.marker > _KV_COMMIT_BYTES:
         store._commit_kv()
-    if bad is not None:
-        raise ReplicaError(f"invalid record at {bad} in a replicated chunk")
-    return store._wrote
+
+
+def _multi_offsets_ok(data: bytes, pos: int, phys: int) -> bool:
+    """INNER_MULTI_QUEUE_OFFSET of a general record within [0, phys // FIXED_SIZE] (no
+    queue holds more records than the CommitLog before it): offsets are not under the body
+    CRC, and a hostile one would make the slave map absurd ConsumeQueue files."""
+    rec = data[pos : pos + _I32.unpack_from(data, pos)[0]]
+    lay = parse_layout(rec)
+    if not lay.properties_length:
+        return True
+    props = decode_properties_bytes(
+        rec[lay.properties_start : lay.properties_start + lay.properties_length])
+    offsets = props.get(MessageConst.INNER_MULTI_QUEUE_OFFSET)
+    if not offsets or not props.get(MessageConst.INNER_MULTI_DISPATCH):
+        return True
+    bound = phys // FIXED_SIZE
+    for text in offsets.split(","):
+        try:
+            o = int(text)
+        except ValueError:
+            continue  # recovery's dispatch skips it
+        if not 0 <= o <= bound:
+            return False
+    return True
+
+
+def _dispatch_ops(store, mf, ops: list) -> None:
+    """Dispatch what scan_chunk planned, in CommitLog order: runs of one queue as packed
+    ConsumeQueue units (one copy when they continue the queue, else idempotent put_at as
+    recovery) plus their key-index entries; other records through recovery's dispatch.
+    Held pulls and LMQ waiters are woken once per queue and chunk."""
+    listener = store.dispatch_listener
+    resolver = store.tags_code_resolver
+    pending = store._kv.pending
+    woken: dict[tuple[bytes, int], int] = {}  # (topic, queue) -> new max offset
+    special: dict[bytes, bool] = {}
+    for op in ops:
+        if type(op) is int:
+            rec = _record(mf, op)
+            _dispatch(store, op, rec, True)
+            if listener is not None:
+                qid, qoff = _QID_QOFF.unpack_from(rec, 12)
+                woken[(_topic_bytes(rec), qid)] = qoff + 1
+            continue
+        topic_b, qid, first, units, entries, lmq_targets = op
+        general = special.get(topic_b)
+        if general is None:
+            topic = topic_b.decode()
+            if not _valid_name(store, topic):
+                general = True  # recovery's dispatch skips it, as at a restart
+            else:
+                # A topic whose tag slot the broker computes (scheduled messages): the
+                # resolver answers None for every other topic, whatever the properties.
+                general = resolver is not None and resolver(topic, {}, 0) is not None
+            special[topic_b] = general
+        count = len(units) // UNIT_SIZE
+        if general:
+            for phys, _size, _tc in UNIT.iter_unpack(units):
+                _dispatch(store, phys, _record(mf, phys), True)
+        else:
+            cq = store._cq(topic_b.decode(), qid)
+            if first == cq.max_offset:
+                cq.append_packed(units)
+            else:
+                for i, (phys, size, tc) in enumerate(UNIT.iter_unpack(units)):
+                    cq.put_at(first + i, phys, size, tc)
+            if entries:
+                pending.extend(entries)
+            if lmq_targets:  # multi-dispatch to LMQs (names checked as recovery does)
+                lmq = store._lmq
+                for name, off, unit in lmq_targets:
+                    if lmq.check_name(name) is None:
+                        lmq.add(name, off, unit)
+                        if listener is not None:
+                            k = (name.encode(), 0)
+                            woken[k] = max(woken.get(k, 0), off + 1)
+        if listener is not None and count:
+            woken[(topic_b, qid)] = first + count
+    if listener is not None:
+        for (topic, qid), top in woken.items():
+            listener(topic.decode("utf-8", "replace"), qid, top)
+
+
+def _record(mf, phys: int) -> memoryview:
+    pos = phys - mf.start
+    return mf.view[pos : pos + _I32.unpack_from(mf.mm, pos)[0]]
