@@ -36,10 +36,13 @@ from gateway.routing.bridge import note_foreign_writer
 from gateway.routing.route_reader import RouteReader, open_reader
 from gateway.routing.route_table import RouteTable
 
-__all__ = ["DEFAULT_QOS", "MqttOut", "prepare"]
+__all__ = ["ANNOUNCE_WAIT_S", "DEFAULT_QOS", "MqttOut", "prepare"]
 
 log = logging.getLogger(__name__)
 
+#: The first MQTT send of a front end waits this long after it joined the route log's
+#: member group (the MQTT gateways' PEERS_CHECK_S, 2 s, plus a margin).
+ANNOUNCE_WAIT_S = 3.0
 #: QoS of a 5.x message that names none (`MQTT_QOS`): at least once, as a RocketMQ send.
 DEFAULT_QOS = 1
 _MQTT_PREFIX = "MQTT_"
@@ -130,6 +133,9 @@ class MqttOut:
                 if self.reader is None:
                     self.reader = await open_reader(self.client, "grpc")
                     self._joined.set()
+                    # MQTT gateways of other processes look for new members this often:
+                    # let them switch to long polls before the first write (once).
+                    await trio.sleep(ANNOUNCE_WAIT_S)
                 await self.reader.catch_up()
             except (MQClientError, RemotingError, OSError) as exc:
                 if self.reader is not None:  # the log's master may have moved (failover)

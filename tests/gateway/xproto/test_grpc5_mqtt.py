@@ -4,13 +4,23 @@ topics (docs/grpc.md "MQTT and AMQP subscribers")."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pika
 import pytest
 
 from tests.gateway.grpc5.harness import drive, wait_port
-from tests.gateway.mqtt.e2e_support import free_port, uid
+from tests.gateway.mqtt.e2e_support import (
+    BROKER_TEST_CONFIG,
+    REPO,
+    Client,
+    Gateway,
+    free_port,
+    uid,
+    write_toml,
+)
 from tests.gateway.xproto.test_amq_topic_bridge import (
     AMQP_STORE,
     MQTT_STORE,
@@ -144,3 +154,50 @@ def test_other_topics_are_not_mqtt_traffic(rmq5_python, serve, amqp, mqtt):
     amqp.basic_publish("amq.topic", "plain5.a", b"marker",
                        properties=pika.BasicProperties(delivery_mode=2))
     assert sub.receive_one().payload == b"marker"
+
+
+class OpenBroker(Gateway):
+    """`lmq serve` (MQTT only) whose broker lets TCP clients set INNER_MULTI_DISPATCH
+    without ACL (docs/acl.md §4), as a separate `lmq proxy` needs."""
+
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        write_toml(self.root / "broker.toml", {"broker": {
+            **BROKER_TEST_CONFIG, "allow_inner_properties_without_acl": True}})
+        return argv
+
+
+@pytest.mark.slow  # ~15 s: a server and a proxy of their own
+def test_lmq_proxy_sends_reach_an_embedded_mqtt_gateway(rmq5_python, tmp_path):
+    # A separate `lmq proxy`: the MQTT gateway of `lmq serve` learns from the route log's
+    # members that its LMQs have another writer.
+    gw = OpenBroker(tmp_path).start()
+    port = free_port()
+    proxy = None
+    try:
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "lmq", "proxy", "--namesrv-addr", gw.namesrv_addr,
+             "--grpc-port", str(port)], cwd=REPO, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        wait_port(port, proc=proxy)
+        topic = f"px/{uid()}"
+        sub = Client(gw.port, "px-" + uid())
+        sub.connect()
+        pub = Client(gw.port, "px-" + uid())
+        pub.connect()
+        sub.subscribe(topic, qos=1)
+        sent = []
+        for i in range(3):
+            sent.append(b"m%d" % i)
+            assert pub.publish(topic, sent[-1], qos=1) == 0
+            drive(rmq5_python, endpoint=f"127.0.0.1:{port}", op="produce",
+                  topic=MQTT_STORE, bodies=[f"p{i}"], props={"MQTT_TOPIC": topic})
+            sent.append(b"p%d" % i)
+        assert [m.payload for m in sub.receive(len(sent))] == sent
+        sub.close()
+        pub.close()
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            proxy.wait(30)
+        gw.stop()
