@@ -16,13 +16,11 @@ row, so every route added before the task started is applied.
 from __future__ import annotations
 
 import threading
-import uuid
 
-from core.client.errors import MQClientError
 from core.common.properties import MessageConst
 from gateway.mqtt.message import MqttMessage, lmq_dispatch_value, to_properties
 from gateway.mqtt.topics import validate_topic_name
-from gateway.routing.route_log import RouteLog, RouteLogConfig
+from gateway.routing.route_reader import RouteReader, open_reader
 from spark_sinks.conn import client_for
 
 __all__ = ["DEFAULT_STORE_TOPIC", "RouteReader", "mqtt_properties", "routes_for"]
@@ -33,55 +31,9 @@ _readers: dict[str, RouteReader] = {}
 _lock = threading.Lock()
 
 
-class RouteReader(RouteLog):
-    """A copy of the routing table that follows the route log and never writes to it."""
-
-    async def ensure_topics(self) -> None:
-        return None  # the gateways create them; a reader needs no admin right
-
-    async def catch_up(self) -> None:
-        """Apply the log up to its current end (loading the table on first use)."""
-        if not self._loaded:
-            await self._first_load()
-            return
-        while await self._apply_log(0):
-            pass
-
-    async def _first_load(self) -> None:
-        cfg = self.config
-        route = await self.client.update_route(cfg.log_topic)
-        if route is None or not route.queue_datas:
-            return  # no gateway ever ran: no routes yet; look again next time
-        start = await self._load_snapshot()
-        if start is None:
-            start = await self.client.api.get_min_offset(self.addr, cfg.log_topic, 0)
-        self._log_offset = start
-        while await self._apply_log(0):
-            pass
-        self._loaded = True
-
-
 async def _make_reader(instance) -> RouteReader:
-    """A reader on the broker holding the route log: the first master by name (where a
-    single-broker `lmq serve` keeps it)."""
-    info = await instance.api.get_cluster_info()
-    if not info.brokers:
-        raise MQClientError("no broker to read MQTT routes from")
-    # The first broker *name*: during a failover it has no master for a few seconds, and
-    # another name holds no route log (retried by the caller, spark_sinks/retry.py).
-    name = sorted(info.brokers)[0]
-    addr = info.brokers[name].master_addr()
-    if not addr:
-        raise MQClientError(f"no broker master for {name} (MQTT routes) yet")
-    masters = {name: addr}
-    # Joining the route log's member group as a "writer-" tells the MQTT gateways that LMQs
-    # get entries they did not write, so they read them by long polls from then on instead
-    # of predicting their tails (gateway/mqtt/server.py, FOREIGN_WRITER_PREFIXES).
-    writer_id = f"writer-spark-{uuid.uuid4().hex[:12]}"
-    reader = RouteReader(instance, masters[name], name, writer_id, RouteLogConfig())
-    reader._loaded = False
-    await reader.join()
-    return reader
+    """A reader on the broker holding the route log (gateway/routing/route_reader.py)."""
+    return await open_reader(instance, "spark")
 
 
 def routes_for(namesrv: str, request_timeout: float) -> RouteReader:

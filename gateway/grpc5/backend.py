@@ -33,6 +33,7 @@ from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import DELIVER_MS, GrpcError, OutgoingMessage
+from gateway.grpc5.mqtt_out import MqttOut
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.renew import Renewer
 
@@ -166,6 +167,8 @@ class Backend:
         self._rr = itertools.count()
         self._on_transaction_check = on_transaction_check or (lambda *a: None)
         self.renewer = Renewer(self._renew)
+        #: MQTT traffic's routes (docs/grpc.md "MQTT and AMQP subscribers").
+        self.mqtt = MqttOut(client)
         #: broker address -> (expiry, FIFO group names): see group_fifo.
         self._fifo_groups: dict[str, tuple[float, set[str]]] = {}
 
@@ -253,6 +256,8 @@ class Backend:
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: OutgoingMessage) -> pb.SendResultEntry:
+        if msg.mqtt_topic is not None:
+            await self.mqtt.dispatch(msg)
         brokers = [b for b in await self.route(msg.topic) if b.write > 0 and b.perm & 2]
         if not brokers:
             raise GrpcError(pb.FORBIDDEN, f"topic {msg.topic} is not writable")

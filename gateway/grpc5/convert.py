@@ -69,6 +69,8 @@ class OutgoingMessage:
     message_type: int
     message_group: str | None
     transactional: bool
+    #: The MQTT topic of MQTT traffic (gateway/grpc5/mqtt_out.py), else None.
+    mqtt_topic: str | None = None
 
 
 def _check_text(value: str, what: str, code: int, limit: int) -> None:

@@ -52,6 +52,7 @@ class GrpcServer:
             hop = TrioHop(trio.lowlevel.current_trio_token(), nursery)
             backend = Backend(self.client, cfg, on_transaction_check=self._on_check)
             await nursery.start(backend.renewer.run)
+            nursery.start_soon(backend.mqtt.run)
             servicer = self.servicer = MessagingServicer(hop, backend, cfg)
             if self.acl is not None:
                 servicer.auth = GrpcAuth(self.acl)

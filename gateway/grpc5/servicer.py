@@ -21,6 +21,7 @@ from gateway.grpc5.bridge import TrioHop
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, from_grpc, to_grpc, wrap
 from gateway.grpc5.lite import LiteSubscriptions, lmq_name
+from gateway.grpc5.mqtt_out import prepare as mqtt_prepare
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 
@@ -308,6 +309,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             if len(request.messages) != 1:
                 raise GrpcError(pb.BAD_REQUEST, "send one message per request")
             out = from_grpc(request.messages[0], self.config, int(time.time() * 1000))
+            mqtt_prepare(out, self.config)  # MQTT traffic (mqtt_out.py)
             self._authorize(context, (out.topic, PUB))
             entry = await self._call(self.backend.send, out)
         except (GrpcError, ValueError) as err:
