@@ -61,3 +61,24 @@ def test_no_readahead_still_delivers_everything(monkeypatch) -> None:
     monkeypatch.setattr(lmq_watch, "READAHEAD_RECHECK_S", 0.01)
     with GatewayServer(readahead_pulls=0) as srv:
         _burst_read_by_subscriber(srv)
+
+
+def test_readahead_window_is_bounded_by_the_recent_entries() -> None:
+    # Read-ahead past what the recent entries hold would be evicted before it is read.
+    from gateway.mqtt.lmq_state import RECENT_ENTRIES, LmqState, RecentBudget
+    from gateway.mqtt.message import MqttMessage
+
+    st = LmqState("b", "%LMQ%x", RecentBudget(1 << 40))
+    assert lmq_watch._room(st, 0)
+    assert not lmq_watch._room(st, RECENT_ENTRIES)  # by entries, whatever the sizes
+    for i in range(8):
+        st.remember(i, MqttMessage("t", b"x" * 64 * 1024, 0))
+    held = st.recent_bytes
+    assert lmq_watch._room(st, 1)
+    assert not lmq_watch._room(st, 8 * held // (64 * 1024))  # by bytes, per LMQ
+    # and by the gateway's max_recent_bytes when that is smaller
+    small = LmqState("b", "%LMQ%y", RecentBudget(4 * 64 * 1024))
+    for i in range(4):
+        small.remember(i, MqttMessage("t", b"x" * 64 * 1024, 0))
+    assert lmq_watch._room(small, 1)
+    assert not lmq_watch._room(small, 2)
