@@ -53,7 +53,7 @@ class MqttConfig:
     #: Pulls of `pull_batch` entries kept in flight ahead of the slowest reader of an LMQ
     #: that other gateways write, while its readers are behind (gateway/mqtt/lmq_watch.py;
     #: bounded by half the recent entries of one LMQ). 0: no read-ahead.
-    readahead_pulls: int = 4
+    readahead_pulls: int = 16
     #: Session offsets / in-flight state written behind at this period (a kill -9 can
     #: re-deliver at most this much at QoS >= 1; clean shutdown writes everything).
     state_flush_interval_s: float = 0.5
