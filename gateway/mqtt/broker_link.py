@@ -16,8 +16,8 @@ last entries read (offset -> message; LMQ entries never change), so N sessions o
 filter cost one pull, not N. Predicting tails is exact only while this gateway is the only
 writer of its `%LMQ%m_...` queues. With other gateways (`share_lmqs()`: always for `lmq
 mqtt`, and for `lmq serve` once another MQTT gateway shows up in the route log) tails are
-not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) wakes its readers
-when any gateway wrote to it
+not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) brings what any
+gateway wrote to it into the recent entries, reads ahead of readers behind and wakes them
 (docs/stateless-gateways.md).
 """
 
