@@ -16,8 +16,8 @@ last entries read (offset -> message; LMQ entries never change), so N sessions o
 filter cost one pull, not N. Predicting tails is exact only while this gateway is the only
 writer of its `%LMQ%m_...` queues. With other gateways (`share_lmqs()`: always for `lmq
 mqtt`, and for `lmq serve` once another MQTT gateway shows up in the route log) tails are
-not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) wakes its readers
-when any gateway wrote to it
+not predicted, and one long-polling PULL per read LMQ (lmq_watch.py) brings what any
+gateway wrote to it into the recent entries, reads ahead of readers behind and wakes them
 (docs/stateless-gateways.md).
 """
 
@@ -161,7 +161,8 @@ class BrokerLink:
         self._error_refresh_at = -ERROR_REFRESH_S  # trio time of the last refresh on error
         #: other gateways may write our LMQs: no tail prediction, watch pulls instead
         self.foreign_writers = False
-        self._watched: set[tuple[str, str]] = set()
+        #: LMQs watched (other gateways write them): their read-ahead (lmq_watch.py)
+        self._watched: dict[tuple[str, str], Any] = {}
         self._nursery: trio.Nursery | None = None
         register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
 
@@ -601,6 +602,11 @@ class BrokerLink:
     async def pull(self, st: LmqState, offset: int) -> PullResult:
         """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`);
         `messages` of the result are MqttMessages (records of other writers left out)."""
+        ahead = self._watched.get((st.broker, st.lmq)) if self.foreign_writers else None
+        if ahead is not None:
+            got = await ahead.read(st, offset, self.config.pull_batch)
+            if got is not None:
+                return got  # the read-ahead in flight brought it: no second pull
         v0 = st.version if not st.pending else -1
         # With no send on the wire before and after, every stored write already went
         # through _advance_tails: the max offset seen is the tail, writes pending or not
@@ -662,7 +668,7 @@ class BrokerLink:
     def _watch(self, st: LmqState) -> None:
         key = (st.broker, st.lmq)
         if key not in self._watched and self._nursery is not None:
-            self._watched.add(key)
+            self._watched[key] = None
             self._nursery.start_soon(watch_lmq, self, st, self._watched)
 
     async def max_offset(self, broker: str, lmq: str) -> int:

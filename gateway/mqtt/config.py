@@ -50,6 +50,10 @@ class MqttConfig:
     broker_secret_key: str | None = field(default=None, repr=False)
     #: Messages per LMQ pull.
     pull_batch: int = 32
+    #: Pulls of `pull_batch` entries kept in flight ahead of the slowest reader of an LMQ
+    #: that other gateways write, while its readers are behind (gateway/mqtt/lmq_watch.py;
+    #: bounded by half the recent entries of one LMQ). 0: no read-ahead.
+    readahead_pulls: int = 16
     #: Session offsets / in-flight state written behind at this period (a kill -9 can
     #: re-deliver at most this much at QoS >= 1; clean shutdown writes everything).
     state_flush_interval_s: float = 0.5
@@ -198,6 +202,8 @@ class MqttConfig:
                              " positive")
         if self.packet_read_timeout_s <= 0 or self.close_linger_s < 0:
             raise ValueError("packet_read_timeout_s must be positive, close_linger_s >= 0")
+        if self.readahead_pulls < 0:
+            raise ValueError("readahead_pulls must be >= 0")
         if self.store_queues < 1 or self.pull_batch < 1:
             raise ValueError("store_queues and pull_batch must be positive")
         if self.tls_port is not None and not (self.certfile and self.keyfile):
