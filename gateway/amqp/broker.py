@@ -76,6 +76,10 @@ MAX_BATCH_BYTES = 1024 * 1024
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
+#: Stored-property octets remembered per gateway (entries; the memory starts over when
+#: full), for publishes whose AMQP properties are at most this many octets.
+_PROPS_CACHE_SIZE = 1024
+_PROPS_CACHE_MAX_RAW = 512
 
 
 class AmqpBroker:
@@ -107,6 +111,8 @@ class AmqpBroker:
 
         self.policy = QueuePolicy(self)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
+        #: Stored properties of recent publishes (stored_properties).
+        self._props_cache: dict[tuple, bytes] = {}
         self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
         #: Whether the broker serves lmq-gateway's private POP codes (holders, dead-letter,
         #: purge; docs/pop.md). False in front of an Apache RocketMQ 5 broker (or ours in
@@ -575,9 +581,21 @@ class AmqpBroker:
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:
-        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
+        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`.
+
+        A function of its arguments (`properties` is `raw_properties` decoded), except for
+        MQTT's expiry on the amq.topic bridge: publishes that repeat exchange, key,
+        properties and queues (the common case) reuse the octets built for the first."""
+        dispatch = MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs)
+        bridged = exchange_name == BRIDGE_EXCHANGE and not self._ns
+        key = None
+        if not bridged and len(raw_properties) <= _PROPS_CACHE_MAX_RAW:
+            key = (exchange_name, routing_key, raw_properties, dispatch)
+            cached = self._props_cache.get(key)
+            if cached is not None:
+                return cached
         props = {
-            MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
+            MessageConst.INNER_MULTI_DISPATCH: dispatch,
             PROP_EXCHANGE: quote_text(exchange_name),
             PROP_ROUTING_KEY: quote_text(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
@@ -588,9 +606,15 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = quote_text(value)
-        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+        if bridged:
             add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
-        return encode_properties(props).encode()
+        out = encode_properties(props).encode()
+        if key is not None:
+            cache = self._props_cache
+            if len(cache) >= _PROPS_CACHE_SIZE:
+                cache.clear()
+            cache[key] = out
+        return out
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
         """Store (properties, body) messages in store queue `qid`, in order, with one

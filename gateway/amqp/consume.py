@@ -55,6 +55,11 @@ _TTL = PROP_TTL.encode()
 _EXPIRY = K_EXPIRY.encode()
 _MQTT_TOPIC = K_TOPIC.encode()
 _MQTT_TOPIC64 = _MQTT_TOPIC + b"64"
+#: Decoded (exchange, routing key, AMQP properties) by their stored octets: most
+#: deliveries repeat those of earlier ones. Bounded; the memory starts over when full.
+_ENVELOPE_CACHE_SIZE = 1024
+_ENVELOPE_CACHE_MAX_BYTES = 1024  # stored properties + routing key of one entry
+_ENVELOPES: dict[tuple, tuple[str, str, bytes]] = {}
 #: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
 _OURS = (b"AMQP_", b"MQTT_")
 
@@ -98,8 +103,16 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
     props = pairs.get(_P)
     if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
         return (*envelope(m), own_ttl)  # an MQTT publish: its properties mapped there
-    return (_text(pairs.get(_EX)), _text(pairs.get(_RK)),
-            base64.b64decode(props) if props else EMPTY_PROPERTIES, own_ttl)
+    key = (pairs.get(_EX), pairs.get(_RK), props)
+    found = _ENVELOPES.get(key)
+    if found is None:
+        found = (_text(key[0]), _text(key[1]),
+                 base64.b64decode(props) if props else EMPTY_PROPERTIES)
+        if len(props or b"") + len(key[1] or b"") <= _ENVELOPE_CACHE_MAX_BYTES:
+            if len(_ENVELOPES) >= _ENVELOPE_CACHE_SIZE:
+                _ENVELOPES.clear()
+            _ENVELOPES[key] = found
+    return (*found, own_ttl)
 
 
 class Consumer:
