@@ -163,7 +163,8 @@ class AmqpBroker:
             if self.config.share_declarations:
                 from gateway.amqp.decl_log import DeclLog  # it imports this module
 
-                self.decl = DeclLog(self, self.holder_id)
+                self.decl = DeclLog(self, self.holder_id,
+                                    snapshot_every=self.config.decl_snapshot_every)
                 await nursery.start(self.decl.run)  # replayed before we serve
             task_status.started()
             await trio.sleep_forever()
