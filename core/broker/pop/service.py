@@ -509,6 +509,9 @@ class PopService:
                         acked += 1
         if acked:
             self._commit(group, topic, queue_id, qs)
+            orderly = getattr(self, "orderly", None)  # FIFO message groups, as in ack()
+            if orderly is not None and orderly.queues:
+                orderly.freed(group, topic, queue_id)
         return acked
 
     def commit_acks(self, group: str, topic: str, queue_id: int) -> None:
