@@ -589,10 +589,10 @@ class AmqpBroker:
         properties and queues (the common case) reuse the octets built for the first."""
         dispatch = MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs)
         bridged = exchange_name == BRIDGE_EXCHANGE and not self._ns
-        key = None
+        cache_key = None
         if not bridged and len(raw_properties) <= _PROPS_CACHE_MAX_RAW:
-            key = (exchange_name, routing_key, raw_properties, dispatch)
-            cached = self._props_cache.get(key)
+            cache_key = (exchange_name, routing_key, raw_properties, dispatch)
+            cached = self._props_cache.get(cache_key)
             if cached is not None:
                 return cached
         props = {
@@ -610,11 +610,11 @@ class AmqpBroker:
         if bridged:
             add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
         out = encode_properties(props).encode()
-        if key is not None:
+        if cache_key is not None:
             cache = self._props_cache
             if len(cache) >= _PROPS_CACHE_SIZE:
                 cache.clear()
-            cache[key] = out
+            cache[cache_key] = out
         return out
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
