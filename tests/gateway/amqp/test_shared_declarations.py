@@ -89,4 +89,7 @@ def test_declaration_log_snapshot_bounds_the_replay(tmp_path):
     assert set(queues) == live
     assert queues["snap-q7"] == {"x-max-length": 8}
     assert "snap-x" not in exchanges and "amq.topic" in exchanges
-    assert replayed < 10 < written  # the snapshot's records and a few after it
+    # The latest snapshot, what was written while it was taken and after it (about
+    # decl_snapshot_every at most, depending on when the follower saw the records), not
+    # the whole log (written + 4 records and the snapshots).
+    assert replayed <= 2 * 10 < written
