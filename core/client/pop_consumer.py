@@ -220,16 +220,20 @@ class PopClient:
             records = _light_records(resp.body_bytes())
             placed = _offset_list(h.get("msgOffsetInfo"))
             if placed is not None and len(placed) == len(records):
-                ck_of: dict[int, str] = {}
+                # The handle of a first delivery: fields shared by the pop's messages of
+                # one queue, then the offset.
+                prefix_of: dict[int, str] = {}
                 for msg, (qid, offset) in zip(records, placed, strict=True):
                     raw = msg.raw_properties
                     handle = msg.properties.get(POP_CK) if _POP_CK_MARK in raw else None
                     if handle is None:
-                        ck = ck_of.get(qid)
-                        if ck is None:
-                            ck = ck_of[qid] = starts.get(f"0@{qid}", str(offset))
-                        handle = (f"{ck} {pop_time} {invisible} {revive_qid} 0 "
-                                  f"{self.broker_name} {qid} {offset}")
+                        prefix = prefix_of.get(qid)
+                        if prefix is None:
+                            ck = starts.get(f"0@{qid}", str(offset))
+                            prefix = prefix_of[qid] = (f"{ck} {pop_time} {invisible} "
+                                                       f"{revive_qid} 0 {self.broker_name} "
+                                                       f"{qid} ")
+                        handle = prefix + str(offset)
                     out.append(PopMessage(msg, topic, qid, offset, handle))
                 return PopResult(PopStatus.FOUND, out, pop_time, invisible,
                                  int(h.get("restNum", 0)))

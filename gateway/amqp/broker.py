@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from core.client import ClientInstance, MessageQueue
-from core.client.errors import MQClientError
+from core.client.errors import MQBrokerError, MQClientError
 from core.client.pop_consumer import PopClient
 from core.common.codec import BATCH_HEAD, INT16
 from core.common.properties import MessageConst, encode_properties
@@ -45,6 +45,7 @@ from gateway.amqp.model import (
     show,
 )
 from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
+from gateway.amqp.pop_compat import APACHE_MODE_LOG, drain, unsupported
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
@@ -75,6 +76,10 @@ MAX_BATCH_BYTES = 1024 * 1024
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
+#: Stored-property octets remembered per gateway (entries; the memory starts over when
+#: full), for publishes whose AMQP properties are at most this many octets.
+_PROPS_CACHE_SIZE = 1024
+_PROPS_CACHE_MAX_RAW = 512
 
 
 class AmqpBroker:
@@ -106,7 +111,13 @@ class AmqpBroker:
 
         self.policy = QueuePolicy(self)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
+        #: Stored properties of recent publishes (stored_properties).
+        self._props_cache: dict[tuple, bytes] = {}
         self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
+        #: Whether the broker serves lmq-gateway's private POP codes (holders, dead-letter,
+        #: purge; docs/pop.md). False in front of an Apache RocketMQ 5 broker (or ours in
+        #: apache_strict mode): the gateway then uses only Apache's POP codes.
+        self.extensions = True
         self._pop_clients: dict[str, PopClient] = {}
         #: Consumer loops run here (not in a connection's nursery): a POP in progress is
         #: never cancelled, so no delivery is handed out to a request nobody reads.
@@ -127,7 +138,21 @@ class AmqpBroker:
         # Holder (docs/pop.md): when this gateway's broker connection drops, the broker
         # makes its unacknowledged deliveries visible again at once.
         first = self.pop_client(self.config.group_prefix)
-        await first.register_holder(self.holder_id)
+        try:
+            await first.register_holder(self.holder_id)
+        except MQBrokerError as exc:
+            if not unsupported(exc):
+                raise
+            self.apache_mode(exc)
+
+    def apache_mode(self, exc: BaseException) -> None:
+        """The broker refused a private POP code: use Apache RocketMQ 5's codes only."""
+        if not self.extensions:
+            return
+        self.extensions = False
+        for pc in self._pop_clients.values():
+            pc.holder_id = None
+        log.warning(APACHE_MODE_LOG, self.addr, getattr(exc, "remark", "") or exc)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await self.start()
@@ -138,7 +163,8 @@ class AmqpBroker:
             if self.config.share_declarations:
                 from gateway.amqp.decl_log import DeclLog  # it imports this module
 
-                self.decl = DeclLog(self, self.holder_id)
+                self.decl = DeclLog(self, self.holder_id,
+                                    snapshot_every=self.config.decl_snapshot_every)
                 await nursery.start(self.decl.run)  # replayed before we serve
             task_status.started()
             await trio.sleep_forever()
@@ -156,6 +182,7 @@ class AmqpBroker:
             child = AmqpBroker(self.client, self.addr, self.broker_name, self.routes,
                                self.config, vhost)
             child.holder_id = self.holder_id
+            child.extensions = self.extensions
             child._pop_clients = self._pop_clients
             child.ack_later = self.ack_later  # type: ignore[method-assign]
             child.nursery = self.nursery
@@ -204,12 +231,14 @@ class AmqpBroker:
         if pc is None:
             pc = self._pop_clients[group] = PopClient(
                 self.client.api.remoting, self.addr, self.broker_name, group,
-                holder_id=self.holder_id)
+                holder_id=self.holder_id if self.extensions else None)
         return pc
 
     async def register_holder(self) -> None:
         """Bind the holder id to the (possibly new) broker connection again: called after
         a broker error, since a reconnected connection is not registered."""
+        if not self.extensions:
+            return
         try:
             await self.pop_client(self.config.group_prefix).register_holder(self.holder_id)
         except (MQClientError, RemotingError, OSError) as exc:
@@ -417,10 +446,22 @@ class AmqpBroker:
         ones, as RabbitMQ); how many."""
         queue = self._queue_for(name, owner)
         try:
-            return await self.queue_pop(queue).purge(queue.lmq)
+            return await self._purge(queue, everything=False)
         except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
             raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - purge failed: "
                             f"{exc}") from None
+
+    async def _purge(self, queue: Queue, everything: bool) -> int:
+        """POP_PURGE when the broker has it; else pop and acknowledge what is ready."""
+        pop = self.queue_pop(queue)
+        if self.extensions:
+            try:
+                return await pop.purge(queue.lmq, everything=everything)
+            except MQBrokerError as exc:
+                if not unsupported(exc):
+                    raise
+                self.apache_mode(exc)
+        return await drain(pop, queue.lmq, self.config.pop_batch, queue.name)
 
     async def _drop_queue(self, queue: Queue, share: bool = True) -> int:
         """Forget the queue, remove its routes, cancel its consumers (Basic.Cancel) and
@@ -439,7 +480,7 @@ class AmqpBroker:
         if self.decl is not None and not queue.exclusive:
             self.decl.append("q-", self.vhost, queue.name)
         try:
-            return await self.queue_pop(queue).purge(queue.lmq, everything=True)
+            return await self._purge(queue, everything=True)
         except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
             # Its messages stay in the LMQ; a queue declared again by that name sees them.
             log.warning("AMQP purge of deleted queue %r failed: %r", queue.name, exc)
@@ -541,9 +582,21 @@ class AmqpBroker:
 
     def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
                           raw_properties: bytes, lmqs: list[str]) -> bytes:
-        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`."""
+        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`.
+
+        A function of its arguments (`properties` is `raw_properties` decoded), except for
+        MQTT's expiry on the amq.topic bridge: publishes that repeat exchange, key,
+        properties and queues (the common case) reuse the octets built for the first."""
+        dispatch = MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs)
+        bridged = exchange_name == BRIDGE_EXCHANGE and not self._ns
+        cache_key = None
+        if not bridged and len(raw_properties) <= _PROPS_CACHE_MAX_RAW:
+            cache_key = (exchange_name, routing_key, raw_properties, dispatch)
+            cached = self._props_cache.get(cache_key)
+            if cached is not None:
+                return cached
         props = {
-            MessageConst.INNER_MULTI_DISPATCH: MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs),
+            MessageConst.INNER_MULTI_DISPATCH: dispatch,
             PROP_EXCHANGE: quote_text(exchange_name),
             PROP_ROUTING_KEY: quote_text(routing_key),
             PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
@@ -554,9 +607,15 @@ class AmqpBroker:
             value = getattr(properties, attr)
             if value:
                 props[key] = quote_text(value)
-        if exchange_name == BRIDGE_EXCHANGE and not self._ns:
+        if bridged:
             add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
-        return encode_properties(props).encode()
+        out = encode_properties(props).encode()
+        if cache_key is not None:
+            cache = self._props_cache
+            if len(cache) >= _PROPS_CACHE_SIZE:
+                cache.clear()
+            cache[cache_key] = out
+        return out
 
     async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
         """Store (properties, body) messages in store queue `qid`, in order, with one

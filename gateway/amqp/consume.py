@@ -55,29 +55,27 @@ _TTL = PROP_TTL.encode()
 _EXPIRY = K_EXPIRY.encode()
 _MQTT_TOPIC = K_TOPIC.encode()
 _MQTT_TOPIC64 = _MQTT_TOPIC + b"64"
+#: Decoded (exchange, routing key, AMQP properties) by their stored octets: most
+#: deliveries repeat those of earlier ones. Bounded; the memory starts over when full.
+_ENVELOPE_CACHE_SIZE = 1024
+_ENVELOPE_CACHE_MAX_BYTES = 1024  # stored properties + routing key of one entry
+_ENVELOPES: dict[tuple, tuple[str, str, bytes]] = {}
 #: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
 _OURS = (b"AMQP_", b"MQTT_")
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
-    """The pairs of encoded properties whose names start with AMQP_ or MQTT_, hopping from
-    separator to separator (a fanned-out record's properties list every queue it went
-    to: a substring search per value would scan them each time); the last non-empty value
-    of a name wins, as in `decode_properties`."""
+    """The pairs of encoded properties whose names start with AMQP_ or MQTT_ (one split at
+    the pair separators, in C, then a look at each pair's name: a fanned-out record's
+    properties list every queue it went to, so a substring search per value would scan
+    them each time); the last non-empty value of a name wins, as in
+    `decode_properties`."""
     out: dict[bytes, bytes] = {}
-    n = len(raw)
-    find = raw.find
-    starts = raw.startswith
-    i = 0
-    while i < n:
-        k = find(b"\x02", i)
-        if k < 0:
-            k = n
-        if starts(_OURS, i):
-            name, sep, value = raw[i:k].partition(b"\x01")
+    for item in raw.split(b"\x02"):
+        if item.startswith(_OURS):
+            name, sep, value = item.partition(b"\x01")
             if sep and value:
                 out[name] = value
-        i = k + 1
     return out
 
 
@@ -98,8 +96,16 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
     props = pairs.get(_P)
     if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
         return (*envelope(m), own_ttl)  # an MQTT publish: its properties mapped there
-    return (_text(pairs.get(_EX)), _text(pairs.get(_RK)),
-            base64.b64decode(props) if props else EMPTY_PROPERTIES, own_ttl)
+    key = (pairs.get(_EX), pairs.get(_RK), props)
+    found = _ENVELOPES.get(key)
+    if found is None:
+        found = (_text(key[0]), _text(key[1]),
+                 base64.b64decode(props) if props else EMPTY_PROPERTIES)
+        if len(props or b"") + len(key[1] or b"") <= _ENVELOPE_CACHE_MAX_BYTES:
+            if len(_ENVELOPES) >= _ENVELOPE_CACHE_SIZE:
+                _ENVELOPES.clear()
+            _ENVELOPES[key] = found
+    return (*found, own_ttl)
 
 
 class Consumer:

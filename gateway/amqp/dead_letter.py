@@ -34,6 +34,7 @@ from core.remoting.errors import RemotingError
 from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY, PROP_TTL
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.mqtt_bridge import mqtt_envelope
+from gateway.amqp.pop_compat import unsupported
 from gateway.amqp.properties import EMPTY_PROPERTIES, BasicProperties, decode_properties
 from gateway.amqp.queue_args import dead_letter_properties, is_cycle
 from gateway.mqtt.message import K_EXPIRY, K_TOPIC
@@ -141,10 +142,17 @@ class QueuePolicy:
     async def dead_letter(self, queue: Queue, pop: PopClient, m: PopMessage,
                           reason: str) -> None:
         """Dead-letter (or drop) a popped message, then acknowledge it."""
-        if queue.args.dlx is None and reason == "rejected":
+        if queue.args.dlx is None and reason == "rejected" and self.broker.extensions:
             # No DLX: the broker parks it in the group's %DLQ% (never delivered again).
-            await self._settle(pop.reject, m)
-            return
+            try:
+                await pop.reject(m)
+                return
+            except _BROKER_ERRORS as exc:
+                if not unsupported(exc):
+                    log.warning("AMQP dead-letter settle failed: %r", exc)
+                    return
+                self.broker.apache_mode(exc)
+            # An Apache broker has no such request: dropped below, as RabbitMQ does.
         if queue.args.dlx is not None:
             exchange, key, raw = envelope(m)
             try:

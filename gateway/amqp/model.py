@@ -53,6 +53,8 @@ class AmqpBrokerConfig:
     #: Share exchange and queue declarations with the cluster's other gateways
     #: (the LMQ_AMQP_DECL log, gateway/amqp/decl_log.py).
     share_declarations: bool = True
+    #: Declaration-log records after which a gateway writes a snapshot (compaction).
+    decl_snapshot_every: int = 10_000
 
 
 @dataclass

@@ -110,8 +110,10 @@ class PopService:
         # (group, topic, queue, offset, pop_time) parked for the dead-letter topic.
         self._dlq: deque[tuple[str, str, int, int, int]] = deque()
         self.dead_lettered = 0
-        # holder id -> (group, topic, queue, offset) of the deliveries it may hold.
-        self._held: dict[str, set[tuple[str, str, int, int]]] = {}
+        # holder id -> the (group, topic, queue) states it popped from: its deliveries
+        # are the in-flight entries there whose `holder` is that id (kept per queue, not
+        # per message, so hand-out and ack pay nothing for it).
+        self._held: dict[str, set[tuple[str, str, int]]] = {}
         self.journal = PopJournal(os.path.join(broker.config.data_dir, "pop"))
         broker.add_dispatch_listener(self.on_dispatch)
         self.orderly = OrderlyPop(self)  # FIFO message groups (orderly.py)
@@ -395,7 +397,7 @@ class PopService:
                         journal.gone(group, topic, qid, offset)
                         continue
                     qs.redeliver(offset, entry, pop_time, invisible_ms)
-                    self._hold(entry, holder, group, topic, qid, offset)
+                    entry.holder = holder
                     records.append((offset, got.buffers[0], entry.deliveries))
                     offsets.append(offset)
                 need = max_nums - batch.count - len(records)
@@ -412,7 +414,7 @@ class PopService:
                         for i, buf in enumerate(got.buffers):
                             offset = start + i if dense else _queue_offset(buf, topic, is_lmq)
                             entry = qs.hand_out(offset, pop_time, invisible_ms)
-                            self._hold(entry, holder, group, topic, qid, offset)
+                            entry.holder = holder
                             records.append((offset, buf, 1))
                             offsets.append(offset)
                     if got.next_begin_offset > qs.next_offset and status in _ADVANCE:
@@ -421,6 +423,8 @@ class PopService:
             if qs.next_offset != cursor:
                 journal.cursor(group, topic, qid, qs.next_offset)
             if records:
+                if holder is not None:
+                    self._held.setdefault(holder, set()).add((group, topic, qid))
                 deadline = pop_time + invisible_ms
                 self._schedule((group, topic, qid), deadline)
                 for offset, _, deliveries in records:
@@ -441,25 +445,21 @@ class PopService:
     # ------------------------------------------------------------------ holders
     def _hold(self, entry, holder: str | None, group: str, topic: str, qid: int,
               offset: int) -> None:
-        old = entry.holder
-        if old is not None and old != holder:
-            held = self._held.get(old)
-            if held is not None:
-                held.discard((group, topic, qid, offset))
         entry.holder = holder
         if holder is not None:
-            self._held.setdefault(holder, set()).add((group, topic, qid, offset))
+            self._held.setdefault(holder, set()).add((group, topic, qid))
 
     def release(self, holder: str) -> int:
         """Make every delivery `holder` holds visible again at once (a gateway that
         crashed or restarted); the number released."""
         released = 0
         topics: set[str] = set()
-        for group, topic, qid, offset in self._held.pop(holder, ()):
+        mine = [(key, offset, entry) for key in self._held.pop(holder, ())
+                if (qs := self.state.get(*key)) is not None
+                for offset, entry in qs.inflight.items()
+                if entry.holder == holder and entry.deadline > 0]
+        for (group, topic, qid), offset, entry in mine:
             qs = self.state.get(group, topic, qid)
-            entry = qs.inflight.get(offset) if qs is not None else None
-            if entry is None or entry.holder != holder or entry.deadline <= 0:
-                continue
             entry.holder = None
             new_pop_time = self.state.new_pop_time(now_ms())
             qs.change(offset, entry.pop_time, new_pop_time, 0)
@@ -488,12 +488,6 @@ class PopService:
         entry = qs.inflight.get(offset) if qs is not None else None
         if entry is None or not qs.ack(offset, pop_time):
             return False
-        if entry.holder is not None:
-            held = self._held.get(entry.holder)
-            if held is not None:
-                held.discard((group, topic, queue_id, offset))
-                if not held:
-                    del self._held[entry.holder]
         self.journal.gone(group, topic, queue_id, offset)
         if flush:
             self.journal.flush()
@@ -502,6 +496,34 @@ class PopService:
         if self.orderly.queues:
             self.orderly.freed(group, topic, queue_id)
         return True
+
+    def ack_bits(self, group: str, topic: str, queue_id: int, start: int, bits: bytes,
+                 pop_time: int) -> int:
+        """BATCH_ACK's entry: acknowledge offset `start + i` for every bit `i` set in
+        `bits` (Java's BitSet bytes) under `pop_time`; commits the group's offset once.
+        The journal is flushed by the caller. How many were acknowledged."""
+        qs = self.state.get(group, topic, queue_id)
+        if qs is None:
+            return 0
+        inflight = qs.inflight
+        gone = self.journal.gone
+        acked = 0
+        for i, byte in enumerate(bits):
+            if not byte:
+                continue
+            base = start + i * 8
+            for j in range(8):
+                if byte >> j & 1:
+                    offset = base + j
+                    if offset in inflight and qs.ack(offset, pop_time):
+                        gone(group, topic, queue_id, offset)
+                        acked += 1
+        if acked:
+            self._commit(group, topic, queue_id, qs)
+            orderly = getattr(self, "orderly", None)  # FIFO message groups, as in ack()
+            if orderly is not None and orderly.queues:
+                orderly.freed(group, topic, queue_id)
+        return acked
 
     def commit_acks(self, group: str, topic: str, queue_id: int) -> None:
         """Move the group's committed offset past what `ack(commit=False)` acknowledged."""
@@ -536,9 +558,6 @@ class PopService:
                 continue  # the revive timer is storing it in the %DLQ% topic
             if entry.deadline != 0 and not everything:
                 continue
-            held = self._held.get(entry.holder) if entry.holder is not None else None
-            if held is not None:
-                held.discard((group, topic, queue_id, offset))
             qs.drop(offset)
             journal.gone(group, topic, queue_id, offset)
             if entry.deadline == 0:

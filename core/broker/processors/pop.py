@@ -254,16 +254,7 @@ class PopProcessor:
             except (TypeError, ValueError, KeyError, binascii.Error) as exc:
                 service.journal.flush()
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
-            acked = False
-            for i, byte in enumerate(bits):
-                if not byte:
-                    continue
-                for j in range(8):
-                    if byte >> j & 1 and service.ack(group, topic, qid, start + i * 8 + j,
-                                                     pop_time, False, False):
-                        acked = True
-            if acked:
-                service.commit_acks(group, topic, qid)
+            service.ack_bits(group, topic, qid, start, bits, pop_time)
         service.journal.flush()
         return cmd.make_response(ResponseCode.SUCCESS)
 

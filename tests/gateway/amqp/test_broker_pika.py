@@ -505,3 +505,35 @@ def test_transactions_hold_publishes_and_acks_until_commit(tmp_path):
         return before, body, confirm[0]
 
     assert run_gateway(tmp_path, client) == (None, b"committed", 406)
+
+
+def test_repeated_publishes_follow_binding_changes_and_keep_their_properties(tmp_path):
+    """Identical publishes reuse their stored properties (a cache): a binding added
+    between two of them, or other properties, still count."""
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare("rep", "direct")
+        for q in ("rep-1", "rep-2"):
+            ch.queue_declare(q)
+        ch.queue_bind("rep-1", "rep", "k")
+        same = pika.BasicProperties(content_type="text/plain")
+        ch.basic_publish("rep", "k", b"a", same)
+        ch.queue_bind("rep-2", "rep", "k")
+        ch.basic_publish("rep", "k", b"b", same)
+        ch.basic_publish("rep", "k", b"c", pika.BasicProperties(content_type="text/html"))
+        got = {}
+        for q in ("rep-1", "rep-2"):
+            got[q] = []
+            while True:
+                m, props, body = ch.basic_get(q, auto_ack=True)
+                if m is None:
+                    break
+                got[q].append((body, props.content_type))
+        conn.close()
+        return got
+
+    got = run_gateway(tmp_path, client)
+    assert got["rep-1"] == [(b"a", "text/plain"), (b"b", "text/plain"), (b"c", "text/html")]
+    assert got["rep-2"] == [(b"b", "text/plain"), (b"c", "text/html")]

@@ -31,9 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("xproto-cluster")
-    # Not apache_strict: `lmq amqp` registers a POP holder (900001), a code of ours that
-    # strict mode refuses (docs/stateless-gateways.md §4).
-    c = Cluster(root, strict=False).start()
+    c = Cluster(root).start()  # apache_strict brokers: the gateway uses Apache's POP codes
     amqp_port = free_port()
     amqp = _Proc(root, "amqp", ["amqp", "--namesrv-addr", c.namesrv_addr, "--host",
                                 "127.0.0.1", "--amqp-port", str(amqp_port), "--log-level",
