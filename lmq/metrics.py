@@ -448,6 +448,37 @@ def broker_metrics(broker, max_lag_series: int) -> Iterator:
     yield _gauge("lmq_broker_long_poll_waiters", "Pull requests held (long polling)",
                  broker.pull_hold_service.held)
     yield from broker_lag_metrics(broker, max_lag_series)
+    yield from replication_metrics(broker, s["commitlog_max_offset"])
+
+
+def replication_metrics(broker, end: int) -> Iterator:
+    """Master/slave replication (docs/ha.md), when the broker replicates: on a master, the
+    CommitLog bytes each connected slave has not confirmed; on a slave, the bytes it has not
+    received of what the master reported at its last heartbeat."""
+    master = getattr(broker, "ha_master", None)
+    slave = getattr(broker, "ha_slave", None)
+    if master is None and slave is None:
+        return
+    lag = GaugeMetricFamily("lmq_broker_replication_lag_bytes",
+                            "CommitLog bytes not yet replicated (master: per slave broker "
+                            "id; slave: behind its master)", labels=["peer"])
+    connected = 0
+    if master is not None and slave is None:
+        reported: dict[int, int] = {}
+        for cid, offset in list(master.slaves.items()):
+            bid = master.slave_ids.get(cid, -1)
+            reported[bid] = max(offset, reported.get(bid, -1))
+        for bid, offset in sorted(reported.items()):
+            lag.add_metric([f"slave {bid}"], max(0, end - max(offset, 0)))
+        connected = len(reported)
+    elif slave is not None and slave.connected:
+        connected = 1
+        if slave.master_offset >= 0:
+            lag.add_metric(["master"], max(0, slave.master_offset - end))
+    yield lag
+    yield _gauge("lmq_broker_replication_peers",
+                 "Replication peers connected (master: slaves; slave: 1 with its master)",
+                 connected)
 
 
 def broker_lag_metrics(broker, max_series: int) -> Iterator:
