@@ -61,17 +61,23 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:  # at once, even while starting
+                    async for _ in signals:
+                        state["not_ready"] = "AMQP gateway shutting down"
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
                 if exporter is not None:  # up before the listener: /readyz says 503
                     exporter.ready = lambda: state["not_ready"]
                     await nursery.start(exporter.serve)
+                log.info("waiting for a master broker registered with %s (at most %.0f s)",
+                         args.namesrv_addr, CLUSTER_WAIT_S)
                 await nursery.start(functools.partial(
                     run_standalone, args.namesrv_addr, config,
                     on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
                 state["not_ready"] = None
-                async for _ in signals:
-                    state["not_ready"] = "AMQP gateway shutting down"
-                    nursery.cancel_scope.cancel()
-                    return
 
     try:
         trio.run(main)

@@ -78,17 +78,21 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                if exporter is not None:  # up before the gRPC port: /readyz says 503
+
+                async def stop_on_signal() -> None:  # at once, even while starting
+                    async for _ in signals:
+                        state["not_ready"] = "gRPC proxy shutting down"
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                if exporter is not None:  # up before the listener: /readyz says 503
                     exporter.ready = lambda: state["not_ready"]
                     await nursery.start(exporter.serve)
                 await nursery.start(functools.partial(
                     run_proxy, args.namesrv_addr, config, access_key=args.access_key,
                     secret_key=args.secret_key, acl_file=args.acl_file))
                 state["not_ready"] = None
-                async for _ in signals:
-                    state["not_ready"] = "gRPC proxy shutting down"
-                    nursery.cancel_scope.cancel()
-                    return
 
     try:
         trio.run(main)
