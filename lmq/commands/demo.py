@@ -52,6 +52,7 @@ from lmq.progress import Progress
 READINGS_SCHEMA = "device string, ts long, temperature double, humidity double, battery int"
 TELEMETRY_FILTER = "devices/+/telemetry"
 PLAIN_STATUS_EVERY_S = 2.0  # progress lines when stdout is not a terminal
+STATUS_MIN_EVERY_S = 1.0  # the status reads Spark's query progress at most this often
 
 
 def register(subparsers) -> None:
@@ -253,8 +254,10 @@ def _latency(sub, since_ms: int | None) -> str:
 def _status_text(sim, agg_q, sub, warm_ms: int | None) -> str:
     """The progress line: rows in, batches, lag (rows not yet read), alerts."""
     backlog = _backlog(agg_q)
-    return (f"readings sent {sim.sent:,}  rows in {_rows_in(agg_q):,}  batches "
-            f"{len(_progress(agg_q))}  backlog {backlog if backlog is not None else '-'}  "
+    batches = _progress(agg_q)               # one read of the query's recent progress
+    rows = sum(int(p.get("numInputRows", 0)) for p in batches)
+    return (f"readings sent {sim.sent:,}  rows in {rows:,}  batches "
+            f"{len(batches)}  backlog {backlog if backlog is not None else '-'}  "
             f"alerts received {len(sub.received):,} (latency {_latency(sub, warm_ms)})")
 
 
@@ -317,7 +320,7 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
                 progress.status(_status_text(sim, agg_q, sub, warm_ms))
             if args.duration and time.monotonic() - t0 >= args.duration:
                 break
-            stop.wait(progress.interval or PLAIN_STATUS_EVERY_S)
+            stop.wait(max(progress.interval or PLAIN_STATUS_EVERY_S, STATUS_MIN_EVERY_S))
     except KeyboardInterrupt:
         pass
     finally:
