@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +19,7 @@ from tests.core.broker.harness import (
 )
 
 pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[2]
 SECRET_TOML = 'ha_secret = "metrics-test-secret"\n'
 
 
@@ -62,6 +64,10 @@ def test_replication_lag_and_peers(tmp_path):
         m = _scrape(master)
         assert m["lmq_broker_replication_peers"] == 1
         assert m['lmq_broker_replication_lag_bytes{peer=slave 1}'] == 0
+        # the Grafana dashboard's replication panel queries series that exist
+        dashboard = (REPO / "docs" / "grafana" / "lmq-gateway.json").read_text()
+        names = set(re.findall(r"\b(lmq_broker_replication_[a-z_]+)\{", dashboard))
+        assert names and all(any(k.startswith(n + "{") for k in m) for n in names), names
         wait_until(lambda: _scrape(slave).get("lmq_broker_replication_lag_bytes{peer=master}")
                    == 0, 30, what="the slave's lag at 0")
         assert _scrape(slave)["lmq_broker_replication_peers"] == 1
