@@ -40,13 +40,17 @@ LINGER_BYTES = 65536  # and how many at most
 LOOP_LAG_INTERVAL_S = 0.5  # how often the event-loop lag probe sleeps
 
 
-def add_metrics_options(parser) -> None:
-    """`--metrics-port` / `--metrics-host` (shared by serve, broker, namesrv and mqtt)."""
+def add_metrics_options(parser, *, gateway_only: bool = False) -> None:
+    """`--metrics-port` / `--metrics-host` (shared by serve, broker, namesrv and mqtt; the
+    stand-alone AMQP gateway and gRPC proxy, `gateway_only`, hold no broker data: no lag
+    series and no dashboard)."""
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve /metrics, /healthz and /readyz on this HTTP port "
                         "(default: off; 0 = a free port)")
     parser.add_argument("--metrics-host", default="127.0.0.1",
                         help="bind address of the metrics port (default %(default)s)")
+    if gateway_only:
+        return
     parser.add_argument("--metrics-max-lag-series", type=_count, default=DEFAULT_MAX_LAG_SERIES,
                         metavar="N", help="at most N consumer-lag series per scrape "
                         "(default %(default)s)")
@@ -85,8 +89,9 @@ def exporter_from_args(args, **sources) -> Exporter | None:
     if getattr(args, "metrics_port", None) is None:
         return None
     return Exporter(args.metrics_host, args.metrics_port,
-                    max_lag_series=args.metrics_max_lag_series,
-                    dashboard=not getattr(args, "no_dashboard", False),
+                    max_lag_series=getattr(args, "metrics_max_lag_series",
+                                           DEFAULT_MAX_LAG_SERIES),
+                    dashboard=hasattr(args, "no_dashboard") and not args.no_dashboard,
                     dashboard_interval_s=getattr(args, "dashboard_interval", 5.0), **sources)
 
 
@@ -96,11 +101,14 @@ class Exporter:
     Sources are read at scrape time and may be set after construction (a gateway that
     only exists once started): `server` (core.cluster.EmbeddedServer), `broker`
     (BrokerController), `namesrv` (NameServer), `mqtt` (MqttGateway, or a callable
-    returning it).
+    returning it), `amqp` (AmqpServer of a stand-alone gateway). `ready`: a callable
+    returning None or the reason the process is not ready (stand-alone gateways, whose
+    listeners are up once their start-up returned).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, server=None, broker=None,
-                 namesrv=None, mqtt=None, max_lag_series: int = DEFAULT_MAX_LAG_SERIES,
+                 namesrv=None, mqtt=None, amqp=None, ready=None,
+                 max_lag_series: int = DEFAULT_MAX_LAG_SERIES,
                  dashboard: bool = False, dashboard_interval_s: float = 5.0) -> None:
         self.host = host
         self.port = port
@@ -108,6 +116,8 @@ class Exporter:
         self.broker = broker
         self.namesrv = namesrv
         self.mqtt = mqtt
+        self.amqp = amqp
+        self.ready = ready
         self.max_lag_series = max_lag_series
         self.loop_lag_s = 0.0  # last measured scheduling delay
         self.loop_lag_max_s = 0.0
@@ -148,6 +158,15 @@ class Exporter:
                 return gw
         return None
 
+    def current_amqp(self):
+        """The AMQP gateway's AmqpServer (stand-alone, or `lmq serve`'s service)."""
+        if self.amqp is not None:
+            return self.amqp
+        for service in getattr(self.server, "services", ()):
+            if hasattr(service, "broker_config") and getattr(service, "server", None):
+                return service.server
+        return None
+
     def expects_mqtt(self) -> bool:
         if self.mqtt is not None:
             return True
@@ -156,6 +175,10 @@ class Exporter:
     # -- readiness ----------------------------------------------------------------------
     def not_ready_reason(self) -> str | None:
         """None when ready, else one line saying what is missing."""
+        if self.ready is not None:
+            reason = self.ready()
+            if reason:
+                return reason
         broker = self.current_broker()
         if self.server is not None or self.broker is not None:
             if broker is None or not broker.started:
@@ -382,6 +405,9 @@ class _Collector:
         gw = ex.current_mqtt()
         if gw is not None:
             yield from mqtt_metrics(gw)
+        amqp = ex.current_amqp()
+        if amqp is not None:
+            yield from amqp_metrics(amqp)
 
 
 def _gauge(name: str, doc: str, value: float, labels: dict | None = None):
@@ -422,6 +448,37 @@ def broker_metrics(broker, max_lag_series: int) -> Iterator:
     yield _gauge("lmq_broker_long_poll_waiters", "Pull requests held (long polling)",
                  broker.pull_hold_service.held)
     yield from broker_lag_metrics(broker, max_lag_series)
+    yield from replication_metrics(broker, s["commitlog_max_offset"])
+
+
+def replication_metrics(broker, end: int) -> Iterator:
+    """Master/slave replication (docs/ha.md), when the broker replicates: on a master, the
+    CommitLog bytes each connected slave has not confirmed; on a slave, the bytes it has not
+    received of what the master reported at its last heartbeat."""
+    master = getattr(broker, "ha_master", None)
+    slave = getattr(broker, "ha_slave", None)
+    if master is None and slave is None:
+        return
+    lag = GaugeMetricFamily("lmq_broker_replication_lag_bytes",
+                            "CommitLog bytes not yet replicated (master: per slave broker "
+                            "id; slave: behind its master)", labels=["peer"])
+    connected = 0
+    if master is not None and slave is None:
+        reported: dict[int, int] = {}
+        for cid, offset in list(master.slaves.items()):
+            bid = master.slave_ids.get(cid, -1)
+            reported[bid] = max(offset, reported.get(bid, -1))
+        for bid, offset in sorted(reported.items()):
+            lag.add_metric([f"slave {bid}"], max(0, end - max(offset, 0)))
+        connected = len(reported)
+    elif slave is not None and slave.connected:
+        connected = 1
+        if slave.master_offset >= 0:
+            lag.add_metric(["master"], max(0, slave.master_offset - end))
+    yield lag
+    yield _gauge("lmq_broker_replication_peers",
+                 "Replication peers connected (master: slaves; slave: 1 with its master)",
+                 connected)
 
 
 def broker_lag_metrics(broker, max_series: int) -> Iterator:
@@ -486,3 +543,26 @@ def mqtt_metrics(gw) -> Iterator:
     yield _gauge("lmq_mqtt_uptime_seconds", "Seconds since the gateway started",
                  time.monotonic() - s.started)
 
+
+
+def amqp_metrics(server) -> Iterator:
+    """The AMQP gateway: connections, queues and exchanges declared (every vhost), and
+    what its publishes became (counters the gateway keeps anyway)."""
+    yield _gauge("lmq_amqp_connections", "Open AMQP connections", server.connections)
+    broker = server.broker
+    if broker is None:
+        return
+    hosts = [broker, *getattr(broker, "_vhosts", {}).values()]
+    yield _gauge("lmq_amqp_queues", "AMQP queues known to this gateway",
+                 sum(len(b.queues) for b in hosts))
+    yield _gauge("lmq_amqp_exchanges", "AMQP exchanges known to this gateway",
+                 sum(len(b.exchanges) for b in hosts))
+    def total(key: str) -> int:
+        return sum(b.stats.get(key, 0) for b in hosts)
+
+    yield _counter("lmq_amqp_stored_messages", "Published messages stored in the broker",
+                   total("stored"))
+    yield _counter("lmq_amqp_unroutable_messages", "Published messages no queue was bound "
+                   "to receive", total("unroutable"))
+    yield _counter("lmq_amqp_store_failures", "Published messages the broker refused",
+                   total("failed"))

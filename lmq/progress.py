@@ -13,6 +13,11 @@ so printed rows and the live line never share a line.
 
 `phase()` and `step()` are module functions, so a benchmark module can report phases
 without knowing whether a progress line is shown (they do nothing when none is).
+
+A command whose progress is also read from its logs (`lmq demo iot` under
+`docker compose logs`) passes `plain_every=SECONDS`: on a terminal it gets the live line,
+otherwise `status(text)` prints the line as a plain line of its own at most once per
+`plain_every` seconds. `interval` says how often the command should call `status()`.
 """
 
 from __future__ import annotations
@@ -66,10 +71,14 @@ class _ClearingStdout:
 
 
 class Progress:
-    def __init__(self, label: str, stream=None, *, enabled: bool | None = None) -> None:
+    def __init__(self, label: str, stream=None, *, enabled: bool | None = None,
+                 plain_every: float | None = None) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = _is_terminal(self.stream) if enabled is None else enabled
+        # Not a terminal: plain lines at most this often (None: silent).
+        self.plain_every = None if self.enabled else plain_every
+        self._plain_due = 0.0  # monotonic time of the next plain line
         self.text = "starting"
         self.total: int | None = None
         self.done = 0
@@ -83,6 +92,28 @@ class Progress:
     def set_phase(self, text: str, total: int | None = None) -> None:
         self.text, self.total, self.done = text, total, 0
         self.draw()
+
+    @property
+    def interval(self) -> float | None:
+        """How often a caller feeding `status()` should refresh it (None: nothing shown)."""
+        return REDRAW_INTERVAL_S if self.enabled else self.plain_every
+
+    def status(self, text: str) -> None:
+        """Replace the text (the step count is kept); not on a terminal and with
+        `plain_every`, print it as a line of its own unless one was printed less than
+        `plain_every` seconds ago. On a terminal the next redraw shows it."""
+        self.text = text
+        if self.plain_every is None:
+            return
+        now = time.monotonic()
+        if now < self._plain_due:
+            return
+        # On schedule (a caller refreshing every `interval` prints every time), never
+        # twice in a burst after a stall.
+        due = self._plain_due + self.plain_every
+        self._plain_due = due if due > now else now + self.plain_every
+        self.stream.write(self.line() + "\n")
+        self.stream.flush()
 
     def line(self) -> str:
         count = f" {self.done}/{self.total}" if self.total else ""

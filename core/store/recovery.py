@@ -53,6 +53,48 @@ class RecoveryReport:
     seconds: float
 
 
+# -- progress (`lmq serve` / `lmq broker` draw a live line from it on a terminal) ----------
+
+# How often, in CommitLog bytes, the progress hook is called within a phase (also at the
+# start of each phase and once at the end): a comparison per record, a call per 16 MiB.
+PROGRESS_EVERY_BYTES = 16 << 20
+
+
+@dataclass
+class RecoveryProgress:
+    """Passed to the progress hook (the same object, updated): `phase` is "checking"
+    (validating the CommitLog from the checkpoint), "re-dispatching" (rebuilding
+    ConsumeQueue / LMQ entries) or "done"."""
+
+    phase: str
+    bytes_done: int = 0
+    bytes_total: int = 0
+    records: int = 0
+    files_done: int = 0  # the number of the file being read (1-based)
+    files_total: int = 0
+    consume_queues: int = 0  # ConsumeQueues opened so far (rebuilt ones included)
+
+
+_progress_hook = None
+
+
+def set_progress_hook(hook) -> None:
+    """Call `hook(RecoveryProgress)` during every later recovery of this process (None:
+    no hook, and no cost beyond one comparison per record)."""
+    global _progress_hook
+    _progress_hook = hook
+
+
+def _report(hook, p: RecoveryProgress, store, phase: str, start: int, pos: int, total: int,
+            records: int) -> None:
+    fs = store.commitlog.file_size
+    p.phase, p.bytes_done, p.bytes_total, p.records = phase, pos - start, total, records
+    p.files_total = max(1, -(-total // fs))
+    p.files_done = min(p.files_total, (pos - start) // fs + 1)  # the file being read
+    p.consume_queues = len(store._cqs)
+    hook(p)
+
+
 def recover(store) -> RecoveryReport:
     t0 = time.perf_counter()
     cl = store.commitlog
@@ -79,9 +121,20 @@ def recover(store) -> RecoveryReport:
     start = min(clamp(ck), lmq_from)
 
     # 2. validate
+    hook = _progress_hook
+    prog = RecoveryProgress("checking")
     n = 0
-    for _phys, _rec in cl.scan(start):
-        n += 1
+    if hook is None:
+        for _phys, _rec in cl.scan(start):
+            n += 1
+    else:
+        _report(hook, prog, store, "checking", start, start, last_end - start, 0)
+        mark = start + PROGRESS_EVERY_BYTES
+        for phys, _rec in cl.scan(start):
+            n += 1
+            if phys >= mark:
+                _report(hook, prog, store, "checking", start, phys, last_end - start, n)
+                mark = phys + PROGRESS_EVERY_BYTES
     end = cl.scan_end
 
     # 3. cut the tail
@@ -104,8 +157,14 @@ def recover(store) -> RecoveryReport:
     store._flushed = min(ck, end) if ck is not None else clmin
 
     # 4. re-dispatch
+    mark = end if hook is None else start
+    done = 0
     for phys, rec in _records(cl, start, end):
+        if phys >= mark:
+            _report(hook, prog, store, "re-dispatching", start, phys, end - start, done)
+            mark = phys + PROGRESS_EVERY_BYTES
         store._last_store_ms = _dispatch(store, phys, rec, phys >= lmq_from)
+        done += 1
         if kv.ops >= store._kv_max_ops:
             kv.commit(phys + len(rec))
 
@@ -114,6 +173,8 @@ def recover(store) -> RecoveryReport:
     if marker > end:
         dropped = store._lmq.drop_units_at_or_beyond(end)
     kv.commit(end)
+    if hook is not None:
+        _report(hook, prog, store, "done", start, end, end - start, n)
     return RecoveryReport(
         ck, marker, start, end, n, end - start, zeroed, removed, dropped,
         time.perf_counter() - t0,

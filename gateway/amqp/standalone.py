@@ -42,9 +42,10 @@ async def _first_master(client: ClientInstance) -> tuple[str, str]:
 async def run_standalone(namesrv_addr: str, server_config: AmqpServerConfig | None = None,
                          broker_config: AmqpBrokerConfig | None = None,
                          route_config: RouteLogConfig | None = None, *,
-                         gateway_id: str | None = None,
+                         gateway_id: str | None = None, on_server: Any = None,
                          task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run until cancelled; `task_status.started(port)` once the listener is bound."""
+    """Run until cancelled; `task_status.started(port)` once the listener is bound.
+    `on_server(AmqpServer)` is called once it exists (the metrics endpoint reads it)."""
     gateway_id = gateway_id or "amqp-" + secrets.token_hex(6)
     async with ClientInstance(namesrv_addr=namesrv_addr) as client:
         name, addr = await _first_master(client)
@@ -54,6 +55,8 @@ async def run_standalone(namesrv_addr: str, server_config: AmqpServerConfig | No
             await nursery.start(routes.run)
             await nursery.start(broker.run)
             server = AmqpServer(server_config, broker=broker)
+            if on_server is not None:
+                on_server(server)
             port = await nursery.start(server.serve)
             cfg = server.config
             log.info("AMQP gateway %s listening on %s:%d (broker %s at %s)", gateway_id,

@@ -153,3 +153,70 @@ def banner_service(exporter=None):
         task_status.started()
 
     return banner
+
+
+# -- the live line while the store recovers ------------------------------------------------
+
+RECOVERY_REDRAW_S = 0.25  # at most this often; progress comes per 16 MiB of CommitLog
+
+
+class RecoveryLine:
+    """The recovery progress hook of a server on a terminal: one line redrawn in place
+    (files, bytes, records, ConsumeQueues), erased when recovery ends, so the banner's
+    summary follows on a clean line. Log records written meanwhile erase it first."""
+
+    def __init__(self, stream) -> None:
+        from lmq.progress import Progress
+
+        self.progress = Progress("store recovery", stream, enabled=True)
+        self._drawn_at = 0.0
+        self._phase = ""
+        self._filter = logging.Filter()
+        self._filter.filter = self._before_log  # type: ignore[method-assign]
+        self._handlers: list[logging.Handler] = []
+
+    def _before_log(self, record) -> bool:
+        self.progress.clear()
+        return True
+
+    def __call__(self, p) -> None:
+        if p.phase == "done":
+            self.progress.clear()
+            for h in self._handlers:
+                h.removeFilter(self._filter)
+            self._handlers, self._phase = [], ""
+            return
+        if not self._phase:  # the first call: recovery starts now
+            self.progress._t0 = time.monotonic()
+            self._handlers = [h for h in logging.getLogger().handlers
+                              if getattr(h, "stream", None) is self.progress.stream]
+            for h in self._handlers:
+                h.addFilter(self._filter)
+        mib = 1 << 20
+        if p.phase == "checking":
+            self.progress.text = (f"checking the CommitLog, file {p.files_done}/"
+                                  f"{p.files_total}, {p.bytes_done // mib:,}/"
+                                  f"{p.bytes_total // mib:,} MiB, {p.records:,} records")
+        else:
+            self.progress.text = (f"re-dispatching {p.bytes_done // mib:,}/"
+                                  f"{p.bytes_total // mib:,} MiB, {p.records:,} records, "
+                                  f"{p.consume_queues} ConsumeQueues")
+        now = time.monotonic()
+        if p.phase != self._phase or now - self._drawn_at >= RECOVERY_REDRAW_S:
+            self._phase, self._drawn_at = p.phase, now
+            self.progress.draw()
+
+
+def install_recovery_line(stream=None) -> bool:
+    """On a terminal (standard error, TERM not dumb): show the store recovery's progress
+    as a live line. Piped or redirected: nothing is installed, recovery runs without a hook."""
+    import sys
+
+    from core.store import recovery
+    from lmq.progress import _is_terminal
+
+    stream = stream if stream is not None else sys.stderr
+    if not _is_terminal(stream):
+        return False
+    recovery.set_progress_hook(RecoveryLine(stream))
+    return True

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
 
 from lmq.commands import _amqp_users
+from lmq.commands._checks import log_level
+from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.amqp")
 
@@ -19,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="bind address (default %(default)s: this machine only)")
     parser.add_argument("--amqp-port", type=int, default=5672,
                         help="AMQP listen port (default %(default)s; 0 picks a free one)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", type=log_level,
+                        help="logging level (default %(default)s)")
     parser.add_argument("--users-file", default="",
                         help="users, vhosts and permissions (JSON, managed by `lmq amqp "
                              "user ...`; default: vhost / and guest/guest only)")
@@ -27,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="AMQPS listen port (5671 by convention; needs --certfile/--keyfile)")
     parser.add_argument("--certfile", default=None, help="TLS certificate chain (PEM)")
     parser.add_argument("--keyfile", default=None, help="TLS private key (PEM)")
+    add_metrics_options(parser, gateway_only=True)
     _amqp_users.register(parser)
     parser.set_defaults(func=run)
 
@@ -39,26 +44,63 @@ def run(args: argparse.Namespace) -> int:
     import trio
 
     from gateway.amqp.server import AmqpServerConfig
-    from gateway.amqp.standalone import run_standalone
-    from lmq.commands._broker_args import setup_logging
+    from gateway.amqp.standalone import CLUSTER_WAIT_S, run_standalone
+    from lmq.commands._broker_args import _os_error, setup_logging
+    from lmq.commands._checks import busy_listener
+    from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
     config = AmqpServerConfig(host=args.host, port=args.amqp_port, users_file=args.users_file,
                               tls_port=args.amqp_tls_port, certfile=args.certfile or "",
                               keyfile=args.keyfile or "")
 
+    exporter = exporter_from_args(args)
+    # /readyz: 503 with this reason until the listener is up, 200 after, 503 when stopping
+    state = {"not_ready": "AMQP gateway not started (waiting for a master broker)"}
+
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                await nursery.start(functools.partial(run_standalone, args.namesrv_addr,
-                                                      config))
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
+
+                async def stop_on_signal() -> None:  # at once, even while starting
+                    async for _ in signals:
+                        state["not_ready"] = "AMQP gateway shutting down"
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                if exporter is not None:  # up before the listener: /readyz says 503
+                    exporter.ready = lambda: state["not_ready"]
+                    await nursery.start(exporter.serve)
+                log.info("waiting for a master broker registered with %s (at most %.0f s)",
+                         args.namesrv_addr, CLUSTER_WAIT_S)
+                await nursery.start(functools.partial(
+                    run_standalone, args.namesrv_addr, config,
+                    on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
+                state["not_ready"] = None
 
     try:
         trio.run(main)
-    except (OSError, trio.TooSlowError) as exc:
-        log.error("cannot start: %r", exc)
-        return 1
+    except (OSError, trio.TooSlowError, BaseExceptionGroup) as exc:
+        error = _os_error(exc)
+        if error is not None:
+            busy = None
+            if error.errno == errno.EADDRINUSE:
+                busy = busy_listener([("AMQP", args.host, args.amqp_port),
+                                      ("AMQPS", args.host, args.amqp_tls_port),
+                                      ("metrics", args.metrics_host, args.metrics_port)])
+            log.error("cannot start: %s", busy or error)
+            return 1
+        if _find(exc, trio.TooSlowError):
+            log.error("cannot start: no master broker registered with the name server(s) "
+                      "%s within %.0f s: start the cluster first, or check --namesrv-addr",
+                      args.namesrv_addr, CLUSTER_WAIT_S)
+            return 1
+        raise
     return 0
+
+
+def _find(exc: BaseException, kind: type) -> bool:
+    if isinstance(exc, kind):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(_find(e, kind) for e in exc.exceptions)

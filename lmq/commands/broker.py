@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if advertise:
         log.log(30 if "127.0.0.1" in advertise else 20, "%s", advertise)  # WARNING / INFO
     exporter = exporter_from_args(args)
+    from lmq.commands._startup import install_recovery_line
+
+    install_recovery_line()  # a live line while the store recovers, on a terminal only
     server = EmbeddedServer(broker_config, None, services=[banner_service(exporter)])
     if exporter is not None:
         exporter.server = server  # read at scrape time

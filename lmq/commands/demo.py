@@ -23,8 +23,9 @@ right the broker gives only to ACL accounts with ``innerProperties`` or when
 only) sets it; a cluster given with ``-n`` must grant it.
 
 Every reading sent is also logged to ``<out>/readings.jsonl`` (to check the results).
-Progress (readings sent, rows in, batches, backlog, alerts written / received, alert
-latency) prints every 2 s; at the end
+Progress (readings sent, rows in, batches, backlog, alerts received, alert latency) is a
+live line on a terminal and a plain line every 2 s when standard output is not one
+(``docker compose logs``); at the end
 (duration or Ctrl-C) the simulator stops, the queries drain what was sent and stop, and
 the servers it started stop.
 """
@@ -46,9 +47,12 @@ import time
 from pathlib import Path
 
 from lmq.commands._demo_alerts import AlertSubscriber, percentile
+from lmq.progress import Progress
 
 READINGS_SCHEMA = "device string, ts long, temperature double, humidity double, battery int"
 TELEMETRY_FILTER = "devices/+/telemetry"
+PLAIN_STATUS_EVERY_S = 2.0  # progress lines when stdout is not a terminal
+STATUS_MIN_EVERY_S = 1.0  # the status reads Spark's query progress at most this often
 
 
 def register(subparsers) -> None:
@@ -247,6 +251,16 @@ def _latency(sub, since_ms: int | None) -> str:
     return f"p50 {percentile(lat, 0.5) / 1000:.2f}s p90 {percentile(lat, 0.9) / 1000:.2f}s"
 
 
+def _status_text(sim, agg_q, sub, warm_ms: int | None) -> str:
+    """The progress line: rows in, batches, lag (rows not yet read), alerts."""
+    backlog = _backlog(agg_q)
+    batches = _progress(agg_q)               # one read of the query's recent progress
+    rows = sum(int(p.get("numInputRows", 0)) for p in batches)
+    return (f"readings sent {sim.sent:,}  rows in {rows:,}  batches "
+            f"{len(batches)}  backlog {backlog if backlog is not None else '-'}  "
+            f"alerts received {len(sub.received):,} (latency {_latency(sub, warm_ms)})")
+
+
 def _backlog(q) -> int | None:
     last = q.lastProgress
     if not last:
@@ -289,6 +303,10 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
     # Latencies count the readings published once both queries ran their first batch
     # (before that, readings wait for Spark to start).
     warm_ms = None
+    # Reporting: a live line on a terminal, a plain line every PLAIN_STATUS_EVERY_S when
+    # piped (`docker compose logs iot` reads those), nothing with quiet (lmq.progress).
+    progress = Progress("lmq demo iot", sys.stdout, enabled=False if quiet else None,
+                        plain_every=None if quiet else PLAIN_STATUS_EVERY_S).__enter__()
     try:
         while not stop.is_set():
             if warm_ms is None and agg_q.lastProgress and alert_q.lastProgress:
@@ -298,24 +316,22 @@ def run_pipeline(spark, namesrv: str, mqtt_port: int, out: Path, args,
             for q in (agg_q, alert_q):
                 if q.exception() is not None:
                     raise RuntimeError(f"query {q.name} failed: {q.exception()}")
-            if not quiet:
-                print(f"[{time.monotonic() - t0:6.1f}s] readings sent {sim.sent:,}  rows in "
-                      f"{_rows_in(agg_q):,}  batches {len(_progress(agg_q))}  backlog "
-                      f"{_backlog(agg_q) if _backlog(agg_q) is not None else '-'}  "
-                      f"alerts received {len(sub.received):,} (latency {_latency(sub, warm_ms)})",
-                      flush=True)
+            if progress.interval is not None:
+                progress.status(_status_text(sim, agg_q, sub, warm_ms))
             if args.duration and time.monotonic() - t0 >= args.duration:
                 break
-            stop.wait(2.0)
+            stop.wait(max(progress.interval or PLAIN_STATUS_EVERY_S, STATUS_MIN_EVERY_S))
     except KeyboardInterrupt:
         pass
     finally:
+        progress.set_phase("stopping: draining the queries")
         sim.stop()
         try:
             for q in (agg_q, alert_q):       # drain what the simulator sent, then stop
                 if q.isActive and q.exception() is None:
                     q.processAllAvailable()
         finally:
+            progress.__exit__(None, None, None)  # erase the live line before the result
             agg_q.stop()
             alert_q.stop()
             if warm_ms is None:

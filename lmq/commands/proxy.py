@@ -8,8 +8,12 @@ the official 5.x clients (docs/grpc.md).
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
+
+from lmq.commands._checks import log_level
+from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.proxy")
 
@@ -35,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-unauthenticated", action="store_true",
                         help="serve a non-loopback --host without --acl-file (anyone who "
                              "reaches the port can send and consume)")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    parser.add_argument("--log-level", default="INFO", type=log_level,
+                        help="logging level (default %(default)s)")
+    add_metrics_options(parser, gateway_only=True)
     parser.set_defaults(func=run)
 
 
@@ -47,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from gateway.grpc5.config import GrpcConfig
     from gateway.grpc5.standalone import run_proxy
     from lmq.commands._broker_args import setup_logging
+    from lmq.commands._checks import busy_listener
+    from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
     from core.remoting.security import InsecureListenerError, check_exposure
@@ -63,19 +71,53 @@ def run(args: argparse.Namespace) -> int:
                         tls_certfile=args.grpc_tls_certfile or "",
                         tls_keyfile=args.grpc_tls_keyfile or "")
 
+    exporter = exporter_from_args(args)
+    # /readyz: 503 with this reason until the gRPC port is up, 200 after, 503 when stopping
+    state = {"not_ready": "gRPC proxy not started"}
+
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
+
+                async def stop_on_signal() -> None:  # at once, even while starting
+                    async for _ in signals:
+                        state["not_ready"] = "gRPC proxy shutting down"
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(stop_on_signal)
+                if exporter is not None:  # up before the listener: /readyz says 503
+                    exporter.ready = lambda: state["not_ready"]
+                    await nursery.start(exporter.serve)
                 await nursery.start(functools.partial(
                     run_proxy, args.namesrv_addr, config, access_key=args.access_key,
                     secret_key=args.secret_key, acl_file=args.acl_file))
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    return
+                state["not_ready"] = None
 
     try:
         trio.run(main)
-    except (OSError, ValueError, trio.TooSlowError) as exc:
-        log.error("cannot start: %s (choose another port with --grpc-port)", exc)
+    except (OSError, ValueError, trio.TooSlowError, BaseExceptionGroup) as exc:
+        error = _first(exc, (OSError, ValueError, trio.TooSlowError))
+        if error is None:
+            raise
+        if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+            busy = busy_listener([("gRPC", args.host, args.grpc_port),
+                                  ("metrics", args.metrics_host, args.metrics_port)])
+            if busy:
+                log.error("cannot start: %s", busy)
+                return 1
+        log.error("cannot start: %s (choose another port with --grpc-port)", error)
         return 1
     return 0
+
+
+def _first(exc: BaseException, kinds: tuple) -> BaseException | None:
+    """The first exception of `kinds` in `exc` (trio wraps task failures in groups)."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner, kinds)
+            if found is not None:
+                return found
+    return None

@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if advertise:
         log.log(logging.WARNING if "127.0.0.1" in advertise else logging.INFO, "%s", advertise)
     exporter = exporter_from_args(args)
+    from lmq.commands._startup import install_recovery_line
+
+    install_recovery_line()  # a live line while the store recovers, on a terminal only
     server = EmbeddedServer(broker_config, namesrv_config,
                             services=[*services, banner_service(exporter)])
     if exporter is not None:

@@ -113,7 +113,12 @@ def test_every_service_is_health_checked_and_published_on_loopback_only():
     assert published[1883] == "mqtt" and published[5672] == "amqp"
     ready = [n for n, s in services.items()
              if n not in once and "/readyz" in " ".join(s["healthcheck"]["test"])]
-    assert len(ready) >= 8, ready  # every server with a metrics port probes /readyz
+    servers = [n for n, s in services.items()
+               if s["command"][1] in ("namesrv", "broker", "mqtt", "amqp")]
+    assert sorted(ready) == sorted(servers), ready  # every server probes its /readyz
+    for name in servers:
+        command = services[name]["command"]
+        assert command[command.index("--metrics-port") + 1] == "9100", name
 
 
 def test_dockerfile_is_multistage_non_root_and_exposes_every_listener():

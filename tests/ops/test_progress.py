@@ -86,3 +86,43 @@ def test_not_a_terminal_writes_nothing():
         progress.phase("copying")
     assert err.getvalue() == ""
     progress.phase("no progress shown: ignored")
+
+
+def test_plain_every_prints_lines_when_not_a_terminal(monkeypatch):
+    out = io.StringIO()
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    with Progress("demo", out, plain_every=2.0) as p:
+        assert p.interval == 2.0
+        p.status("rows in 1")
+        clock[0] += 0.5
+        p.status("rows in 2")                 # too soon after the last line: not printed
+        clock[0] += 1.6
+        p.status("rows in 3")
+        clock[0] += 60
+        p.status("rows in 4")                 # after a stall: one line, not a burst
+        p.status("rows in 5")
+    lines = out.getvalue().splitlines()
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == \
+        ["rows in 1", "rows in 3", "rows in 4"]
+    assert "\x1b" not in out.getvalue() and "\r" not in out.getvalue()
+
+
+def test_plain_every_on_a_terminal_is_the_live_line(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    err = _Tty()
+    with Progress("demo", err, plain_every=2.0) as p:
+        assert p.interval == progress.REDRAW_INTERVAL_S
+        p.status("rows in 7")
+        p.draw()
+    text = err.getvalue()
+    assert "\r\x1b[Kdemo: rows in 7" in text
+    assert "\n" not in text                   # redrawn in place, never a new line
+
+
+def test_dumb_terminal_gets_plain_lines(monkeypatch):
+    monkeypatch.setenv("TERM", "dumb")
+    err = _Tty()
+    with Progress("demo", err, plain_every=2.0) as p:
+        p.status("rows in 9")
+    assert err.getvalue().startswith("demo: rows in 9 (") and "\x1b" not in err.getvalue()
