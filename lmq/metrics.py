@@ -549,6 +549,18 @@ def amqp_metrics(server) -> Iterator:
     """The AMQP gateway: connections, queues and exchanges declared (every vhost), and
     what its publishes became (counters the gateway keeps anyway)."""
     yield _gauge("lmq_amqp_connections", "Open AMQP connections", server.connections)
+    yield _counter("lmq_amqp_received_bytes", "Octets read from AMQP connections",
+                   getattr(server, "bytes_in", 0))
+    yield _counter("lmq_amqp_sent_bytes", "Octets written to AMQP connections",
+                   getattr(server, "bytes_out", 0))
+    # Bounded by max_connections x channel_max; a scrape walks them once.
+    channels = [ch for sess in list(getattr(server, "sessions", ()))
+                for ch in list(sess.channels.values())]
+    yield _gauge("lmq_amqp_channels", "Open AMQP channels", len(channels))
+    yield _gauge("lmq_amqp_consumers", "Basic.Consume consumers on open channels",
+                 sum(len(ch.deliveries.consumers) for ch in channels))
+    yield _gauge("lmq_amqp_unacked_messages", "Deliveries sent and not yet acknowledged",
+                 sum(len(ch.deliveries.unacked) for ch in channels))
     broker = server.broker
     if broker is None:
         return

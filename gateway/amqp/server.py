@@ -112,6 +112,11 @@ class AmqpServer:
         self.authenticate = authenticate or self.users.authenticate
         self.vhost_exists = vhost_exists
         self.connections = 0
+        #: Octets read from / written to AMQP sockets (the metrics port's byte counters).
+        self.bytes_in = 0
+        self.bytes_out = 0
+        #: Live connections' sessions, read by the metrics port (in-flight, consumers).
+        self.sessions: set[AmqpSession] = set()
         self.port = 0
         self._refused_logged_at = -REFUSED_LOGIN_LOG_INTERVAL_S  # trio time of the last line
         self._refused_unlogged = 0
@@ -180,14 +185,17 @@ class AmqpServer:
             async with send_lock:
                 out = conn.data_to_send()
                 if out:
+                    self.bytes_out += len(out)
                     await stream.send_all(out)
 
         if session is not None:
             session.flush = flush
+            self.sessions.add(session)
         try:
             await self._loop(stream, conn, session, flush)
         finally:
             if session is not None:
+                self.sessions.discard(session)
                 # Bounded: a broker that is gone must not keep the task forever.
                 with trio.CancelScope(shield=True) as scope:
                     scope.deadline = trio.current_time() + cfg.cleanup_timeout_s
@@ -215,6 +223,7 @@ class AmqpServer:
             if data is None:
                 events = conn.tick(now)
             else:
+                self.bytes_in += len(data)
                 events = conn.receive_data(data, now)
             for event in events:
                 await self._event(conn, session, event)

@@ -65,6 +65,18 @@ def test_amqp_and_proxy_metrics_port(tmp_path):
             assert m["lmq_ready"] == 1 and m["process_resident_memory_bytes"] > 0
             assert _until(lambda: amqp.scrape()["lmq_amqp_unroutable_messages_total"] >= 1,
                           "the unroutable publish")
+            # One message held unacknowledged by a consumer: in-flight, consumers, bytes.
+            ch.basic_qos(prefetch_count=1)
+            got = []
+            ch.basic_consume("metered", lambda c, meth, props, body: got.append(meth))
+            while not got:
+                conn.process_data_events(time_limit=0.2)
+            m = _until(lambda: (s := amqp.scrape())["lmq_amqp_unacked_messages"] == 1 and s,
+                       "the unacknowledged delivery")
+            assert m["lmq_amqp_consumers"] == 1 and m["lmq_amqp_channels"] == 1
+            # at least the three bodies in, and the delivered body out
+            assert m["lmq_amqp_received_bytes_total"] > 3 * len(b"m0")
+            assert m["lmq_amqp_sent_bytes_total"] > len(b"m0")
         finally:
             conn.close()
         assert _until(lambda: amqp.scrape()["lmq_amqp_connections"] == 0, "the close")
