@@ -3,7 +3,7 @@ split into stages.
 
 It runs the demo's own pipeline (an `lmq serve` child, the device simulator, the two Spark
 queries, the MQTT alert subscriber; lmq/commands/demo.py) for ``--latency`` seconds per
-round, with each alert carrying its reading's store time and its micro-batch's timestamp.
+round (after a warm-up round of ``--warmup`` seconds, not counted), with each alert carrying its reading's store time and its micro-batch's timestamp.
 Per alert (readings published once both queries ran their first micro-batch):
 
 * publish -> stored: the reading's MQTT PUBLISH until the broker stored it;
@@ -152,6 +152,8 @@ def run_latency(args) -> int:
     rounds = []
     loads = []
     try:
+        if args.warmup > 0:   # JVM, Python workers, connections: not counted
+            _one_round(spark, args, args.warmup)
         for _ in range(args.runs):
             rounds.append(_one_round(spark, args, args.latency))
             loads.append(os.getloadavg()[0])

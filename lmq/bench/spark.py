@@ -51,6 +51,8 @@ def add_arguments(parser) -> None:
     lat.add_argument("--threshold", type=float, default=24.0,
                      help="alert above this temperature (default 24: ~1/3 of the readings)")
     lat.add_argument("--trigger", type=float, default=1.0, help="micro-batch interval, s")
+    lat.add_argument("--warmup", type=float, default=20.0,
+                     help="seconds of a first round that is not counted (default 20)")
 
 
 def _spark(master: str):
