@@ -35,7 +35,7 @@ from core.common.names import (
 from core.common.properties import MessageConst
 from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
-from spark_sinks.retry import call_retrying, retrying
+from spark_sinks.retry import call_retrying, retryable, retrying
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,17 @@ async def _bounds(instance, topics: list[str], lows: bool = True) -> dict[Key, t
             mq = MessageQueue(topic, name, qid)
             out[key][0 if low else 1] = await (pc.min_offset(mq) if low else pc.max_offset(mq))
 
-    async with trio.open_nursery() as nursery:
-        for key in keys:
-            nursery.start_soon(one, key, False)
-            if lows:
-                nursery.start_soon(one, key, True)
+    try:
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key, False)
+                if lows:
+                    nursery.start_soon(one, key, True)
+    except BaseExceptionGroup as group:
+        # One error for the caller, as when the requests went one by one: the first that
+        # is not worth a retry (retry.py), else the first.
+        errors = group.exceptions
+        raise next((e for e in errors if not retryable(e)), errors[0]) from None
     return {k: (lo, hi) for k, (lo, hi) in out.items()}
 
 
