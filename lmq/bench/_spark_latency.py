@@ -3,7 +3,8 @@ split into stages.
 
 It runs the demo's own pipeline (an `lmq serve` child, the device simulator, the two Spark
 queries, the MQTT alert subscriber; lmq/commands/demo.py) for ``--latency`` seconds per
-round (after a warm-up round of ``--warmup`` seconds, not counted), with each alert carrying its reading's store time and its micro-batch's timestamp.
+round (after a warm-up round of ``--warmup`` seconds, not counted), with each alert
+carrying its reading's store time and its micro-batch's timestamp.
 Per alert (readings published once both queries ran their first micro-batch):
 
 * publish -> stored: the reading's MQTT PUBLISH until the broker stored it;
