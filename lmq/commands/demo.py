@@ -440,9 +440,9 @@ def make_spark(master: str):
 
 def run_iot_command(args) -> int:
     if min(args.devices, args.window, args.watermark) < 1 or args.rate <= 0 or args.trigger <= 0 \
-            or args.duration < 0:
-        print("lmq demo iot: --devices, --rate, --window, --watermark, --trigger must be "
-              "positive and --duration >= 0")
+            or args.duration < 0 or (args.agg_trigger is not None and args.agg_trigger <= 0):
+        print("lmq demo iot: --devices, --rate, --window, --watermark, --trigger, --agg-trigger "
+              "must be positive and --duration >= 0")
         return 2
     try:
         import pyspark  # noqa: F401
