@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -117,9 +118,11 @@ def _one_round(spark, args, seconds: float) -> dict[str, Any]:
         with demo._servers(ns) as (namesrv, mqtt_port):
             res = demo.run_pipeline(spark, namesrv, mqtt_port, out, ns, quiet=True)
             committed = _committed(spark, namesrv)
+        warm = [json.loads(line)
+                for line in (out / "alerts_received.jsonl").read_text().splitlines()]
     finally:
         spark.streams.removeListener(batches.listener)
-    warm = [json.loads(line) for line in (out / "alerts_received.jsonl").read_text().splitlines()]
+        shutil.rmtree(out, ignore_errors=True)
     per: dict[str, list[float]] = {name: [] for name, _a, _b in STAGES}
     since = batches.warm_ms()
     for g in warm:
