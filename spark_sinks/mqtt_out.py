@@ -5,7 +5,9 @@ Such a row is stored as the MQTT gateway stores a PUBLISH: on the gateway's stor
 metadata in the same properties (`gateway.mqtt.message.to_properties`: MQTT_TOPIC,
 MQTT_QOS, MQTT_RETAIN), and INNER_MULTI_DISPATCH naming the LMQ of every MQTT route of the
 shared routing table that matches the topic, so the broker indexes it into the LMQs MQTT
-subscribers read.
+subscribers read; a retained row (``retain`` true) also names the retained LMQ
+(``%LMQ%mqtt_retained``), so every gateway's retained table takes it as the topic's
+retained message.
 
 The table is read from the route log topics (gateway/routing/route_log.py) by a read-only
 follower per Python process (`RouteReader`): it never writes (no acknowledgements, no
@@ -18,6 +20,7 @@ from __future__ import annotations
 import threading
 
 from core.common.properties import MessageConst
+from gateway.mqtt.broker_link import RETAINED_LMQ
 from gateway.mqtt.message import MqttMessage, lmq_dispatch_value, to_properties
 from gateway.mqtt.topics import validate_topic_name
 from gateway.routing.route_reader import RouteReader, open_reader
@@ -71,6 +74,10 @@ def mqtt_properties(topic: str, qos: int | None, retain: bool | None,
     if q not in (0, 1, 2):
         raise ValueError(f"column 'qos' must be 0, 1 or 2, not {qos!r}")
     props = to_properties(MqttMessage(topic, b"", q, bool(retain)))
+    if retain:
+        # As a gateway stores a retained PUBLISH: also indexed into the retained LMQ, which
+        # every MQTT gateway follows into its retained table (gateway/mqtt/retained.py).
+        lmqs = {*lmqs, RETAINED_LMQ}
     if lmqs:
         props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(sorted(lmqs))
     return props

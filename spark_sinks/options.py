@@ -19,8 +19,11 @@ SOURCE_OPTIONS = (
     "lmq.namesrv", "subscribe", "subscribePattern", "mqttTopic", "startingOffsets",
     "startingTimestamp", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
     "includeHeaders", "commitGroup", "lmq.pullBatchSize", "lmq.requestTimeout", "amqpQueue",
-    "lmq.retryTimeoutMs",
+    "lmq.retryTimeoutMs", "lmq.smallBatchRows",
 )
+#: Default of `lmq.smallBatchRows`: a micro-batch of at most this many messages is read by
+#: one Spark task (its queues one after another) instead of one task per queue.
+DEFAULT_SMALL_BATCH_ROWS = 4096
 #: Options the sink understands.
 SINK_OPTIONS = (
     "lmq.namesrv", "topic", "lmq.producerGroup", "lmq.commitTopic", "lmq.requestTimeout",
@@ -163,6 +166,8 @@ class SourceOptions:
     request_timeout: float = 10.0
     #: lmq.retryTimeoutMs in seconds: how long a lost broker is retried (retry.py)
     retry_timeout: float = 30.0
+    #: lmq.smallBatchRows: ranges totalling at most this many messages share one partition
+    small_batch_rows: int = DEFAULT_SMALL_BATCH_ROWS
     extra: dict = field(default_factory=dict)
 
 
@@ -230,7 +235,19 @@ def parse_source_options(options: Mapping[str, str], streaming: bool) -> SourceO
         request_timeout=float(_positive_int("lmq.requestTimeout",
                                             opts.get("lmq.requesttimeout", "10"))),
         retry_timeout=retry_timeout_s(opts),
+        small_batch_rows=_row_count("lmq.smallBatchRows", opts.get(
+            "lmq.smallbatchrows", str(DEFAULT_SMALL_BATCH_ROWS))),
     )
+
+
+def _row_count(name: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise LmqOptionError(f"option {name!r} must be a number of messages (>= 0), not {value!r}")
+    return n
 
 
 def retry_timeout_s(opts: Mapping[str, str]) -> float:

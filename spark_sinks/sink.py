@@ -338,6 +338,11 @@ class LmqStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages, batchId: int) -> None:
         opts = self.opts
         chunks = _all_chunks(messages)
+        if not chunks:
+            # Nothing written: no record needed (a re-run of the batch reads the same
+            # offsets, so it writes nothing either; were it to, it would find no record
+            # and commit as a first run).
+            return
         client = client_for(opts.namesrv, opts.request_timeout)
         inst = client.instance
         budget = opts.retry_timeout

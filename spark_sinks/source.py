@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import trio
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -34,7 +35,7 @@ from core.common.names import (
 from core.common.properties import MessageConst
 from spark_sinks.conn import client_for, request_pool
 from spark_sinks.options import EARLIEST, LATEST, LmqDataLossError, SourceOptions
-from spark_sinks.retry import call_retrying, retrying
+from spark_sinks.retry import call_retrying, retryable, retrying
 from spark_sinks.rows import mqtt_topic_of, to_record_batch
 
 log = logging.getLogger(__name__)
@@ -74,24 +75,47 @@ async def _pin_brokers(instance) -> dict[str, str]:
     return masters
 
 
-async def _bounds(instance, topics: list[str]) -> dict[Key, tuple[int, int]]:
+async def _bounds(instance, topics: list[str], lows: bool = True) -> dict[Key, tuple[int, int]]:
     """(min offset, max offset) of every readable queue of `topics`; an LMQ (amqpQueue) has
-    one queue, 0, on every master broker."""
+    one queue, 0, on every master broker. The requests go out side by side (one round trip
+    per trigger, not two per queue); without `lows` the min offsets are not asked for
+    (reported as 0): a streaming trigger needs only the ends."""
     pc = PullConsumer(instance, READER_GROUP)
-    out: dict[Key, tuple[int, int]] = {}
+    keys: list[Key] = []
+    masters: dict[str, str] = {}
     for topic in topics:
         if is_lmq(topic):
-            for name, addr in sorted((await _pin_brokers(instance)).items()):
-                out[(topic, name, 0)] = (await instance.api.get_min_offset(addr, topic, 0),
-                                         await instance.api.get_max_offset(addr, topic, 0))
+            masters = masters or await _pin_brokers(instance)
+            keys += [(topic, name, 0) for name in sorted(masters)]
             continue
         route = await instance.update_route(topic)
         if route is None:
             continue  # no such topic yet: no queues, nothing to read
-        for mq in route.subscribe_queues(topic):
-            out[(topic, mq.broker_name, mq.queue_id)] = (await pc.min_offset(mq),
-                                                         await pc.max_offset(mq))
-    return out
+        keys += [(topic, mq.broker_name, mq.queue_id) for mq in route.subscribe_queues(topic)]
+    out: dict[Key, list[int]] = {k: [0, 0] for k in keys}
+
+    async def one(key: Key, low: bool) -> None:
+        topic, name, qid = key
+        if is_lmq(topic):
+            addr = masters[name]
+            get = instance.api.get_min_offset if low else instance.api.get_max_offset
+            out[key][0 if low else 1] = await get(addr, topic, 0)
+        else:
+            mq = MessageQueue(topic, name, qid)
+            out[key][0 if low else 1] = await (pc.min_offset(mq) if low else pc.max_offset(mq))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key, False)
+                if lows:
+                    nursery.start_soon(one, key, True)
+    except BaseExceptionGroup as group:
+        # One error for the caller, as when the requests went one by one: the first that
+        # is not worth a retry (retry.py), else the first.
+        errors = group.exceptions
+        raise next((e for e in errors if not retryable(e)), errors[0]) from None
+    return {k: (lo, hi) for k, (lo, hi) in out.items()}
 
 
 def _plain_topic(topic: str) -> bool:
@@ -112,10 +136,10 @@ def topics_of(opts: SourceOptions) -> list[str]:
             and opts.pattern.fullmatch(t)]
 
 
-def queue_bounds(opts: SourceOptions) -> dict[Key, tuple[int, int]]:
+def queue_bounds(opts: SourceOptions, lows: bool = True) -> dict[Key, tuple[int, int]]:
     client = client_for(opts.namesrv, opts.request_timeout)
     return retrying(client, opts.retry_timeout, "reading queue bounds", _bounds,
-                    client.instance, topics_of(opts))
+                    client.instance, topics_of(opts), lows)
 
 
 async def _by_time(instance, keys: list[Key], timestamp_ms: int) -> dict[Key, int]:
@@ -203,13 +227,37 @@ def split_limit(start: dict[Key, int], latest: dict[Key, int], limit: int) -> di
     return {k: start.get(k, 0) + take[k] for k in latest}
 
 
-def make_partitions(start: dict[Key, int], end: dict[Key, int]) -> list[QueueRange]:
+@dataclass(frozen=True)
+class RangeGroup(InputPartition):
+    """One partition of a small batch: several queues' ranges, read one after another."""
+
+    ranges: tuple[QueueRange, ...]
+
+
+def make_partitions(start: dict[Key, int], end: dict[Key, int],
+                    small_rows: int = 0) -> list[QueueRange] | list[RangeGroup]:
+    """One partition per queue with messages in [start, end); when they total at most
+    `small_rows` messages (and every start is known), all of them in one RangeGroup: a
+    small micro-batch is one Spark task instead of one per queue. The grouping depends only
+    on the offsets, so a batch re-run from the offset log is split the same way."""
     parts = []
     for key in sorted(end):
         s = start.get(key, EARLIEST)
         if s == EARLIEST or end[key] > s:
             parts.append(QueueRange(key[0], key[1], key[2], s, end[key]))
+    if len(parts) > 1 and all(p.start != EARLIEST for p in parts) \
+            and sum(p.end - p.start for p in parts) <= small_rows:
+        return [RangeGroup(tuple(parts))]
     return parts
+
+
+def read_partition(opts: SourceOptions, partition) -> Iterator:
+    if isinstance(partition, RangeGroup):
+        for part in partition.ranges:
+            yield from read_range(opts, part)
+    elif isinstance(partition, QueueRange):
+        yield from read_range(opts, partition)
+    # anything else: no ranges, Spark reads one empty partition
 
 
 # -- executor side: reading one range --------------------------------------------------------
@@ -335,15 +383,13 @@ class LmqBatchReader(DataSourceReader):
         bounds = queue_bounds(opts)
         start = starting_offsets(opts, bounds)
         end = resolve(opts.ending, bounds, LATEST)
-        self.ranges = make_partitions(start, end)
+        self.ranges = make_partitions(start, end, opts.small_batch_rows)
 
-    def partitions(self) -> list[QueueRange]:
+    def partitions(self) -> list[QueueRange] | list[RangeGroup]:
         return self.ranges
 
-    def read(self, partition: QueueRange) -> Iterator:
-        if not isinstance(partition, QueueRange):  # no ranges: Spark reads one empty partition
-            return iter(())
-        return read_range(self.opts, partition)
+    def read(self, partition: QueueRange | RangeGroup) -> Iterator:
+        return read_partition(self.opts, partition)
 
 
 class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -353,6 +399,7 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self._until: dict[Key, int] | None = None  # set by Trigger.AvailableNow
         self._group_at: dict[Key, int] | None = None  # last offsets stored for commitGroup
+        self._reported: dict[Key, int] | None = None  # ends read by the last latestOffset
 
     def initialOffset(self) -> dict:
         return to_json(starting_offsets(self.opts, queue_bounds(self.opts)))
@@ -366,7 +413,8 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._until = {k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()}
 
     def _latest(self) -> dict[Key, int]:
-        latest = {k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()}
+        latest = {k: hi for k, (_lo, hi) in queue_bounds(self.opts, lows=False).items()}
+        self._reported = latest
         if self._until is not None:
             latest = {k: min(v, self._until.get(k, v)) for k, v in latest.items()
                       if k in self._until}
@@ -391,15 +439,17 @@ class LmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return to_json(latest)
 
     def reportLatestOffset(self) -> dict:
-        return to_json({k: hi for k, (_lo, hi) in queue_bounds(self.opts).items()})
+        # Spark asks right after latestOffset: the ends that call read (no second round).
+        latest, self._reported = self._reported, None
+        if latest is None:
+            latest = {k: hi for k, (_lo, hi) in queue_bounds(self.opts, lows=False).items()}
+        return to_json(latest)
 
-    def partitions(self, start: dict, end: dict) -> list[QueueRange]:
-        return make_partitions(from_json(start), from_json(end))
+    def partitions(self, start: dict, end: dict) -> list[QueueRange] | list[RangeGroup]:
+        return make_partitions(from_json(start), from_json(end), self.opts.small_batch_rows)
 
-    def read(self, partition: QueueRange) -> Iterator:
-        if not isinstance(partition, QueueRange):  # no ranges: Spark reads one empty partition
-            return iter(())
-        return read_range(self.opts, partition)
+    def read(self, partition: QueueRange | RangeGroup) -> Iterator:
+        return read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         self._commit_group(from_json(end))

@@ -14,6 +14,7 @@ Arrow data source writer that drops them: the ceiling of any Python sink. Rates 
     lmq bench spark                          # local[2], an `lmq serve` child process
     lmq bench spark --quick --json           # smoke run
     lmq bench spark --master 'local[*]' --messages 100000 --runs 5
+    lmq bench spark --latency 60             # publish-to-alert time of `lmq demo iot`, by stage
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--runs", type=int, default=None, help="runs per phase (default 3, --quick 1)")
     parser.add_argument("--quick", action="store_true", help="smoke run (for tests, not figures)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    lat = parser.add_argument_group("latency (--latency): the `lmq demo iot` pipeline's "
+                                    "publish-to-alert time by stage")
+    lat.add_argument("--latency", type=float, metavar="SECONDS", default=None,
+                     help="measure the alert latency instead, rounds of this many seconds")
+    lat.add_argument("--devices", type=int, default=5, help="simulated devices (default 5)")
+    lat.add_argument("--rate", type=float, default=2.0, help="readings/s per device (default 2)")
+    lat.add_argument("--threshold", type=float, default=24.0,
+                     help="alert above this temperature (default 24: ~1/3 of the readings)")
+    lat.add_argument("--trigger", type=float, default=1.0, help="micro-batch interval, s")
+    lat.add_argument("--warmup", type=float, default=20.0,
+                     help="seconds of a first round that is not counted (default 20)")
 
 
 def _spark(master: str):
@@ -125,6 +137,12 @@ def run(args) -> int:
     except ImportError:
         print("lmq bench spark: needs the spark extra (pip install -e '.[spark]') and Java 17")
         return 2
+    if args.latency is not None:
+        if args.latency <= 0 or args.devices < 1 or args.rate <= 0 or args.trigger <= 0:
+            print("lmq bench spark: --latency, --devices, --rate and --trigger must be positive")
+            return 2
+        from lmq.bench._spark_latency import run_latency
+        return run_latency(args)
     with server_under_test(args.namesrv_addr) as addr:
         _fill(addr, args.messages, args.size, args.queues)
         spark = _spark(args.master)

@@ -75,6 +75,9 @@ def add_iot_arguments(p) -> None:
     p.add_argument("--window", type=int, default=10, help="aggregate window, seconds")
     p.add_argument("--watermark", type=int, default=5, help="late-data allowance, seconds")
     p.add_argument("--trigger", type=float, default=1.0, help="micro-batch interval, seconds")
+    p.add_argument("--agg-trigger", type=float, default=None,
+                   help="micro-batch interval of the aggregates, seconds (default: the larger "
+                        "of --trigger and half of --window)")
     p.add_argument("--out", default=None, help="output directory (default: a new temp dir)")
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--seed", type=int, default=1, help="simulator random seed")
@@ -180,17 +183,26 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
 
 
 def start_queries(spark, namesrv: str, out: Path, args) -> tuple:
-    """(aggregates query, alerts query) reading the devices' MQTT traffic."""
+    """(aggregates query, alerts query) reading the devices' MQTT traffic. With
+    `args.alert_stages` (`lmq bench spark --latency`) each alert also carries the reading's
+    store time (`stored`) and its micro-batch's timestamp (`planned`), epoch milliseconds."""
     from pyspark.sql import functions as F
 
     from spark_sinks.payload import from_msgpack
 
+    stages = getattr(args, "alert_stages", False)
+    # Each query runs its jobs in its own scheduler pool (FAIR between pools, make_spark):
+    # an alert batch's tasks do not queue behind the aggregates' (stateful, shuffled) ones.
+    sc = spark.sparkContext
+
     raw = (spark.readStream.format("lmq").option("lmq.namesrv", namesrv)
            .option("mqttTopic", TELEMETRY_FILTER).option("startingOffsets", "earliest").load())
-    readings = (raw.select(from_msgpack("value", READINGS_SCHEMA).alias("r")).select("r.*")
+    readings = (raw.select(from_msgpack("value", READINGS_SCHEMA).alias("r"),
+                           F.unix_millis("timestamp").alias("stored")).select("r.*", "stored")
                 .where("device IS NOT NULL")
                 .withColumn("event_time", F.timestamp_millis("ts")))
     trigger = f"{args.trigger} seconds"
+    agg_trigger = getattr(args, "agg_trigger", None) or max(args.trigger, args.window / 2)
     aggregates = (readings.withWatermark("event_time", f"{args.watermark} seconds")
                   .groupBy(F.window("event_time", f"{args.window} seconds"), "device")
                   .agg(F.count("*").alias("readings"),
@@ -201,20 +213,33 @@ def start_queries(spark, namesrv: str, out: Path, args) -> tuple:
                   .select(F.col("window.start").alias("window_start"),
                           F.col("window.end").alias("window_end"), "device", "readings",
                           "avg_temperature", "max_temperature", "avg_humidity", "min_battery"))
+    sc.setLocalProperty("spark.scheduler.pool", "iot_aggregates")
+    # Windows close only as the watermark passes them: no need to run this every second.
     agg_q = (aggregates.writeStream.queryName("iot_aggregates").outputMode("append")
              .format("parquet").option("path", str(out / "aggregates"))
              .option("checkpointLocation", str(out / "checkpoints" / "aggregates"))
-             .trigger(processingTime=trigger).start())
+             .trigger(processingTime=f"{agg_trigger} seconds").start())
     alerts = (readings.where(F.col("temperature") > F.lit(args.threshold))
               .select(F.col("device").alias("key"),
-                      F.to_json(F.struct("device", "ts", "temperature")).alias("value"),
+                      F.to_json(F.struct(*_alert_fields(stages))).alias("value"),
                       F.concat(F.lit("alerts/"), "device").alias("mqttTopic"),
                       F.lit(1).alias("qos")))
+    sc.setLocalProperty("spark.scheduler.pool", "iot_alerts")
     alert_q = (alerts.writeStream.queryName("iot_alerts").format("lmq")
                .option("lmq.namesrv", namesrv)
                .option("checkpointLocation", str(out / "checkpoints" / "alerts"))
                .trigger(processingTime=trigger).start())
+    sc.setLocalProperty("spark.scheduler.pool", None)
     return agg_q, alert_q
+
+
+def _alert_fields(stages: bool) -> list:
+    from pyspark.sql import functions as F
+
+    if not stages:
+        return ["device", "ts", "temperature"]
+    return ["device", "ts", "temperature", "stored",
+            F.unix_millis(F.current_timestamp()).alias("planned")]
 
 
 def _rows_in(q) -> int:
@@ -421,6 +446,7 @@ def make_spark(master: str):
                                                if p)
     spark = (SparkSession.builder.master(master).appName("lmq-demo-iot")
              .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.scheduler.mode", "FAIR")           # the queries' pools share
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -430,9 +456,9 @@ def make_spark(master: str):
 
 def run_iot_command(args) -> int:
     if min(args.devices, args.window, args.watermark) < 1 or args.rate <= 0 or args.trigger <= 0 \
-            or args.duration < 0:
-        print("lmq demo iot: --devices, --rate, --window, --watermark, --trigger must be "
-              "positive and --duration >= 0")
+            or args.duration < 0 or (args.agg_trigger is not None and args.agg_trigger <= 0):
+        print("lmq demo iot: --devices, --rate, --window, --watermark, --trigger, --agg-trigger "
+              "must be positive and --duration >= 0")
         return 2
     try:
         import pyspark  # noqa: F401

@@ -119,3 +119,18 @@ def test_back_check_answers_from_the_commit_record(lmq_cluster):
     assert ask(listed.chunks[0].half_uniq, 7) is S.COMMIT_MESSAGE
     assert ask("0A0000000000000000000000000000FF", 7) is S.ROLLBACK_MESSAGE
     assert ask(listed.chunks[0].half_uniq, 8) is S.UNKNOW
+
+
+def test_a_batch_without_rows_stores_no_commit_record(lmq_cluster):
+    """An empty micro-batch (a trigger whose rows were all filtered out) costs no broker
+    round trip at commit; a replay of it that does write rows commits them once."""
+    from spark_sinks.txn import find_record
+
+    addr = lmq_cluster["addr"]
+    topic_with_queues(addr, "SinkEmpty", 1)
+    w = writer(addr, "SinkEmpty", "q-empty")
+    w.commit([w.write(iter([]))], 0)
+    client = client_for(addr, w.opts.request_timeout)
+    assert client.call(find_record, client.instance, w.opts.commit_topic, "q-empty", 0) is None
+    w.commit([w.write(iter(rows("e", 2)))], 0)
+    assert visible(addr, "SinkEmpty") == [b"e0", b"e1"]

@@ -90,3 +90,26 @@ def test_pattern_never_offers_system_retry_dlq_or_lmq_topics():
     names = ["Orders", "TBW102", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_x", "%RETRY%G", "%DLQ%G",
              "%LMQ%x", "SCHEDULE_TOPIC_XXXX", "MQTT_MESSAGES"]
     assert [n for n in names if _plain_topic(n)] == ["Orders", "MQTT_MESSAGES"]
+
+
+def test_a_small_batch_is_one_partition_a_large_one_a_partition_per_queue():
+    from spark_sinks.options import DEFAULT_SMALL_BATCH_ROWS
+    from spark_sinks.source import QueueRange, RangeGroup
+
+    start = {("T", "b", q): 10 for q in range(4)}
+    small = {k: v + 5 for k, v in start.items()}
+    small[("T", "b", 3)] = 10                         # nothing new on queue 3
+    parts = make_partitions(start, small, 15)
+    assert parts == [RangeGroup(tuple(QueueRange("T", "b", q, 10, 15) for q in range(3)))]
+    assert make_partitions(start, small, 15) == parts  # a re-run plans the same split
+    assert len(make_partitions(start, small, 14)) == 3  # one message over: per queue
+    assert len(make_partitions(start, small, 0)) == 3
+    # a queue seen for the first time (start unknown) keeps the batch split per queue
+    assert len(make_partitions({}, small, 10**9)) == 4
+    opts = parse_source_options({"lmq.namesrv": "h:1", "subscribe": "T"}, streaming=True)
+    assert opts.small_batch_rows == DEFAULT_SMALL_BATCH_ROWS > 0
+    assert parse_source_options({"lmq.namesrv": "h:1", "subscribe": "T",
+                                 "lmq.smallBatchRows": "0"}, streaming=True).small_batch_rows == 0
+    with pytest.raises(LmqOptionError, match="'lmq.smallBatchRows'"):
+        parse_source_options({"lmq.namesrv": "h:1", "subscribe": "T",
+                              "lmq.smallBatchRows": "-1"}, streaming=True)
