@@ -150,7 +150,9 @@ def register(table, broker) -> None:
     schedule = broker.schedule_service
     marks = RecallMarks(os.path.join(broker.config.data_dir, "config"))  # read on first use
     schedule.recalls = marks
-    longest_ms = max(schedule.delays_ms)
+    # A delivery time may lie up to timer_max_delay_s ahead (cascading through the
+    # levels, core/broker/schedule.py), or one longest level for a 4.x delay.
+    longest_ms = max(max(schedule.delays_ms), schedule.timer_max_delay_ms)
 
     async def recall(ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.ext_str("topic") or ""
