@@ -32,8 +32,8 @@ When a hop comes due and TIMER_DELIVER_MS is still ahead, the message is diverte
 with the time left and put as a normal scheduled message: it is always stored in some
 level queue, so a crash mid-cascade loses nothing (the hop may repeat). Hops are bounded:
 the time left is capped at `timer_max_delay_s` (default 3 days, Apache's
-timerMaxDelaySec) and every hop but the last takes at least the chosen level's delay
-off it. A message whose TIMER_DELIVER_MS is already past when it is diverted (a
+timerMaxDelaySec; a later TIMER_DELIVER_MS is rewritten to it) and every hop but the
+last takes at least the chosen level's delay off it. A message whose TIMER_DELIVER_MS is already past when it is diverted (a
 consumer's send-back of a delivered 5.x delayed message) uses its DELAY level as a 4.x
 message does. See docs/grpc.md "Delivery times".
 """
@@ -238,7 +238,10 @@ class ScheduleMessageService:
         target = _deliver_ms(inner.properties)
         if target is not None and target > now:
             # An exact delivery time: the next hop of the cascade (module docstring).
-            left = min(target - now, self.timer_max_delay_ms)
+            left = target - now
+            if left > self.timer_max_delay_ms:  # capped once, so the hops stay bounded
+                left = self.timer_max_delay_ms
+                put_property(inner, TIMER_DELIVER_MS, now + left)
             level = self.cascade_level(left)
             due = now + min(left, self.delays_ms[level - 1])
             put_property(inner, MessageConst.DELAY_TIME_LEVEL, level)

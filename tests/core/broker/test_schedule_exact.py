@@ -98,3 +98,24 @@ def test_recall_mid_cascade(tmp_path):
 
     run_embedded(body, tmp_path, message_delay_level=LEVELS)
 
+
+
+def test_far_time_is_capped_and_past_time_keeps_the_level(tmp_path):
+    async def body(server, client):
+        store = server.broker.store
+        # Further ahead than timer_max_delay_s: the delivery time is pulled in to it.
+        sent = now_ms()
+        await send_at(server, client, b"far", sent + 10 * 86_400_000, "U-FAR")
+        (phys, _size, due), = store.units(SCHEDULE_TOPIC, 2, 0, 10)  # the 4 s level
+        capped = int(store.look_message(phys).properties["TIMER_DELIVER_MS"])
+        assert sent + 60_000 <= capped <= now_ms() + 60_000
+        assert due <= now_ms() + 4000
+        # A delivery time already past (a delivered 5.x message sent back for a retry):
+        # its DELAY level, as a 4.x message.
+        resp = await client.invoke(server.broker.broker_addr, send_request(
+            TOPIC, b"retry", properties={"DELAY": "2", "TIMER_DELIVER_MS": str(sent - 5000)}))
+        assert resp.code == 0
+        (phys, _size, due), = store.units(SCHEDULE_TOPIC, 1, 0, 10)  # the 2 s level
+        assert due - store.look_message(phys).store_timestamp >= 1900
+
+    run_embedded(body, tmp_path, message_delay_level=LEVELS, timer_max_delay_s=60)
