@@ -22,6 +22,20 @@ message is only in the consume queue once the caller's put has run, so `divert` 
 its due time as a hint and the queue is read when the hint is due (see `_pass`). A slow
 safety poll (`schedule_poll_interval_s`, default 5 s) also looks at levels with nothing
 known, for messages stored without divert() (none today) and wall-clock jumps.
+
+Exact delivery times (RocketMQ 5 `delivery_timestamp`, stored as `TIMER_DELIVER_MS`):
+such a message cascades through the levels instead of being rounded up to one. divert()
+puts it in the largest level not longer than the time left (level 1 when less is left;
+its tag slot is then the delivery time itself, so the level's own due-time wake-up
+delivers it on time, at worst behind a level-1 head: at most one smallest level late).
+When a hop comes due and TIMER_DELIVER_MS is still ahead, the message is diverted again
+with the time left and put as a normal scheduled message: it is always stored in some
+level queue, so a crash mid-cascade loses nothing (the hop may repeat). Hops are bounded:
+the time left is capped at `timer_max_delay_s` (default 3 days, Apache's
+timerMaxDelaySec; a later TIMER_DELIVER_MS is rewritten to it) and every hop but the
+last takes at least the chosen level's delay off it. A message whose TIMER_DELIVER_MS is already past when it is diverted (a
+consumer's send-back of a delivered 5.x delayed message) uses its DELAY level as a 4.x
+message does. See docs/grpc.md "Delivery times".
 """
 
 from __future__ import annotations
@@ -67,6 +81,11 @@ DELIVER_BATCH = 32
 DEFAULT_POLL_INTERVAL_S = 5.0
 #: Pause before retrying a level whose re-put failed transiently (Java waits 10 s).
 DEFAULT_RETRY_INTERVAL_S = 1.0
+#: Default `timer_max_delay_s`: the furthest a delivery time (TIMER_DELIVER_MS) may lie
+#: ahead (Apache's timerMaxDelaySec). The 5.x front end refuses beyond it with
+#: ILLEGAL_DELIVERY_TIME; the broker caps anything later it is sent at it.
+DEFAULT_TIMER_MAX_DELAY_S = 3 * 86_400
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 
 # Put results after which the message counts as delivered (FLUSH_DISK_TIMEOUT: stored,
 # only the fsync wait timed out) and those worth retrying; anything else (an illegal
@@ -96,6 +115,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _deliver_ms(properties: dict) -> int | None:
+    """TIMER_DELIVER_MS of a message (epoch ms), None when absent or malformed."""
+    value = properties.get(TIMER_DELIVER_MS)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 class ScheduleMessageService:
     """Delay levels, diverting scheduled messages, and their timely delivery (docs/protocol.md §9.2)."""
 
@@ -113,6 +143,9 @@ class ScheduleMessageService:
         self.retry_interval_s = float(
             getattr(config, "schedule_retry_interval_s", DEFAULT_RETRY_INTERVAL_S)
         )
+        self.timer_max_delay_ms = 1000 * int(
+            getattr(config, "timer_max_delay_s", DEFAULT_TIMER_MAX_DELAY_S))
+        self.hops = 0  # cascade re-diverts (runtime info)
         #: level -> next consume-queue offset to deliver (persisted).
         self.offset_table: dict[int, int] = {}
         # level -> due time (ms) of the message at the cursor; None = nothing known.
@@ -147,7 +180,17 @@ class ScheduleMessageService:
         level = delay_level(properties)
         if level <= 0:
             return store_ms
-        return store_ms + self.delay_ms(level)
+        due = store_ms + self.delay_ms(level)
+        target = _deliver_ms(properties)
+        return due if target is None else max(store_ms, min(due, target))
+
+    def cascade_level(self, left_ms: int) -> int:
+        """The largest level not longer than `left_ms` (1 when none is)."""
+        level = 1
+        for i, delay in enumerate(self.delays_ms):
+            if delay <= left_ms and delay >= self.delays_ms[level - 1]:
+                level = i + 1
+        return level
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> None:
@@ -190,14 +233,27 @@ class ScheduleMessageService:
         level = delay_level(inner.properties)
         if level <= 0:
             return
-        if level > self.max_level:
+        now = _now_ms()
+        due = None
+        target = _deliver_ms(inner.properties)
+        if target is not None and target > now:
+            # An exact delivery time: the next hop of the cascade (module docstring).
+            left = target - now
+            if left > self.timer_max_delay_ms:  # capped once, so the hops stay bounded
+                left = self.timer_max_delay_ms
+                put_property(inner, TIMER_DELIVER_MS, now + left)
+            level = self.cascade_level(left)
+            due = now + min(left, self.delays_ms[level - 1])
+            put_property(inner, MessageConst.DELAY_TIME_LEVEL, level)
+        elif level > self.max_level:
             level = self.max_level
             put_property(inner, MessageConst.DELAY_TIME_LEVEL, level)
         put_property(inner, MessageConst.REAL_TOPIC, inner.topic)
         put_property(inner, MessageConst.REAL_QUEUE_ID, inner.queue_id)
         inner.topic = SCHEDULE_TOPIC
         inner.queue_id = level - 1
-        due = _now_ms() + self.delays_ms[level - 1]
+        if due is None:
+            due = now + self.delays_ms[level - 1]
         inner.tags_code = due
         hint = self._hints.get(level)
         if hint is None:
@@ -349,8 +405,12 @@ class ScheduleMessageService:
                 dest[0], inner.properties.get(MessageConst.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)):
             return "skip"  # recalled (RECALL_MESSAGE)
         inner.topic, inner.queue_id = dest
-        clear_property(inner, MessageConst.DELAY_TIME_LEVEL)
-        inner.tags_code = None  # the store hashes TAGS again
+        target = _deliver_ms(inner.properties)
+        if target is not None and target > _now_ms():
+            self.divert(inner)  # still ahead: the next hop (module docstring)
+        else:
+            clear_property(inner, MessageConst.DELAY_TIME_LEVEL)
+            inner.tags_code = None  # the store hashes TAGS again
         try:
             result = await self.broker.put_message(inner)
         except Exception:
@@ -358,7 +418,10 @@ class ScheduleMessageService:
             return "retry"
         status = getattr(result.status, "name", str(result.status))
         if status in _DELIVERED:
-            self.delivered += 1
+            if inner.topic == SCHEDULE_TOPIC:
+                self.hops += 1
+            else:
+                self.delivered += 1
             return "ok"
         if status in _TRANSIENT:
             return "retry"

@@ -42,6 +42,9 @@ class GrpcConfig:
     #: Lite topics: quota of lite topics per consumer group, longest lite topic name.
     lite_subscription_quota: int = 1000
     max_lite_topic_size: int = 64
+    #: Furthest a DELAY message's delivery_timestamp may lie ahead (Apache's
+    #: timerMaxDelaySec, 3 days); later: ILLEGAL_DELIVERY_TIME.
+    timer_max_delay_s: int = 3 * 86_400
     #: The MQTT gateways' store topic: a send to it with the user property MQTT_TOPIC is
     #: MQTT traffic (docs/grpc.md "MQTT and AMQP subscribers"). Empty: none is.
     mqtt_store_topic: str = "MQTT_MESSAGES"

@@ -78,15 +78,20 @@ def _check_text(value: str, what: str, code: int, limit: int) -> None:
         raise GrpcError(code, f"illegal {what}")
 
 
-def _delay_level(delay_ms: int) -> int:
-    """The smallest delay level at least `delay_ms` long (never early); 0 for none."""
+def _delay_level(delay_ms: int, max_delay_ms: int) -> int:
+    """A DELAY level marking the message as scheduled (0 for none, i.e. already due).
+
+    The broker cascades it through its levels to the exact `TIMER_DELIVER_MS`
+    (core/broker/schedule.py), so the level itself is only a hint: the largest default
+    level not longer than the delay (1 when none is). ILLEGAL_DELIVERY_TIME beyond
+    `max_delay_ms` (`timer_max_delay_s`).
+    """
     if delay_ms <= 0:
         return 0
-    i = bisect.bisect_left(_DELAY_LEVELS_MS, delay_ms)
-    if i >= len(_DELAY_LEVELS_MS):
+    if delay_ms > max_delay_ms:
         raise GrpcError(pb.ILLEGAL_DELIVERY_TIME,
-                        f"delivery time beyond the longest delay ({_DELAY_LEVELS_MS[-1]} ms)")
-    return i + 1
+                        f"delivery time more than {max_delay_ms // 1000} s ahead")
+    return max(1, bisect.bisect_right(_DELAY_LEVELS_MS, delay_ms))
 
 
 def from_grpc(msg: pb.Message, config: GrpcConfig, now_ms: int) -> OutgoingMessage:
@@ -162,7 +167,7 @@ def from_grpc(msg: pb.Message, config: GrpcConfig, now_ms: int) -> OutgoingMessa
     if delivery_ms is not None:
         if delivery_ms < 0:
             raise GrpcError(pb.ILLEGAL_DELIVERY_TIME, "delivery time before 1970")
-        level = _delay_level(delivery_ms - now_ms)
+        level = _delay_level(delivery_ms - now_ms, 1000 * config.timer_max_delay_s)
         props[DELIVER_MS] = str(delivery_ms)
         if level:
             props[MessageConst.DELAY_TIME_LEVEL] = str(level)

@@ -33,6 +33,9 @@ class GrpcService:
     async def __call__(self, server, task_status=trio.TASK_STATUS_IGNORED) -> None:
         namesrv_addr = server.namesrv_addr or ";".join(server.broker_config.namesrv_addrs)
         core = server.broker
+        # Never accept a delivery time the broker would pull in (docs/grpc.md "Delivery times").
+        self.config.timer_max_delay_s = min(self.config.timer_max_delay_s,
+                                            server.broker_config.timer_max_delay_s)
         started = False
         with trio.CancelScope() as scope:
             self._scope = scope

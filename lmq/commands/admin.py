@@ -4,6 +4,7 @@
     lmq admin topic list | route T | status T | create T [-r 8 -w 8] | update T ... | delete T
     lmq admin consumer progress GROUP [-t TOPIC]
     lmq admin consumer reset GROUP TOPIC --time -1h
+    lmq admin group update GROUP [--fifo | --no-fifo] [-c CLUSTER | -b ADDR] | group show GROUP
     lmq admin message id MSGID [-t TOPIC] | message key TOPIC KEY
     lmq admin send TOPIC BODY [--tags A --keys "k1 k2" -p name=value]
     lmq admin tail TOPIC|%LMQ%name [--from-beginning] [-n COUNT]
@@ -101,6 +102,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # times through as values, as `--time -1h` is what people type.
     p._negative_number_matcher = _RELATIVE_ARG
     p.set_defaults(func=_runner(_consumer_reset))
+
+    group_parser = cmds.add_parser("group", help="subscription group (consumer group) configs")
+    group_parser.set_defaults(func=lambda args: _usage(group_parser))
+    group = group_parser.add_subparsers(dest="group_command", metavar="ACTION")
+    p = group.add_parser("update", parents=[common],
+                         help="create or change a group's config (like mqadmin updateSubGroup)")
+    p.add_argument("group")
+    p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
+                   help="FIFO group: consumeMessageOrderly (docs/pop.md); default: unchanged")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-c", "--cluster", help="every master of this cluster (default: all)")
+    where.add_argument("-b", "--broker-addr", help="only this broker (host:port)")
+    p.set_defaults(func=_runner(_group_update))
+    p = group.add_parser("show", parents=[common], help="a group's config on every master")
+    p.add_argument("group")
+    p.set_defaults(func=_runner(_group_show))
 
     message_parser = cmds.add_parser("message", help="find messages")
     message_parser.set_defaults(func=lambda args: _usage(message_parser))
@@ -387,6 +404,61 @@ async def _consumer_reset(admin, args) -> Table:
     return Table(rows, [("topic", "TOPIC"), ("brokerName", "BROKER"), ("queueId", "QID"),
                         ("oldOffset", "OLD OFFSET"), ("newOffset", "NEW OFFSET")],
                  json_data={"group": args.group, "timestamp": ts, "queues": rows})
+
+
+async def _group_configs(admin, addrs: list[str], group: str) -> dict[str, dict | None]:
+    """addr -> the group's subscription-group config there (None: not created)."""
+    from core.remoting.codes import RequestCode
+
+    out: dict[str, dict | None] = {}
+    for addr in addrs:
+        resp = await admin.api.call(addr, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        table = json.loads(resp.body_bytes() or b"{}").get("subscriptionGroupTable") or {}
+        out[addr] = table.get(group)
+    return out
+
+
+async def _broker_addrs(admin, cluster: str | None = None) -> list[str]:
+    return sorted((await admin._masters(cluster)).values())
+
+
+async def _group_update(admin, args) -> Text:
+    """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP with the group's current config (defaults for a
+    new group) and the options given: the others stay as they are."""
+    from core.common.names import validate_group
+    from core.remoting.codes import RequestCode
+
+    reason = validate_group(args.group)
+    if reason is not None:
+        raise UsageError(reason)
+    addrs = [args.broker_addr] if args.broker_addr else await _broker_addrs(admin, args.cluster)
+    current = await _group_configs(admin, addrs, args.group)
+    done = {}
+    for addr in addrs:
+        config = dict(current[addr] or {})
+        config["groupName"] = args.group
+        if args.fifo is not None:
+            config["consumeMessageOrderly"] = args.fifo
+        await admin.api.call(addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                             body=json.dumps(config).encode())
+        done[addr] = config
+    fifo = ", ".join(f"{a}: fifo={bool(c.get('consumeMessageOrderly'))}" for a, c in done.items())
+    return Text(f"group {args.group} created/updated on {fifo}",
+                {"group": args.group, "brokers": done})
+
+
+async def _group_show(admin, args) -> Table:
+    configs = await _group_configs(admin, await _broker_addrs(admin), args.group)
+    rows = [{"addr": addr, "fifo": bool(c.get("consumeMessageOrderly")),
+             "retryMaxTimes": c.get("retryMaxTimes"), "consumeEnable": c.get("consumeEnable"),
+             "broadcast": c.get("consumeBroadcastEnable")}
+            for addr, c in configs.items() if c is not None]
+    if not rows:
+        raise LookupError(f"group {args.group} has no config on any broker")
+    return Table(rows, [("addr", "BROKER"), ("fifo", "FIFO"), ("retryMaxTimes", "MAX RETRIES"),
+                        ("consumeEnable", "CONSUME"), ("broadcast", "BROADCAST")],
+                 json_data={"group": args.group, "configs": {a: c for a, c in configs.items()
+                                                             if c is not None}})
 
 
 def _messages_out(msgs) -> Text:

@@ -150,7 +150,10 @@ def register(table, broker) -> None:
     schedule = broker.schedule_service
     marks = RecallMarks(os.path.join(broker.config.data_dir, "config"))  # read on first use
     schedule.recalls = marks
-    longest_ms = max(schedule.delays_ms)
+    # A delivery time may lie up to timer_max_delay_s ahead (cascading through the
+    # levels, core/broker/schedule.py), or one longest level for a 4.x delay.
+    ahead_ms = max(max(schedule.delays_ms), schedule.timer_max_delay_ms)
+    longest_ms = max(schedule.delays_ms)  # a mark outlives the delivery time by this
 
     async def recall(ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = cmd.ext_str("topic") or ""
@@ -167,7 +170,7 @@ def register(table, broker) -> None:
         if h_broker != broker.config.broker_name:
             return error(cmd, ILLEGAL_OPERATION, "recall failed, not this broker's message")
         now = int(time.time() * 1000)
-        if not now < deliver_ms <= now + longest_ms:
+        if not now < deliver_ms <= now + ahead_ms:
             return error(cmd, ILLEGAL_OPERATION, "recall failed, timestamp invalid")
         try:
             ok = marks.add(topic, message_id, deliver_ms + longest_ms + 60_000)

@@ -146,7 +146,7 @@ def test_sent_message_is_received_with_digest_and_handle(stub):
     (_message(), {"INNER_MULTI_DISPATCH": "%LMQ%x"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
     (_message(message_type=pb.FIFO), {}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (_message(message_type=pb.DELAY,
-              delivery_timestamp=int(time.time() * 1000) + 3 * 86400_000),
+              delivery_timestamp=int(time.time() * 1000) + 4 * 86400_000),
      {}, pb.ILLEGAL_DELIVERY_TIME),
     (_message(tag="a|b"), {}, pb.ILLEGAL_MESSAGE_TAG),
     (_message(topic=""), {}, pb.ILLEGAL_TOPIC),
