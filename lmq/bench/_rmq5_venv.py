@@ -4,6 +4,7 @@ $LMQ_TEST_CACHE or ~/.cache/lmq-tests. Used by `lmq bench grpc` and tests/gatewa
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -25,6 +26,16 @@ def rmq5_python() -> str:
     if marker.exists():
         return str(python)
     cache.mkdir(parents=True, exist_ok=True)
+    # Test workers (pytest-xdist) may get here at once: one makes it, the others wait.
+    with open(cache / "rmq5.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            _make(venv, python)
+            marker.write_text(CLIENT + "\n")
+    return str(python)
+
+
+def _make(venv: Path, python: Path) -> None:
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True,
                        capture_output=True, timeout=300)
@@ -34,5 +45,3 @@ def rmq5_python() -> str:
         detail = (getattr(exc, "stderr", b"") or b"")[-500:].decode(errors="replace")
         raise VenvError(f"cannot install {CLIENT} into a venv at {venv}: {exc} {detail}") \
             from None
-    marker.write_text(CLIENT + "\n")
-    return str(python)
