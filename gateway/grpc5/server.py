@@ -57,6 +57,7 @@ class GrpcServer:
             await nursery.start(backend.renewer.run)
             nursery.start_soon(backend.mqtt.run)
             servicer = self.servicer = MessagingServicer(hop, backend, cfg)
+            servicer.stats = self.stats
             if self.acl is not None:
                 servicer.auth = GrpcAuth(self.acl)
 

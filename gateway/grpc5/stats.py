@@ -4,10 +4,10 @@
 call adds one to `requests[(method, code)]`, `code` being the name of the RocketMQ status
 code the call answered with (`OK`, `MESSAGE_NOT_FOUND`, ...; for a stream, the first status
 it sent; `error` when it raised before sending one). Both label sets are finite (the
-service's methods, the `Code` enum). SendMessage calls answered OK add their messages and
-body bytes to the received counters, ReceiveMessage streams the messages they carry to the
-sent ones. Everything runs on the gRPC thread only (plain int and dict updates, no
-locks, no logging); the exporter reads them from the trio thread, where reading an int or
+service's methods, the `Code` enum). The servicer itself adds the messages SendMessage
+stored and ReceiveMessage delivered, and their body bytes, where it holds the bodies as
+Python bytes (reading a protobuf bytes field copies it). Everything runs on the gRPC
+thread only (plain int and dict updates, no locks, no logging); the exporter reads them from the trio thread, where reading an int or
 copying a dict is atomic under the GIL.
 """
 
@@ -56,19 +56,13 @@ def counted(servicer, stats: GrpcStats) -> _Counted:
 
 
 def _unary(name: str, fn, stats: GrpcStats):
-    sending = name == "SendMessage"
-
     async def call(request, context):
         try:
             resp = await fn(request, context)
         except BaseException:
             stats.count(name, "error")
             raise
-        code = resp.status.code
-        stats.count(name, _code(code))
-        if sending and code == pb.OK:
-            stats.msgs_in += len(request.messages)
-            stats.bytes_in += sum(len(m.body) for m in request.messages)
+        stats.count(name, _code(resp.status.code))
         return resp
 
     return call
@@ -93,9 +87,6 @@ def _stream(name: str, fn, stats: GrpcStats):
                     stats.receives_waiting -= 1
                 if code is None and out.HasField("status"):
                     code = _code(out.status.code)
-                elif receiving and out.HasField("message"):
-                    stats.msgs_out += 1
-                    stats.bytes_out += len(out.message.body)
                 yield out
         except BaseException:
             if code is None:
