@@ -101,13 +101,14 @@ class Exporter:
     Sources are read at scrape time and may be set after construction (a gateway that
     only exists once started): `server` (core.cluster.EmbeddedServer), `broker`
     (BrokerController), `namesrv` (NameServer), `mqtt` (MqttGateway, or a callable
-    returning it), `amqp` (AmqpServer of a stand-alone gateway). `ready`: a callable
+    returning it), `amqp` (AmqpServer of a stand-alone gateway), `grpc` (GrpcServer of
+    `lmq proxy`; `lmq serve`'s is found among the server's services). `ready`: a callable
     returning None or the reason the process is not ready (stand-alone gateways, whose
     listeners are up once their start-up returned).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, server=None, broker=None,
-                 namesrv=None, mqtt=None, amqp=None, ready=None,
+                 namesrv=None, mqtt=None, amqp=None, grpc=None, ready=None,
                  max_lag_series: int = DEFAULT_MAX_LAG_SERIES,
                  dashboard: bool = False, dashboard_interval_s: float = 5.0) -> None:
         self.host = host
@@ -117,6 +118,7 @@ class Exporter:
         self.namesrv = namesrv
         self.mqtt = mqtt
         self.amqp = amqp
+        self.grpc = grpc
         self.ready = ready
         self.max_lag_series = max_lag_series
         self.loop_lag_s = 0.0  # last measured scheduling delay
@@ -165,6 +167,16 @@ class Exporter:
         for service in getattr(self.server, "services", ()):
             if hasattr(service, "broker_config") and getattr(service, "server", None):
                 return service.server
+        return None
+
+    def current_grpc(self):
+        """The gRPC front end's GrpcServer (`lmq proxy`'s, or `lmq serve`'s service)."""
+        if self.grpc is not None:
+            return self.grpc
+        for service in getattr(self.server, "services", ()):
+            server = getattr(service, "server", None)
+            if hasattr(server, "servicer") and hasattr(server, "stats"):
+                return server
         return None
 
     def expects_mqtt(self) -> bool:
@@ -408,6 +420,11 @@ class _Collector:
         amqp = ex.current_amqp()
         if amqp is not None:
             yield from amqp_metrics(amqp)
+        grpc = ex.current_grpc()
+        if grpc is not None:
+            from lmq.metrics_grpc import grpc_metrics
+
+            yield from grpc_metrics(grpc)
 
 
 def _gauge(name: str, doc: str, value: float, labels: dict | None = None):

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 CLUSTER_WAIT_S = 30.0
 
 
-async def _first_master(client: ClientInstance) -> tuple[str, str]:
-    with trio.fail_after(CLUSTER_WAIT_S):
+async def _first_master(client: ClientInstance, wait_s: float) -> tuple[str, str]:
+    with trio.fail_after(wait_s):
         while True:
             try:
                 masters = (await client.api.get_cluster_info()).master_addrs(None)
@@ -43,12 +43,13 @@ async def run_standalone(namesrv_addr: str, server_config: AmqpServerConfig | No
                          broker_config: AmqpBrokerConfig | None = None,
                          route_config: RouteLogConfig | None = None, *,
                          gateway_id: str | None = None, on_server: Any = None,
-                         task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                         cluster_wait_s: float = CLUSTER_WAIT_S, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Run until cancelled; `task_status.started(port)` once the listener is bound.
-    `on_server(AmqpServer)` is called once it exists (the metrics endpoint reads it)."""
+    `on_server(AmqpServer)` is called once it exists (the metrics endpoint reads it).
+    Start-up waits at most `cluster_wait_s` for a master broker (trio.TooSlowError)."""
     gateway_id = gateway_id or "amqp-" + secrets.token_hex(6)
     async with ClientInstance(namesrv_addr=namesrv_addr) as client:
-        name, addr = await _first_master(client)
+        name, addr = await _first_master(client, cluster_wait_s)
         routes = RouteLog(client, addr, name, gateway_id, route_config)
         broker = AmqpBroker(client, addr, name, routes, broker_config)
         async with trio.open_nursery() as nursery:

@@ -22,6 +22,7 @@ from gateway.grpc5.bridge import GrpcThread, TrioHop
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from gateway.grpc5.servicer import MessagingServicer
+from gateway.grpc5.stats import GrpcStats, counted
 
 __all__ = ["GrpcServer"]
 
@@ -37,6 +38,8 @@ class GrpcServer:
         self.acl = acl
         self.servicer: MessagingServicer | None = None
         self.port: int | None = None
+        #: Counters for /metrics (gateway/grpc5/stats.py; lmq/metrics.py reads them).
+        self.stats = GrpcStats()
 
     def _grpc_options(self) -> list[tuple[str, int]]:
         cfg = self.config
@@ -54,13 +57,14 @@ class GrpcServer:
             await nursery.start(backend.renewer.run)
             nursery.start_soon(backend.mqtt.run)
             servicer = self.servicer = MessagingServicer(hop, backend, cfg)
+            servicer.stats = self.stats
             if self.acl is not None:
                 servicer.auth = GrpcAuth(self.acl)
 
             def build() -> grpc.aio.Server:
                 servicer.loop = asyncio.get_running_loop()
                 server = grpc.aio.server(options=self._grpc_options())
-                pbg.add_MessagingServiceServicer_to_server(servicer, server)
+                pbg.add_MessagingServiceServicer_to_server(counted(servicer, self.stats), server)
                 return server
 
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host

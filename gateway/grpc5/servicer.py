@@ -24,6 +24,7 @@ from gateway.grpc5.lite import LiteSubscriptions, lmq_name
 from gateway.grpc5.mqtt_out import prepare as mqtt_prepare
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
+from gateway.grpc5.stats import GrpcStats
 
 __all__ = ["MessagingServicer"]
 
@@ -75,6 +76,8 @@ class MessagingServicer(pbg.MessagingServiceServicer):
         #: The bound port (config.port may be 0), set once the server listens.
         self.port = config.port
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: Message counters for /metrics (the calls are counted by stats.counted).
+        self.stats = GrpcStats()
 
     # ------------------------------------------------------------------ helpers
     def _endpoints(self, asked: pb.Endpoints | None, context) -> pb.Endpoints:
@@ -323,6 +326,9 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             return resp
         resp.entries.append(entry)
         resp.status.CopyFrom(entry.status)
+        if entry.status.code == pb.OK:
+            self.stats.msgs_in += 1
+            self.stats.bytes_in += len(out.body)  # the bytes we hold (pb's .body copies)
         return resp
 
     async def EndTransaction(self, request, context):
@@ -406,8 +412,11 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             yield _delivery_timestamp()
             return
         yield self._ok(pb.ReceiveMessageResponse())
+        stats = self.stats
         for _, r in results:
             for m in r.messages:
+                stats.msgs_out += 1
+                stats.bytes_out += len(m.message.body)
                 out = pb.ReceiveMessageResponse()
                 out.message.CopyFrom(to_grpc(m.message, ns, topic=topic, handle=m.handle,
                                              invisible_ms=r.invisible_time))

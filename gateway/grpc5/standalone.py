@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 
 async def run_proxy(namesrv_addr: str, config: GrpcConfig | None = None, *,
                     access_key: str | None = None, secret_key: str | None = None,
-                    acl_file: str | None = None, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run until cancelled; `task_status.started(port)` once the gRPC port is bound."""
+                    acl_file: str | None = None, on_server: Any = None,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run until cancelled; `task_status.started(port)` once the gRPC port is bound.
+    `on_server(GrpcServer)` is called before it starts (the metrics read its counters)."""
     config = config or GrpcConfig()
     creds = {"access_key": access_key, "secret_key": secret_key} if access_key else {}
     async with ClientInstance(namesrv_addr=namesrv_addr, **creds) as client:
@@ -35,6 +37,8 @@ async def run_proxy(namesrv_addr: str, config: GrpcConfig | None = None, *,
             accounts = load_acl_file(acl_file)  # the accounts the brokers check (docs/acl.md)
             acl = lambda: accounts  # noqa: E731
         server = GrpcServer(config, client, acl)
+        if on_server is not None:
+            on_server(server)
         async with trio.open_nursery() as nursery:
             port = await nursery.start(server.serve)
             log.info("RocketMQ 5 gRPC proxy listening on %s:%d (name servers %s)",

@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="AMQPS listen port (5671 by convention; needs --certfile/--keyfile)")
     parser.add_argument("--certfile", default=None, help="TLS certificate chain (PEM)")
     parser.add_argument("--keyfile", default=None, help="TLS private key (PEM)")
+    parser.add_argument("--cluster-wait", type=_wait_seconds, default=None, metavar="SECONDS",
+                        help="how long start-up waits for a master broker registered with "
+                             "the name servers before giving up (default 30)")
     add_metrics_options(parser, gateway_only=True)
     _amqp_users.register(parser)
     parser.set_defaults(func=run)
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
                               tls_port=args.amqp_tls_port, certfile=args.certfile or "",
                               keyfile=args.keyfile or "")
 
+    wait_s = CLUSTER_WAIT_S if args.cluster_wait is None else args.cluster_wait
     exporter = exporter_from_args(args)
     # /readyz: 503 with this reason until the listener is up, 200 after, 503 when stopping
     state = {"not_ready": "AMQP gateway not started (waiting for a master broker)"}
@@ -72,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
                 if exporter is not None:  # up before the listener: /readyz says 503
                     exporter.ready = lambda: state["not_ready"]
                     await nursery.start(exporter.serve)
-                log.info("waiting for a master broker registered with %s (at most %.0f s)",
-                         args.namesrv_addr, CLUSTER_WAIT_S)
+                log.info("waiting for a master broker registered with %s (at most %g s)",
+                         args.namesrv_addr, wait_s)
                 await nursery.start(functools.partial(
-                    run_standalone, args.namesrv_addr, config,
+                    run_standalone, args.namesrv_addr, config, cluster_wait_s=wait_s,
                     on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
                 state["not_ready"] = None
 
@@ -93,11 +97,21 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if _find(exc, trio.TooSlowError):
             log.error("cannot start: no master broker registered with the name server(s) "
-                      "%s within %.0f s: start the cluster first, or check --namesrv-addr",
-                      args.namesrv_addr, CLUSTER_WAIT_S)
+                      "%s within %g s: start the cluster first, or check --namesrv-addr",
+                      args.namesrv_addr, wait_s)
             return 1
         raise
     return 0
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds in 0.1..3600, got {text!r}")
+    return value
 
 
 def _find(exc: BaseException, kind: type) -> bool:

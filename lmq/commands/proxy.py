@@ -17,6 +17,11 @@ from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.proxy")
 
+#: How often /readyz's name-server probe asks a name server for the cluster (proxy only).
+NAMESRV_PROBE_S = 2.0
+#: How long one probe waits for an answer.
+NAMESRV_PROBE_TIMEOUT_S = 3.0
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("proxy", help="run a stand-alone RocketMQ 5 gRPC proxy")
@@ -73,7 +78,19 @@ def run(args: argparse.Namespace) -> int:
 
     exporter = exporter_from_args(args)
     # /readyz: 503 with this reason until the gRPC port is up, 200 after, 503 when stopping
-    state = {"not_ready": "gRPC proxy not started"}
+    state = {"not_ready": "gRPC proxy not started", "namesrv": None}
+
+    def not_ready():
+        return state["not_ready"] or state["namesrv"]
+
+    def on_server(server) -> None:
+        if exporter is not None:
+            exporter.grpc = server
+            # /readyz also needs a name server to answer: until one does, routes fail
+            state["namesrv"] = f"no name server reached yet ({args.namesrv_addr})"
+            nursery_ref[0].start_soon(_probe_namesrv, server.client, args.namesrv_addr, state)
+
+    nursery_ref: list = []
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -86,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
                         return
 
                 nursery.start_soon(stop_on_signal)
+                nursery_ref.append(nursery)
                 if exporter is not None:  # up before the listener: /readyz says 503
-                    exporter.ready = lambda: state["not_ready"]
+                    exporter.ready = not_ready
                     await nursery.start(exporter.serve)
                 await nursery.start(functools.partial(
                     run_proxy, args.namesrv_addr, config, access_key=args.access_key,
-                    secret_key=args.secret_key, acl_file=args.acl_file))
+                    secret_key=args.secret_key, acl_file=args.acl_file, on_server=on_server))
                 state["not_ready"] = None
 
     try:
@@ -109,6 +127,33 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s (choose another port with --grpc-port)", error)
         return 1
     return 0
+
+
+async def _probe_namesrv(client, addrs: str, state: dict) -> None:
+    """Every NAMESRV_PROBE_S, ask the name servers for the cluster (one small request, the
+    client's own fail-over): `state["namesrv"]` is None while one answers, else the reason
+    /readyz gives. Any answer counts, an error code included: the server is reachable."""
+    import trio
+
+    from core.remoting.codes import RequestCode
+
+    was_ok = None
+    while True:
+        reason = f"no name server answered within {NAMESRV_PROBE_TIMEOUT_S:g} s ({addrs})"
+        with trio.move_on_after(NAMESRV_PROBE_TIMEOUT_S):
+            try:
+                await client.api.call_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO)
+                reason = None
+            except Exception as exc:  # unreachable: MQClientError naming the addresses
+                reason = f"name server unreachable: {exc}"
+        if (reason is None) != was_ok:  # log once per change, not per probe
+            if reason:
+                log.warning("not ready: %s", reason)
+            else:
+                log.info("name server reachable (%s)", addrs)
+            was_ok = reason is None
+        state["namesrv"] = reason
+        await trio.sleep(NAMESRV_PROBE_S)
 
 
 def _first(exc: BaseException, kinds: tuple) -> BaseException | None:

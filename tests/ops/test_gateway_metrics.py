@@ -128,8 +128,9 @@ def test_unknown_log_level_refused(command):
 @pytest.mark.parametrize("command", [["amqp", "--amqp-port", "0"], ["proxy", "--grpc-port", "0"]])
 def test_started_before_its_cluster_stops_at_once_on_sigterm(tmp_path, command):
     """No name server answers: the AMQP gateway says it waits and /readyz says 503 (the
-    proxy resolves routes per request: it listens at once); a SIGTERM ends either at once
-    with exit code 0 (not after the AMQP gateway's start-up wait)."""
+    proxy resolves routes per request: it listens at once, but its /readyz says 503 until a
+    name server answers); a SIGTERM ends either at once with exit code 0 (not after the
+    AMQP gateway's start-up wait)."""
     proc = Proc([*command, "--namesrv-addr", f"127.0.0.1:{free_port()}", "--metrics-port",
                  "0"], _dir(tmp_path / command[0]))
     try:
@@ -138,7 +139,8 @@ def test_started_before_its_cluster_stops_at_once_on_sigterm(tmp_path, command):
             assert "waiting for a master broker registered with 127.0.0.1:" in \
                 proc.log.read_text()
         else:
-            proc.wait_ready()
+            assert _until(lambda: "name server" in (r := proc.get("/readyz"))[1] and r,
+                          "the name-server reason")[0] == 503
         proc.proc.terminate()
         assert proc.proc.wait(10) == 0
         assert "Traceback" not in proc.log.read_text()
