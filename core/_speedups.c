@@ -1676,6 +1676,56 @@ fail:
     return NULL;
 }
 /* ==== end s4-perf ==== */
+/* ==== s4-perf2: a run of subscribers' PUBACKs in one call ==================================
+ * scan_pubacks(src, pos) -> (packet_ids: list[int], pos)
+ * The MQTT gateway's read path (gateway/mqtt/codec.py MqttCodec.feed, server side): the
+ * complete 4-byte PUBACKs (0x40, remaining length 2, packet id) at src[pos:] (bytes or
+ * bytearray), up to the first packet that is anything else (other flags, a longer PUBACK
+ * with a reason code or properties, packet id 0, incomplete): the Python decoder takes
+ * that one (and raises its error if it has to). Returns their packet ids and the position
+ * after the last one. No Python code runs while the buffer is read. */
+static PyObject *sp_scan_pubacks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos;
+    if (nargs != 2 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "scan_pubacks(src: bytes | bytearray, pos: int)");
+        return NULL;
+    }
+    if (as_i64(args[1], &pos, "pos") < 0)
+        return NULL;
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(args[0])) {
+        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+        n = PyBytes_GET_SIZE(args[0]);
+    } else {
+        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        n = PyByteArray_GET_SIZE(args[0]);
+    }
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_ValueError, "scan_pubacks: pos outside the buffer");
+        return NULL;
+    }
+    Py_ssize_t i = (Py_ssize_t)pos, count = 0;
+    while (i + 4 <= n && p[i] == 0x40 && p[i + 1] == 2 && (p[i + 2] | p[i + 3])) {
+        i += 4;
+        count++;
+    }
+    PyObject *ids = PyList_New(count);
+    if (!ids)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *a = p + pos + 4 * k;
+        PyObject *id = PyLong_FromLong(((long)a[2] << 8) | a[3]);
+        if (!id) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+        PyList_SET_ITEM(ids, k, id);
+    }
+    return Py_BuildValue("(Nn)", ids, i);
+}
+/* ==== end s4-perf2 ==== */
 /* ==== s4-ha: slave apply path (scan_chunk; core/store/ha/replica.py, docs/ha.md) ==== */
 /* scan_chunk(data, phys, fpos, file_size, max_qid, multi_on, lmq_prefix, bucket_ms)
  *   -> (end, bad, last_store_ms, ops)
@@ -2090,6 +2140,10 @@ static PyMethodDef methods[] = {
     {"scan_publishes", (PyCFunction)(void (*)(void))sp_scan_publishes, METH_FASTCALL,
      "scan_publishes(src, pos, max_packet_size) -> (run, pos): 3.x PUBLISHes decoded."},
     /* ==== end s4-perf ==== */
+    /* ==== s4-perf2 ==== */
+    {"scan_pubacks", (PyCFunction)(void (*)(void))sp_scan_pubacks, METH_FASTCALL,
+     "scan_pubacks(src, pos) -> (packet_ids, pos): a run of 4-byte PUBACKs."},
+    /* ==== end s4-perf2 ==== */
     /* s4-ha */
     {"scan_chunk", (PyCFunction)(void (*)(void))sp_scan_chunk, METH_FASTCALL,
      "scan_chunk(data, phys, fpos, ...) -> (end, bad, last ms, ops): a replicated chunk."},
