@@ -1676,6 +1676,169 @@ fail:
     return NULL;
 }
 /* ==== end s4-perf ==== */
+/* ==== s4-perf2: a run of subscribers' PUBACKs in one call ==================================
+ * scan_pubacks(src, pos) -> (packet_ids: list[int], pos)
+ * The MQTT gateway's read path (gateway/mqtt/codec.py MqttCodec.feed, server side): the
+ * complete 4-byte PUBACKs (0x40, remaining length 2, packet id) at src[pos:] (bytes or
+ * bytearray), up to the first packet that is anything else (other flags, a longer PUBACK
+ * with a reason code or properties, packet id 0, incomplete): the Python decoder takes
+ * that one (and raises its error if it has to). Returns their packet ids and the position
+ * after the last one. No Python code runs while the buffer is read. */
+static PyObject *sp_scan_pubacks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos;
+    if (nargs != 2 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "scan_pubacks(src: bytes | bytearray, pos: int)");
+        return NULL;
+    }
+    if (as_i64(args[1], &pos, "pos") < 0)
+        return NULL;
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(args[0])) {
+        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+        n = PyBytes_GET_SIZE(args[0]);
+    } else {
+        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        n = PyByteArray_GET_SIZE(args[0]);
+    }
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_ValueError, "scan_pubacks: pos outside the buffer");
+        return NULL;
+    }
+    Py_ssize_t i = (Py_ssize_t)pos, count = 0;
+    while (i + 4 <= n && p[i] == 0x40 && p[i + 1] == 2 && (p[i + 2] | p[i + 3])) {
+        i += 4;
+        count++;
+    }
+    PyObject *ids = PyList_New(count);
+    if (!ids)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *a = p + pos + 4 * k;
+        PyObject *id = PyLong_FromLong(((long)a[2] << 8) | a[3]);
+        if (!id) {
+            Py_DECREF(ids);
+            return NULL;
+        }
+        PyList_SET_ITEM(ids, k, id);
+    }
+    return Py_BuildValue("(Nn)", ids, i);
+}
+
+/* batch_body(payloads: list[bytes], props: list[bytes]) -> bytes
+ * The MQTT broker link's store request (gateway/mqtt/broker_link.py _send): a batch body
+ * (docs/protocol.md section 7.7) of one sub-message per payload, each a BATCH_HEAD (total
+ * size, then zeros for magic, body CRC and flag, then the body length; big-endian int32),
+ * the payload, the int16 length of its properties string and that string. One allocation,
+ * no Python code. Refuses (ValueError) lists of different lengths, a properties string
+ * over 32767 bytes and a body whose sizes would not fit an int32. */
+static void put_be32(unsigned char *d, uint32_t v)
+{
+    d[0] = (unsigned char)(v >> 24);
+    d[1] = (unsigned char)(v >> 16);
+    d[2] = (unsigned char)(v >> 8);
+    d[3] = (unsigned char)v;
+}
+
+static PyObject *sp_batch_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "batch_body(payloads: list, props: list)");
+        return NULL;
+    }
+    PyObject *pays = args[0], *props = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(pays);
+    if (PyList_GET_SIZE(props) != n) {
+        PyErr_SetString(PyExc_ValueError, "batch_body: payloads and props differ in length");
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(pays, i), *b = PyList_GET_ITEM(props, i);
+        if (!PyBytes_CheckExact(a) || !PyBytes_CheckExact(b)) {
+            PyErr_SetString(PyExc_TypeError, "batch_body: payloads and props must be bytes");
+            return NULL;
+        }
+        Py_ssize_t one = 22 + PyBytes_GET_SIZE(a) + PyBytes_GET_SIZE(b);
+        if (PyBytes_GET_SIZE(b) > 32767 || one > INT32_MAX || total > INT32_MAX - one) {
+            PyErr_SetString(PyExc_ValueError, "batch_body: a size does not fit the format");
+            return NULL;
+        }
+        total += one;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out)
+        return NULL;
+    unsigned char *d = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(pays, i), *b = PyList_GET_ITEM(props, i);
+        Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
+        put_be32(d, (uint32_t)(22 + la + lb));
+        memset(d + 4, 0, 12);
+        put_be32(d + 16, (uint32_t)la);
+        memcpy(d + 20, PyBytes_AS_STRING(a), la);
+        d += 20 + la;
+        d[0] = (unsigned char)(lb >> 8);
+        d[1] = (unsigned char)lb;
+        memcpy(d + 2, PyBytes_AS_STRING(b), lb);
+        d += 2 + lb;
+    }
+    return out;
+}
+
+/* offset_ids(ids: str, n: int) -> list[int] | None
+ * The commitlog offsets of a batch's answer: `ids` is n offset msgIds joined by commas
+ * (each ends with its offset as 16 hex digits). None when there are not n of them or one
+ * is not hex or shorter than 16 characters: the caller then knows no offsets. */
+static PyObject *sp_offset_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long want;
+    if (nargs != 2 || !PyUnicode_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "offset_ids(ids: str, n: int)");
+        return NULL;
+    }
+    if (as_i64(args[1], &want, "n") < 0)
+        return NULL;
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(args[0], &len);
+    if (!s)
+        return NULL;
+    if (want < 0 || want > len / 16 + 1)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New((Py_ssize_t)want);
+    if (!out)
+        return NULL;
+    Py_ssize_t k = 0, start = 0;
+    for (Py_ssize_t i = 0; i <= len; i++) {
+        if (i < len && s[i] != ',')
+            continue;
+        if (k == want || i - start < 16)
+            goto none;
+        uint64_t v = 0;
+        for (Py_ssize_t j = i - 16; j < i; j++) {
+            char c = s[j];
+            int h = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                  : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (h < 0)
+                goto none;
+            v = (v << 4) | (uint64_t)h;
+        }
+        PyObject *o = PyLong_FromUnsignedLongLong(v);
+        if (!o) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k++, o);
+        start = i + 1;
+    }
+    if (k == want)
+        return out;
+none:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+/* ==== end s4-perf2 ==== */
 /* ==== s4-ha: slave apply path (scan_chunk; core/store/ha/replica.py, docs/ha.md) ==== */
 /* scan_chunk(data, phys, fpos, file_size, max_qid, multi_on, lmq_prefix, bucket_ms)
  *   -> (end, bad, last_store_ms, ops)
@@ -2090,6 +2253,14 @@ static PyMethodDef methods[] = {
     {"scan_publishes", (PyCFunction)(void (*)(void))sp_scan_publishes, METH_FASTCALL,
      "scan_publishes(src, pos, max_packet_size) -> (run, pos): 3.x PUBLISHes decoded."},
     /* ==== end s4-perf ==== */
+    /* ==== s4-perf2 ==== */
+    {"scan_pubacks", (PyCFunction)(void (*)(void))sp_scan_pubacks, METH_FASTCALL,
+     "scan_pubacks(src, pos) -> (packet_ids, pos): a run of 4-byte PUBACKs."},
+    {"batch_body", (PyCFunction)(void (*)(void))sp_batch_body, METH_FASTCALL,
+     "batch_body(payloads, props) -> bytes: the MQTT broker link's batch body."},
+    {"offset_ids", (PyCFunction)(void (*)(void))sp_offset_ids, METH_FASTCALL,
+     "offset_ids(ids, n) -> list[int] | None: the offsets of n joined offset msgIds."},
+    /* ==== end s4-perf2 ==== */
     /* s4-ha */
     {"scan_chunk", (PyCFunction)(void (*)(void))sp_scan_chunk, METH_FASTCALL,
      "scan_chunk(data, phys, fpos, ...) -> (end, bad, last ms, ops): a replicated chunk."},

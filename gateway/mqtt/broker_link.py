@@ -33,8 +33,6 @@ import trio
 
 from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
 from core.client.errors import MQClientError
-from core.common.codec import BATCH_HEAD
-from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
@@ -49,6 +47,7 @@ from gateway.mqtt.message import (
     to_properties,
 )
 from gateway.mqtt.packets import NO_PROPERTIES
+from gateway.mqtt.store_request import batch_body, batch_body_py, offset_ids
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
@@ -68,7 +67,6 @@ DECODED_CACHE_BYTES = 8 * 1024 * 1024
 MAX_BATCH_BYTES = 1024 * 1024
 #: Memoized properties strings of simple messages (see BrokerLink._properties).
 PROPERTIES_MEMO = 65536
-_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: header + properties length
 SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
@@ -526,21 +524,15 @@ class BrokerLink:
             body: bytes = bytes(req.msg.payload)
             batch = False
         else:
-            # The batch body (docs/protocol.md §7.7) built here: one header, the payload and the
-            # (memoized) properties per message.
-            parts = []
-            add = parts.append
-            head = BATCH_HEAD.pack
+            # The batch body (docs/protocol.md §7.7): one header, the payload and the
+            # (memoized) properties per message, framed in one call (store_request.py).
             prop_bytes = self._properties
-            for req in reqs:
-                msg = req.msg
-                payload = msg.payload
-                pb = prop_bytes(msg, req.lmqs)
-                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
-                add(payload)
-                add(_INT16.pack(len(pb)))
-                add(pb)
-            body = b"".join(parts)
+            payloads = [req.msg.payload for req in reqs]
+            props = [prop_bytes(req.msg, req.lmqs) for req in reqs]
+            try:
+                body = batch_body(payloads, props)
+            except TypeError:  # a payload not of type bytes (the C takes bytes only)
+                body = batch_body_py(payloads, props)
             ext["i"] = ""
             ext["m"] = "true"
             batch = True
@@ -573,12 +565,13 @@ class BrokerLink:
                             len(reqs), broker, exc)
                 await self._refresh_after_error()
                 return SEND_FAILED
-            ids = result.offset_msg_id.split(",") if result is not None else []
-            if len(ids) == len(reqs):
-                for req, msg_id in zip(reqs, ids, strict=True):
-                    # Offset msgId = 8-byte store host + 8-byte commitlog offset (hex).
-                    req.msg.broker = broker
-                    req.msg.commitlog_offset = int(msg_id[-16:], 16)
+            # Offset msgId = store host + 8-byte commitlog offset (hex), one per message.
+            offsets = offset_ids(result.offset_msg_id, len(reqs)) if result is not None else None
+            if offsets is not None:
+                for req, offset in zip(reqs, offsets, strict=True):
+                    msg = req.msg
+                    msg.broker = broker
+                    msg.commitlog_offset = offset
             return STORED
         log.warning("store of %d MQTT message(s) on %s failed: %r", len(reqs), broker, err)
         illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL

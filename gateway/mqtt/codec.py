@@ -53,7 +53,7 @@ from gateway.mqtt.packets import (
     Will,
 )
 from gateway.mqtt.properties import WILL, decode_binary, decode_properties, decode_string
-from gateway.mqtt.publish_run import PublishRun, scan_publishes
+from gateway.mqtt.publish_run import PubackRun, PublishRun, scan_pubacks, scan_publishes
 from gateway.mqtt.topics import parse_shared_subscription, validate_topic_filter
 
 __all__ = ["DEFAULT_MAX_PACKET_SIZE", "MqttCodec", "MqttProtocolError", "ConnectRejected",
@@ -171,6 +171,7 @@ class MqttCodec:
         pos = 0
         mv = memoryview(src)
         scan = scan_publishes if self.publish_runs else None
+        acks = scan_pubacks if self.publish_runs else None
         try:
             limit = self.max_packet_size
             while pos < n:
@@ -180,6 +181,13 @@ class MqttCodec:
                     run, pos = scan(src, pos, limit)
                     if run:
                         out.append(PublishRun(run))
+                        if pos == n:
+                            break
+                        first = src[pos]
+                if acks is not None and first == 0x40 and self._connected:
+                    ids, pos = acks(src, pos)
+                    if ids:
+                        out.append(PubackRun(ids))
                         if pos == n:
                             break
                         first = src[pos]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.mqtt.auth import SUB_REFUSED
-from gateway.mqtt.codec import MqttCodec, PublishRun
+from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
 from gateway.mqtt.connection_guards import ConnectionGuards
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
@@ -444,6 +444,8 @@ class Connection(ConnectionGuards, PublishHandler):
                 await self.on_publish_run(p)
             elif t is Publish:
                 await self.on_publish(p)
+            elif t is PubackRun:
+                self._on_pubacks(p)
             elif t is Puback or t is Pubcomp:
                 self._on_ack(p)
             elif t is Pubrec:
@@ -475,6 +477,15 @@ class Connection(ConnectionGuards, PublishHandler):
         if type(p) is Pubcomp and entry.state != "r":
             return
         sess.complete(p.packet_id)
+
+    def _on_pubacks(self, ids: PubackRun) -> None:
+        """_on_ack of a run of plain PUBACKs (their packet ids)."""
+        sess = self.session
+        inflight = sess.inflight
+        for pid in ids:
+            entry = inflight.get(pid)
+            if entry is not None and entry.qos == 1:
+                sess.complete(pid)
 
     def _on_pubrec(self, p: Pubrec) -> None:
         sess = self.session

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.mqtt import publish_run
-from gateway.mqtt.codec import MqttCodec, PublishRun
+from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
 from gateway.mqtt.packets import Connect, MqttProtocolError, Pingreq, Puback, Publish
 from gateway.mqtt.properties import encode_varint
 
@@ -44,6 +44,8 @@ def _flat(packets: list) -> list:
             for topic, payload, flags, pid in p:
                 out.append(Publish(topic, payload, (flags >> 1) & 3, bool(flags & 1),
                                    bool(flags & 8), pid))
+        elif type(p) is PubackRun:  # (s4-perf2: scan_pubacks, tests/gateway/mqtt/test_puback_run.py)
+            out += [Puback(pid) for pid in p]
         else:
             out.append(p)
     return out
