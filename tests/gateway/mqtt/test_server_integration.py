@@ -157,9 +157,14 @@ def test_lmq_serve_no_mqtt_and_taken_port():
         q = ServeProcess(d)
         q.mqtt_port = blocker.getsockname()[1]
         q.start()  # the port answers (the blocker's backlog): we only check the process
-        time.sleep(1.5)
+        # The gateway starts after the name server and broker: wait for its error line (a
+        # loaded machine can take seconds), then check the server is still running.
+        deadline = time.monotonic() + 60
+        while "MQTT gateway not started" not in open(q.log_path).read():
+            assert q.proc.poll() is None, "lmq serve exited"
+            assert time.monotonic() < deadline, "no 'MQTT gateway not started' line"
+            time.sleep(0.1)
         assert q.proc.poll() is None
-        assert "MQTT gateway not started" in open(q.log_path).read()
         q.stop()
         blocker.close()
         assert free_port()
