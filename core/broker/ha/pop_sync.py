@@ -20,6 +20,11 @@ POP_SNAPSHOT_END (fsynced, in a worker thread); appends go to the journal (or, d
 snapshot, after it in the temporary file). Every line is checked (CRC, as replay checks
 it) before it is written: a bad line drops the connection. A promoted slave reloads its
 POP service from that journal (`reload_pop_state`).
+
+SYNC_MASTER acks: the feed numbers journal flushes (`PopFeed.seq`); an outbox remembers,
+for each frame it queues, the flush it completes; the slave reports how many POP frames
+it applied (after an append or a snapshot end), which gives `PopOutbox.confirmed`, the
+newest flush it holds. `HAMaster.wait_pop_replicated` waits for it.
 """
 
 from __future__ import annotations
