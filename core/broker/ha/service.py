@@ -48,7 +48,8 @@ from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
-from core.store.ha import ReplicaError, append_chunk, commit_if_due, read_chunk
+from core.store.ha import ReplicaError, append_chunk, read_chunk
+from core.store.ha.replica import slave_commit_if_due
 
 log = logging.getLogger(__name__)
 
@@ -517,6 +518,7 @@ class HASlave:
                      self.store.max_physical_offset)
             limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
             reader = _Reader(stream)
+            committed = trio.current_time()
             while True:
                 with trio.fail_after(cfg.ha_housekeeping_s):
                     offset, length = _HEADER.unpack(await reader.exactly(_HEADER.size))
@@ -536,8 +538,14 @@ class HASlave:
                     self.master_offset = offset
                 await stream.send_all(_I64.pack(self.store.max_physical_offset))
                 # The key index's RocksDB batch after the report: the waiting sends need
-                # the CommitLog bytes, not the index (rebuilt by recovery anyway).
-                commit_if_due(self.store)
+                # the CommitLog bytes, not the index (rebuilt by recovery anyway). It
+                # spans chunks (replica.py); a heartbeat (idle stream) writes it.
+                now = trio.current_time()
+                if not length:
+                    self.store._commit_kv()
+                    committed = now
+                elif slave_commit_if_due(self.store, now, committed):
+                    committed = now
 
     async def _config_sync_loop(self) -> None:
         while True:
