@@ -157,10 +157,10 @@ def commit_if_due(store) -> None:
 
 
 #: The slave's RocksDB batch (key index, LMQ index) spans chunks: it is written once it
-#: holds this many times `kv_batch_max_ops` operations, or covers this many CommitLog
-#: bytes (what a recovery re-dispatches at most), or is this many seconds old, or the
-#: stream goes idle (a heartbeat). Reads commit it first, so queries see everything.
-SLAVE_KV_OPS_FACTOR = 4
+#: holds `kv_batch_max_ops` operations (the master's bound on one write's pause), or
+#: covers this many CommitLog bytes (what a recovery re-dispatches at most; the master
+#: writes every MiB), or is this many seconds old, or the stream goes idle (a
+#: heartbeat). Reads commit it first, so queries see everything applied.
 SLAVE_KV_COMMIT_BYTES = 8 << 20
 SLAVE_KV_COMMIT_S = 1.0
 
@@ -170,7 +170,7 @@ def slave_commit_if_due(store, now: float, since: float) -> bool:
     kv = store._kv
     if not kv.ops:
         return False
-    if (kv.ops >= SLAVE_KV_OPS_FACTOR * store._kv_max_ops
+    if (kv.ops >= store._kv_max_ops
             or store._wrote - kv.marker > SLAVE_KV_COMMIT_BYTES
             or now - since >= SLAVE_KV_COMMIT_S):
         store._commit_kv()
