@@ -20,10 +20,16 @@ POP_SNAPSHOT_END (fsynced, in a worker thread); appends go to the journal (or, d
 snapshot, after it in the temporary file). Every line is checked (CRC, as replay checks
 it) before it is written: a bad line drops the connection. A promoted slave reloads its
 POP service from that journal (`reload_pop_state`).
+
+SYNC_MASTER acks: the feed numbers journal flushes (`PopFeed.seq`); an outbox remembers,
+for each frame it queues, the flush it completes; the slave reports how many POP frames
+it applied (after an append or a snapshot end), which gives `PopOutbox.confirmed`, the
+newest flush it holds. `HAMaster.wait_pop_replicated` waits for it.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import zlib
 
@@ -66,9 +72,21 @@ class PopOutbox:
         self.bytes = 0
         self.since_snapshot = 0
         self.snapshot_bytes = 0
+        # SYNC_MASTER acks (docs/ha.md, "POP state"): `count` = frames of this session
+        # sent or queued; `marks` = (count once a frame is applied, the feed's flush
+        # sequence it completes); `confirmed` = the greatest flush sequence the slave
+        # reported it holds.
+        self.count = 0
+        self.marks: collections.deque[tuple[int, int]] = collections.deque()
+        self.confirmed = 0
         self.snapshot()
 
     def snapshot(self) -> None:
+        # Frames dropped here are never sent; the snapshot's end covers their flushes.
+        self.count -= len(self.frames)
+        marks = self.marks
+        while marks and marks[-1][0] > self.count:
+            marks.pop()
         self.frames.clear()
         self.bytes = 0
         pop = self.feed.pop
@@ -84,12 +102,14 @@ class PopOutbox:
                 part, size = [], 0
         self._put(POP_SNAPSHOT, b"".join(part))
         self._put(POP_SNAPSHOT_END, b"")
+        self.marks.append((self.count, self.feed.seq))
         self.snapshot_bytes = self.bytes
         self.since_snapshot = 0
 
     def _put(self, kind: int, data: bytes) -> None:
         self.frames.append((kind, data))
         self.bytes += len(data)
+        self.count += 1
 
     def append(self, data: bytes) -> None:
         self.since_snapshot += len(data)
@@ -103,6 +123,19 @@ class PopOutbox:
         limit = self.feed.frame_bytes
         for i in range(0, len(data), limit):
             self._put(POP_APPEND, data[i : i + limit])
+        self.marks.append((self.count, self.feed.seq))
+
+    def confirm(self, applied: int) -> bool:
+        """The slave reports `applied` frames of this session applied; True when that
+        confirms a newer flush."""
+        marks = self.marks
+        seq = self.confirmed
+        while marks and marks[0][0] <= applied:
+            seq = marks.popleft()[1]
+        if seq > self.confirmed:
+            self.confirmed = seq
+            return True
+        return False
 
     def take(self) -> list[tuple[int, bytes]]:
         frames, self.frames, self.bytes = self.frames, [], 0
@@ -115,6 +148,7 @@ class PopFeed:
     def __init__(self, master) -> None:
         self.master = master
         self.outboxes: dict[int, PopOutbox] = {}
+        self.seq = 0  # journal flushes seen (a SYNC_MASTER ack waits for its own)
         self.frame_bytes = max(4096, master.config.ha_batch_bytes)
 
     @property
@@ -132,6 +166,7 @@ class PopFeed:
         self.outboxes.pop(cid, None)
 
     def _on_flush(self, data: bytes) -> None:
+        self.seq += 1
         if not self.outboxes:
             return
         for box in self.outboxes.values():
@@ -160,6 +195,7 @@ class PopReplica:
         self.broker = broker
         self._tmp: int | None = None
         self.snapshots = 0  # completed snapshots (tests, status)
+        self.frames = 0  # POP frames applied in this session (reported to the master)
 
     @property
     def journal(self):
@@ -169,6 +205,7 @@ class PopReplica:
     async def apply(self, kind: int, data: bytes) -> None:
         journal = self.journal
         if journal is None:
+            self.frames += 1
             return
         check_lines(data)
         if kind == POP_SNAPSHOT:
@@ -190,9 +227,11 @@ class PopReplica:
             journal.close()
             journal.open()
             self.snapshots += 1
+        self.frames += 1
 
     def abort(self) -> None:
         """The session ended: a snapshot not completed is dropped."""
+        self.frames = 0
         if self._tmp is not None:
             os.close(self._tmp)
             self._tmp = None

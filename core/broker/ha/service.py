@@ -12,6 +12,8 @@ Wire protocol on the HA port (all integers big-endian):
     master -> slave   int64 offset + int32 length + CommitLog bytes  (length 0: heartbeat,
                       offset = master max offset)
     slave  -> master  int64 slave max offset (after every chunk, and every heartbeat)
+                      or, after a POP append or snapshot end, -1 - (POP frames applied
+                      in this session) (pop_sync.py; SYNC_MASTER acks wait for it)
 
 The master streams from the offset the slave reports; a chunk is whole records within
 one CommitLog file (core/store/ha). SYNC_MASTER sends wait until some slave (under a
@@ -34,6 +36,7 @@ import trio
 
 from core.broker.ha.pop_sync import (
     POP_KINDS,
+    POP_SNAPSHOT,
     POP_SNAPSHOT_END,
     PopFeed,
     PopReplica,
@@ -45,7 +48,8 @@ from core.broker.topic_config import TopicConfig
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode
 from core.remoting.errors import RemotingError
-from core.store.ha import ReplicaError, append_chunk, commit_if_due, read_chunk
+from core.store.ha import ReplicaError, append_chunk, read_chunk
+from core.store.ha.replica import slave_commit_if_due
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,24 @@ async def _recv_exactly(stream, n: int) -> bytes:
     return bytes(buf)
 
 
+def _last_reports(buf: bytes, whole: int) -> tuple[int | None, int | None]:
+    """The last offset report and the last POP report (frames applied) among the
+    reports in buf[:whole]: only the newest of each counts."""
+    off = pop = None
+    for i in range(whole - 8, -1, -8):
+        v, = _I64.unpack_from(buf, i)
+        if v >= 0:
+            if off is None:
+                off = v
+                if pop is not None:
+                    break
+        elif pop is None:
+            pop = -1 - v
+            if off is not None:
+                break
+    return off, pop
+
+
 def split_addr(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     return host or "127.0.0.1", int(port)
@@ -136,6 +158,8 @@ class HAMaster:
         self.refused = 0  # connections refused at the handshake
         self._open = 0  # connections being served (handshaking or streaming)
         self.pop_feed = PopFeed(self)  # POP journal to the slaves (pop_sync.py)
+        self.pop_acked = 0  # POP journal flushes every waited-for slave holds
+        self._pop_waiters: list[tuple[int, int, trio.Event]] = []  # (flush seq, seq, event)
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -159,6 +183,41 @@ class HAMaster:
             return SyncStatus.SLAVE_NOT_AVAILABLE
         return SyncStatus.FLUSH_SLAVE_TIMEOUT
 
+    async def wait_pop_replicated(self, timeout_s: float) -> str:
+        """SYNC_MASTER acks: `wait_replicated` for the POP journal flushes made so far
+        (an ack calls it right after its own flush, so that flush is among them)."""
+        if not self._has_replicas():
+            return SyncStatus.SLAVE_NOT_AVAILABLE
+        seq = self.pop_feed.seq
+        if self.pop_acked < seq:
+            ev = trio.Event()
+            heapq.heappush(self._pop_waiters, (seq, next(self._seq), ev))
+            with trio.move_on_after(timeout_s):
+                await ev.wait()
+        if self.pop_acked >= seq:
+            return SyncStatus.OK
+        if not self._has_replicas():
+            return SyncStatus.SLAVE_NOT_AVAILABLE
+        return SyncStatus.FLUSH_SLAVE_TIMEOUT
+
+    def _set_pop_acked(self) -> None:
+        boxes = self.pop_feed.outboxes
+        if self.ack_ids is None:
+            acked = max((b.confirmed for b in boxes.values()), default=0)
+        else:
+            ids = self.slave_ids
+            acked = min((max((b.confirmed for cid, b in boxes.items() if ids.get(cid) == i),
+                             default=0) for i in self.ack_ids), default=0)
+        self.pop_acked = acked
+        waiters = self._pop_waiters
+        if not self._has_replicas():
+            for _seq, _n, ev in waiters:
+                ev.set()
+            waiters.clear()
+            return
+        while waiters and waiters[0][0] <= acked:
+            heapq.heappop(waiters)[2].set()
+
     def _has_replicas(self) -> bool:
         return bool(self.slaves) if self.ack_ids is None else bool(self.ack_ids)
 
@@ -171,6 +230,7 @@ class HAMaster:
         """Controller mode: the slaves every SYNC send must reach (docs/ha.md)."""
         self.ack_ids = None if ids is None else set(ids)
         self._set_acked()
+        self._set_pop_acked()
 
     def _set_acked(self) -> None:
         if self.ack_ids is None:
@@ -254,6 +314,7 @@ class HAMaster:
             self.slave_ids.pop(cid, None)
             self.caught_up_at.pop(cid, None)
             self._set_acked()
+            self._set_pop_acked()
             await trio.aclose_forcefully(stream)
 
     async def _handshake(self, stream) -> tuple[int, int]:
@@ -305,10 +366,17 @@ class HAMaster:
                 whole = len(buf) - len(buf) % 8
                 if not whole:
                     continue
-                report, buf = buf[whole - 8 : whole], buf[whole:]
+                report, pop = _last_reports(buf, whole)
+                buf = buf[whole:]
+                if pop is not None:
+                    box = self.pop_feed.outboxes.get(cid)
+                    if box is not None and box.confirm(pop):
+                        self._set_pop_acked()
+                if report is None:
+                    continue
                 # A report past our own end would acknowledge sends the slave cannot hold.
                 end = self.store.max_physical_offset
-                off = min(_I64.unpack(report)[0], end)
+                off = min(report, end)
                 if off == end:
                     self.caught_up_at[cid] = trio.current_time()
                 if off > self.slaves.get(cid, -1):
@@ -450,6 +518,7 @@ class HASlave:
                      self.store.max_physical_offset)
             limit = cfg.ha_batch_bytes + cfg.max_message_size + 65536
             reader = _Reader(stream)
+            committed = trio.current_time()
             while True:
                 with trio.fail_after(cfg.ha_housekeeping_s):
                     offset, length = _HEADER.unpack(await reader.exactly(_HEADER.size))
@@ -460,6 +529,8 @@ class HASlave:
                     if offset not in POP_KINDS or (offset == POP_SNAPSHOT_END and length):
                         raise HAProtocolError(f"frame of kind {offset}")
                     await self.pop.apply(offset, data)
+                    if offset != POP_SNAPSHOT:  # a flush or a whole snapshot is held
+                        await stream.send_all(_I64.pack(-1 - self.pop.frames))
                     continue
                 if length:
                     append_chunk(self.store, offset, data, commit=False)
@@ -467,8 +538,14 @@ class HASlave:
                     self.master_offset = offset
                 await stream.send_all(_I64.pack(self.store.max_physical_offset))
                 # The key index's RocksDB batch after the report: the waiting sends need
-                # the CommitLog bytes, not the index (rebuilt by recovery anyway).
-                commit_if_due(self.store)
+                # the CommitLog bytes, not the index (rebuilt by recovery anyway). It
+                # spans chunks (replica.py); a heartbeat (idle stream) writes it.
+                now = trio.current_time()
+                if not length:
+                    self.store._commit_kv()
+                    committed = now
+                elif slave_commit_if_due(self.store, now, committed):
+                    committed = now
 
     async def _config_sync_loop(self) -> None:
         while True:

@@ -209,7 +209,21 @@ class PopProcessor:
         if not self.service.ack(group, topic, queue_id, offset, handle.pop_time):
             return error(cmd, ResponseCode.NO_MESSAGE,
                          f"no in-flight message at offset {offset} with this receipt handle")
-        return cmd.make_response(ResponseCode.SUCCESS)
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
+
+    async def _replicated(self, cmd: RemotingCommand, response: RemotingCommand):
+        """SYNC_MASTER: `response` once a slave holds the journal flush of this request
+        (docs/ha.md, "POP state"), else the send's FLUSH_SLAVE_TIMEOUT or
+        SLAVE_NOT_AVAILABLE (the change is made on this broker all the same)."""
+        broker = self.broker
+        ha = getattr(broker, "ha_master", None)
+        if not broker.sync_master or ha is None:
+            return response
+        status = await ha.wait_pop_replicated(broker.config.sync_slave_timeout_s)
+        if status == "OK":
+            return response
+        return error(cmd, getattr(ResponseCode, status),
+                     f"POP state not replicated to a slave: {status}")
 
     async def dead_letter(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """POP_DEAD_LETTER (900003, ACK_MESSAGE's header): reject without requeue."""
@@ -256,7 +270,7 @@ class PopProcessor:
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
             service.ack_bits(group, topic, qid, start, bits, pop_time)
         service.journal.flush()
-        return cmd.make_response(ResponseCode.SUCCESS)
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
 
     # ------------------------------------------------------------------ change
     async def change(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
@@ -281,7 +295,7 @@ class PopProcessor:
                          f"no in-flight message at offset {offset} with this receipt handle")
         ext = {"popTime": str(new_pop_time), "invisibleTime": str(invisible_ms),
                "reviveQid": str(handle.revive_qid)}
-        return cmd.make_response(ResponseCode.SUCCESS, None, ext)
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS, None, ext))
 
 
 def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:
@@ -307,11 +321,13 @@ def register(table, broker) -> None:
         # The broker runs it among its services (revive timer): see `services`.
         service = broker.pop_service = PopService(broker)
     proc = PopProcessor(broker, service)
-    # POP waits (long polling): its own task. The others only touch memory.
+    # POP waits (long polling): its own task. The others only touch memory (but see below).
     table.register(RequestCode.POP_MESSAGE, proc.pop, inline=False)
-    table.register(RequestCode.ACK_MESSAGE, proc.ack)
-    table.register(RequestCode.BATCH_ACK_MESSAGE, proc.batch_ack)
-    table.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, proc.change)
+    # Under SYNC_MASTER these wait for the slave (`_replicated`): their own task then.
+    inline = not broker.sync_master
+    table.register(RequestCode.ACK_MESSAGE, proc.ack, inline=inline)
+    table.register(RequestCode.BATCH_ACK_MESSAGE, proc.batch_ack, inline=inline)
+    table.register(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, proc.change, inline=inline)
     table.register(RequestCode.POP_HOLDER_REGISTER, proc.register_holder)
     table.register(RequestCode.POP_HOLDER_RELEASE, proc.release_holder)
     table.register(RequestCode.POP_DEAD_LETTER, proc.dead_letter)

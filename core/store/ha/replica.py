@@ -156,6 +156,28 @@ def commit_if_due(store) -> None:
         store._commit_kv()
 
 
+#: The slave's RocksDB batch (key index, LMQ index) spans chunks: it is written once it
+#: holds `kv_batch_max_ops` operations (the master's bound on one write's pause), or
+#: covers this many CommitLog bytes (what a recovery re-dispatches at most; the master
+#: writes every MiB), or is this many seconds old, or the stream goes idle (a
+#: heartbeat). Reads commit it first, so queries see everything applied.
+SLAVE_KV_COMMIT_BYTES = 8 << 20
+SLAVE_KV_COMMIT_S = 1.0
+
+
+def slave_commit_if_due(store, now: float, since: float) -> bool:
+    """The slave's rule above (`since`: time of its last commit); True if it wrote."""
+    kv = store._kv
+    if not kv.ops:
+        return False
+    if (kv.ops >= store._kv_max_ops
+            or store._wrote - kv.marker > SLAVE_KV_COMMIT_BYTES
+            or now - since >= SLAVE_KV_COMMIT_S):
+        store._commit_kv()
+        return True
+    return False
+
+
 def _multi_offsets_ok(data: bytes, pos: int, phys: int) -> bool:
     """INNER_MULTI_QUEUE_OFFSET of a general record within [0, phys // FIXED_SIZE] (no
     queue holds more records than the CommitLog before it): offsets are not under the body

@@ -52,6 +52,7 @@ def test_outbox_replaces_a_long_backlog_by_a_snapshot(monkeypatch):
     class Feed:
         frame_bytes = 4096
         pop = None
+        seq = 0
 
     monkeypatch.setattr(pop_sync, "POP_RESNAPSHOT_BYTES", 1000)
     box = pop_sync.PopOutbox(Feed())
