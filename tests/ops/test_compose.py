@@ -355,10 +355,6 @@ def _broker_service(stack, broker_name: str, broker_id: int) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("LMQ_TEST_COMPOSE_FAILOVER"), reason=(
-    "passed three times (40-51 s each) after the gateways', Spark's and the MQTT broker "
-    "link's failover fixes; kept out of the default run until it has a longer record, and "
-    "for the suite's time budget (LMQ_TEST_COMPOSE_FAILOVER=1 runs it)"))
 def test_devices_and_consumers_carry_on_after_a_master_is_killed(tmp_path):
     _needs_spark()
     with Stack(tmp_path) as stack:
