@@ -247,6 +247,33 @@ class Subscriber:
         self.client.disconnect()
 
 
+class AmqpTelemetry:
+    """An AMQP queue bound to `amq.topic` for the devices' telemetry (MQTT topic a/b/c is
+    routing key a.b.c, docs/amqp.md): the (device, ts) of every reading it got."""
+
+    def __init__(self, port: int) -> None:
+        import pika
+
+        # no heartbeats: the test polls this connection only now and then
+        self.conn = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", port, heartbeat=0))
+        self.ch = self.conn.channel()
+        self.ch.queue_declare("compose-telemetry", durable=True)
+        self.ch.queue_bind("compose-telemetry", "amq.topic", "devices.*.telemetry")
+        self.seen: set[tuple[str, int]] = set()
+
+    def drain(self) -> set[tuple[str, int]]:
+        while True:
+            method, _props, body = self.ch.basic_get("compose-telemetry", auto_ack=True)
+            if method is None:
+                return self.seen
+            r = msgpack.unpackb(body)
+            self.seen.add((r["device"], r["ts"]))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _wait(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while not (got := predicate()):
@@ -312,6 +339,7 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
         namesrv = stack.svc["broker-a1"].map_token("namesrv1:9876;namesrv2:9876")
         consumer = TelemetryConsumer(namesrv)
         subscriber = Subscriber(stack.svc["mqtt2"].port(1883))
+        amqp = AmqpTelemetry(stack.svc["amqp"].port(5672))
         try:
             # devices -> MQTT gateway -> brokers: every reading a device had acknowledged
             # (PUBACK) reaches a native consumer of the gateway's topic
@@ -321,6 +349,8 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
             # ... and an MQTT subscriber on the other gateway, from its subscription on
             later = {(r["device"], r["ts"]) for r in _readings(stack)[start + 10:]}
             _wait(lambda: later <= subscriber.seen, 60, "telemetry on the second gateway")
+            # ... and an AMQP queue bound to amq.topic on the AMQP gateway, same stored copy
+            _wait(lambda: later <= amqp.drain(), 60, "telemetry in the AMQP queue")
             # -> Spark -> alerts published back over MQTT, received on the other gateway
             _wait(lambda: subscriber.alerts, 180, "Spark's first alerts over MQTT")
             # the AMQP gateway serves clients against the same brokers
@@ -329,6 +359,7 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
             assert not consumer.missing(readings)
             _check_alerts(stack, subscriber, readings, start + 10)
         finally:
+            amqp.close()
             subscriber.close()
             consumer.close()
 
