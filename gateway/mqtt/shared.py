@@ -62,6 +62,13 @@ def pop_group_name(lmq: str) -> str:
     return "MQTT_SHARE_" + hashlib.sha256(lmq.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
+def _mark(st: LmqState) -> tuple[int, int]:
+    """What "nothing new since" is judged by: the LMQ state's version and its known end.
+    Both count: readers of an LMQ other gateways write learn of new entries by `top` alone
+    (lmq_watch.py raises it without moving the version)."""
+    return st.version, st.top
+
+
 class _Part:
     """The group's position in its LMQ on one broker."""
 
@@ -77,7 +84,8 @@ class _Part:
         self.unacked: dict[int, Session] = {}
         #: returned by members that left, handed out first
         self.back: deque[tuple[int, MqttMessage]] = deque()
-        self.end_version = -1
+        #: _mark() of the LMQ state when this part last found nothing new (-1: unknown)
+        self.end_version: tuple[int, int] | int = -1
         #: POP mode: offset -> (client, popped message) not yet acknowledged
         self.handles: dict[int, tuple] = {}
         #: POP mode: offset -> trio time its invisible time is renewed (SHARE_RENEW_S)
@@ -204,12 +212,12 @@ class SharedGroup:
                     part.next = n
                     got = True
                     continue
-                if st.pending or part.end_version == st.version:
+                if st.pending or part.end_version == _mark(st):
                     continue
                 if st.tail == part.next:
-                    part.end_version = st.version
+                    part.end_version = _mark(st)
                     continue
-                v0 = st.version
+                v0 = _mark(st)
                 result = await link.pull(st, part.next)
                 if result.status is PullStatus.FOUND:
                     for msg in result.messages:
@@ -242,12 +250,12 @@ class SharedGroup:
         if self.link is not None:
             if self.closed or not self._room(1):
                 return False
-            return any(not p.buf and not p.back and p.end_version != p.st.version
+            return any(not p.buf and not p.back and p.end_version != _mark(p.st)
                        for p in self.parts.values())
         for part in self.parts.values():
             st = part.st
             if (not part.buf and not part.back and not st.pending
-                    and part.end_version != st.version and st.tail != part.next):
+                    and part.end_version != _mark(st) and st.tail != part.next):
                 return True
         return False
 
@@ -318,14 +326,14 @@ class SharedGroup:
             if self.closed:
                 return
             st = part.st
-            if part.buf or part.back or part.end_version == st.version:
+            if part.buf or part.back or part.end_version == _mark(st):
                 continue
             room = self._room(batch)
             if not room:
                 return
             if st.watchers and link.foreign_writers:
                 link._watch(st)  # wakes the members when any gateway writes the LMQ
-            v0 = st.version
+            v0 = _mark(st)
             pc = self._client(broker)
             # Not cancelled half-way (a member's connection closing): messages the broker
             # handed out must reach this group, or be released (bounded by the timeout).
