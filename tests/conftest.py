@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 
+# tryfirst: xdist's own hook turns the marks into groups, so they must be there before it runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
