@@ -39,14 +39,22 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 
 __all__ = ["PopClient", "PopMessage", "PopRecord", "PopResult", "PopStatus", "INIT_MODE_MIN",
-           "INIT_MODE_MAX"]
+           "INIT_MODE_MAX", "private_code_refused"]
 
 POP_CK = "POP_CK"
 _POP_CK_MARK = b"POP_CK\x01"
 _STORE_TS = struct.Struct(">q")
 _RECONSUME = struct.Struct(">i")
+#: How long `send_back_to_dlq` keeps a message invisible while it copies it to the DLQ.
+SEND_BACK_HOLD_MS = 30_000
 INIT_MODE_MIN = 0
 INIT_MODE_MAX = 1
+
+
+def private_code_refused(exc: BaseException) -> bool:
+    """The broker does not know the request code: an Apache broker, or ours in
+    apache_strict mode, answering one of lmq-gateway's private POP codes (docs/pop.md)."""
+    return isinstance(exc, MQBrokerError) and exc.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 
 
 class PopStatus:
@@ -316,7 +324,8 @@ class PopClient:
         f = m.handle.split(" ")
         f[1], f[2], f[3] = h["popTime"], h["invisibleTime"], h["reviveQid"]
         m.handle = " ".join(f)
-        m.message.properties[POP_CK] = m.handle
+        if m.message is not None:  # None: a handle alone (the gRPC front end's)
+            m.message.properties[POP_CK] = m.handle
         return True
 
     async def reject(self, m: PopMessage) -> bool:
@@ -329,6 +338,25 @@ class PopClient:
         if resp.code != ResponseCode.SUCCESS:
             raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
         return True
+
+    async def send_back_to_dlq(self, m: PopMessage, commitlog_offset: int,
+                               origin_msg_id: str = "") -> bool:
+        """Negative ack without requeue by Apache RocketMQ 5's codes only (as its proxy's
+        ForwardMessageToDeadLetterQueue): CONSUMER_SEND_MSG_BACK with delay level -1 stores
+        a copy of the message at `commitlog_offset` in the group's %DLQ% topic, then ACK.
+        False when the handle is not current. Unlike Apache's proxy, the handle is checked
+        first (CHANGE_INVISIBLETIME to `SEND_BACK_HOLD_MS`, which also keeps the message
+        from coming back while it is copied), so a stale handle stores no copy."""
+        if not await self.change_invisible(m, SEND_BACK_HOLD_MS):
+            return False
+        ext = {"offset": str(commitlog_offset), "group": self.group, "delayLevel": "-1",
+               "originMsgId": origin_msg_id, "originTopic": m.topic, "unitMode": "false",
+               "maxReconsumeTimes": "0"}
+        resp = await self._invoke(RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK,
+                                                          ext))
+        if resp.code != ResponseCode.SUCCESS:
+            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        return await self.ack(m)
 
     async def purge(self, topic: str, queue_id: int = 0, *, everything: bool = False) -> int:
         """Drop what waits for delivery in (group, topic, queue): never handed out or

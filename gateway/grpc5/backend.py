@@ -25,7 +25,13 @@ from core.broker.processors.recall import (
 from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
 from core.client.model import MASTER_ID, MessageQueue, SendStatus, TopicRouteData, loads_lenient
-from core.client.pop_consumer import INIT_MODE_MAX, INIT_MODE_MIN, PopClient, PopResult
+from core.client.pop_consumer import (
+    INIT_MODE_MAX,
+    INIT_MODE_MIN,
+    PopClient,
+    PopResult,
+    private_code_refused,
+)
 from core.common.msgid import decode_offset_msg_id
 from core.common.properties import MessageConst, encode_properties
 from core.common.sysflag import MessageSysFlag
@@ -37,7 +43,7 @@ from gateway.grpc5.mqtt_out import MqttOut
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.renew import Renewer
 
-__all__ = ["Backend", "BrokerQueues", "Handle", "parse_handle"]
+__all__ = ["Backend", "BrokerQueues", "Handle", "client_handle", "parse_handle"]
 
 log = logging.getLogger(__name__)
 
@@ -99,24 +105,42 @@ class BrokerQueues:
 
 @dataclass(slots=True)
 class Handle:
-    """A POP receipt handle (docs/pop.md): what ACK and CHANGE_INVISIBLETIME need."""
+    """A client's receipt handle: the broker's POP handle (docs/pop.md: what ACK and
+    CHANGE_INVISIBLETIME need), `text`, and the message's commit-log offset (what
+    CONSUMER_SEND_MSG_BACK needs; -1 when the client's handle has none)."""
 
     text: str
     broker: str
     queue_id: int
     offset: int
+    commitlog_offset: int = -1
+
+    def for_client(self, text: str | None = None) -> str:
+        """`text` (a POP handle of this message, by default ours) as clients get it."""
+        return client_handle(text or self.text, self.commitlog_offset)
+
+
+def client_handle(pop_handle: str, commitlog_offset: int) -> str:
+    """The receipt handle a client gets, as Apache's proxy forms it: the POP handle and
+    the message's commit-log offset as a ninth field."""
+    if commitlog_offset < 0:
+        return pop_handle
+    return f"{pop_handle} {commitlog_offset}"
 
 
 def parse_handle(text: str) -> Handle:
-    """INVALID_RECEIPT_HANDLE unless `text` is an 8-field POP handle."""
+    """INVALID_RECEIPT_HANDLE unless `text` is an 8-field POP handle, optionally followed
+    by the commit-log offset (`client_handle`)."""
     f = text.split(" ")
-    if len(f) != 8 or len(text) > 512:
+    if len(f) not in (8, 9) or len(text) > 512:
         raise GrpcError(pb.INVALID_RECEIPT_HANDLE, "malformed receipt handle")
     try:
-        for i in (0, 1, 2, 3, 4, 6, 7):
+        for i in (0, 1, 2, 3, 4, 6, 7, 8)[:len(f) - 1]:
             int(f[i])
     except ValueError:
         raise GrpcError(pb.INVALID_RECEIPT_HANDLE, "malformed receipt handle") from None
+    if len(f) == 9:
+        return Handle(text[:text.rindex(" ")], f[5], int(f[6]), int(f[7]), int(f[8]))
     return Handle(text, f[5], int(f[6]), int(f[7]))
 
 
@@ -171,6 +195,8 @@ class Backend:
         self.mqtt = MqttOut(client)
         #: broker address -> (expiry, FIFO group names): see group_fifo.
         self._fifo_groups: dict[str, tuple[float, set[str]]] = {}
+        #: Brokers that refused POP_DEAD_LETTER (Apache's, ours in apache_strict mode).
+        self._apache_dead_letter: set[str] = set()
 
     async def _renew(self, group: str, topic: str, handle: str, invisible_ms: int,
                      route_topic: str | None) -> str:
@@ -461,22 +487,26 @@ class Backend:
 
     async def change_invisible(self, group: str, topic: str, handle: Handle,
                                invisible_ms: int, route_topic: str | None = None) -> str:
-        return await self._handle_call(group, topic, handle, "change", invisible_ms,
-                                       route_topic=route_topic)
+        """The message's new receipt handle, as the client gets it."""
+        return handle.for_client(await self._handle_call(group, topic, handle, "change",
+                                                         invisible_ms,
+                                                         route_topic=route_topic))
 
     async def dead_letter(self, group: str, topic: str, handle: Handle,
-                          route_topic: str | None = None) -> None:
-        await self._handle_call(group, topic, handle, "reject", route_topic=route_topic)
+                          route_topic: str | None = None, message_id: str = "") -> None:
+        await self._handle_call(group, topic, handle, "reject", route_topic=route_topic,
+                                message_id=message_id)
 
     async def _handle_call(self, group: str, topic: str, handle: Handle, op: str,
                            invisible_ms: int = 0, route_topic: str | None = None,
-                           raw: bool = False) -> str:
+                           raw: bool = False, message_id: str = "") -> str:
         from core.client.pop_consumer import PopMessage
 
         if not raw:  # a client's handle: the one the broker holds, if we renewed it
             current = await self.renewer.take(handle.text)
             if current != handle.text:
-                handle = parse_handle(current)
+                handle = Handle(current, handle.broker, handle.queue_id, handle.offset,
+                                handle.commitlog_offset)
 
         # Lite topics: the LMQ has no route of its own; its parent's names the broker.
         addr = await self.broker_addr(handle.broker, route_topic or topic)
@@ -486,9 +516,11 @@ class Backend:
             if op == "ack":
                 ok = await pc.ack(m)
             elif op == "reject":
-                ok = await pc.reject(m)
+                ok = await self._dead_letter(pc, m, handle.commitlog_offset, message_id)
             else:
-                ok = await _change_invisible(pc, m, invisible_ms)
+                ok = await pc.change_invisible(m, invisible_ms)
+        except GrpcError:
+            raise
         except Exception as exc:
             raise status_of(exc) from exc
         if not ok:
@@ -496,22 +528,24 @@ class Backend:
                             "receipt handle expired: the message was redelivered or acked")
         return m.handle
 
-
-async def _change_invisible(pc: PopClient, m, invisible_ms: int) -> bool:
-    # PopClient.change_invisible also rewrites the message's POP_CK; we have no message.
-    from core.remoting.codec import RemotingCommand
-    from core.remoting.codes import RequestCode
-
-    ext = pc._ack_ext(m)
-    ext["invisibleTime"] = str(invisible_ms)
-    resp = await pc._invoke(RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, ext))
-    if resp.code == ResponseCode.NO_MESSAGE:
-        return False
-    if resp.code != ResponseCode.SUCCESS:
-        raise MQBrokerError(resp.code, resp.remark or "", pc.broker_addr)
-    h = resp.ext_fields
-    f = m.handle.split(" ")
-    f[1], f[2], f[3] = h["popTime"], h["invisibleTime"], h["reviveQid"]
-    m.handle = " ".join(f)
-    return True
+    async def _dead_letter(self, pc: PopClient, m, commitlog_offset: int,
+                           message_id: str) -> bool:
+        """The broker's private POP_DEAD_LETTER; on a broker that refuses it (Apache's, or
+        ours in apache_strict mode: one WARNING per broker), Apache's proxy's way:
+        CONSUMER_SEND_MSG_BACK to %DLQ%<group>, then ACK (docs/grpc.md)."""
+        if pc.broker_addr not in self._apache_dead_letter:
+            try:
+                return await pc.reject(m)
+            except MQBrokerError as exc:
+                if not private_code_refused(exc):
+                    raise
+                self._apache_dead_letter.add(pc.broker_addr)
+                log.warning("gRPC front end: broker %s refuses POP_DEAD_LETTER (%s); "
+                            "ForwardMessageToDeadLetterQueue sends messages back to "
+                            "%%DLQ%%<group> and acknowledges them, as Apache's proxy "
+                            "(docs/grpc.md)", pc.broker_addr, exc)
+        if commitlog_offset < 0:
+            raise GrpcError(pb.INVALID_RECEIPT_HANDLE,
+                            "receipt handle without the commit-log offset this broker needs")
+        return await pc.send_back_to_dlq(m, commitlog_offset, message_id)
 

@@ -16,7 +16,7 @@ import grpc
 
 from core.acl.permissions import ANY, PUB, SUB
 from gateway.grpc5.auth import GrpcAuth, group_resource
-from gateway.grpc5.backend import Backend, parse_handle, transaction_id
+from gateway.grpc5.backend import Backend, client_handle, parse_handle, transaction_id
 from gateway.grpc5.bridge import TrioHop
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, from_grpc, to_grpc, wrap
@@ -418,8 +418,10 @@ class MessagingServicer(pbg.MessagingServiceServicer):
                 stats.msgs_out += 1
                 stats.bytes_out += len(m.message.body)
                 out = pb.ReceiveMessageResponse()
-                out.message.CopyFrom(to_grpc(m.message, ns, topic=topic, handle=m.handle,
-                                             invisible_ms=r.invisible_time))
+                out.message.CopyFrom(to_grpc(
+                    m.message, ns, topic=topic,
+                    handle=client_handle(m.handle, m.message.commitlog_offset),
+                    invisible_ms=r.invisible_time))
                 yield out
         yield _delivery_timestamp()
 
@@ -476,7 +478,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             self._sub(context, topic, group)
             handle = parse_handle(request.receipt_handle)
             await self._call(self.backend.dead_letter, group, self._lmq(topic, request),
-                             handle, topic)
+                             handle, topic, request.message_id)
         except GrpcError as err:
             return self._fail(resp, err)
         return self._ok(resp)
