@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import struct
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,9 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 
 __all__ = ["PopClient", "PopMessage", "PopRecord", "PopResult", "PopStatus", "INIT_MODE_MIN",
-           "INIT_MODE_MAX", "private_code_refused"]
+           "INIT_MODE_MAX", "SLAVE_UNCONFIRMED", "UNCONFIRMED", "private_code_refused"]
+
+log = logging.getLogger(__name__)
 
 POP_CK = "POP_CK"
 _POP_CK_MARK = b"POP_CK\x01"
@@ -49,6 +52,39 @@ _RECONSUME = struct.Struct(">i")
 SEND_BACK_HOLD_MS = 30_000
 INIT_MODE_MIN = 0
 INIT_MODE_MAX = 1
+
+
+#: Answers of a SYNC_MASTER broker whose slave did not confirm an ack or a change in time
+#: (docs/ha.md "POP state"): the ack or change is applied on the master all the same.
+SLAVE_UNCONFIRMED = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                               ResponseCode.SLAVE_NOT_AVAILABLE})
+#: At most one WARNING about such answers per this many seconds, per process.
+UNCONFIRMED_LOG_S = 60.0
+
+
+class UnconfirmedAcks:
+    """POP acks and changes a master applied but its slave did not confirm: counted
+    (`count`), with one WARNING per `UNCONFIRMED_LOG_S` giving the number since the last."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged = 0
+        self._next_log = 0.0
+
+    def note(self, addr: str, code: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now >= self._next_log:
+            self._next_log = now + UNCONFIRMED_LOG_S
+            log.warning("POP: %d ack(s) or change(s) applied on master %s but not confirmed "
+                        "by a slave (%s); a failover before the slave catches up may "
+                        "redeliver them (docs/client.md)", self.count - self._logged, addr,
+                        ResponseCode(code).name)
+            self._logged = self.count
+
+
+#: The process's count of unconfirmed POP acks and changes.
+UNCONFIRMED = UnconfirmedAcks()
 
 
 def private_code_refused(exc: BaseException) -> bool:
@@ -269,15 +305,23 @@ class PopClient:
         return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),
                 "extraInfo": m.handle, "offset": str(m.queue_offset)}
 
+    def _applied(self, resp: RemotingCommand) -> None:
+        """Raise MQBrokerError unless `resp` says the ack or change was made: SUCCESS, or
+        a SYNC_MASTER's SLAVE_UNCONFIRMED answer (counted in `UNCONFIRMED`)."""
+        if resp.code != ResponseCode.SUCCESS:
+            if resp.code not in SLAVE_UNCONFIRMED:
+                raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+            UNCONFIRMED.note(self.broker_addr, resp.code)
+
     async def ack(self, m: PopMessage) -> bool:
-        """True when acknowledged; False when the handle is no longer current (the
-        message was redelivered since, or already acknowledged)."""
+        """True when acknowledged (by a SYNC_MASTER whose slave did not confirm it too:
+        see `UNCONFIRMED`); False when the handle is no longer current (the message was
+        redelivered since, or already acknowledged)."""
         resp = await self._invoke(RemotingCommand.request(RequestCode.ACK_MESSAGE,
                                                           self._ack_ext(m)))
         if resp.code == ResponseCode.NO_MESSAGE:
             return False
-        if resp.code != ResponseCode.SUCCESS:
-            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        self._applied(resp)
         return True
 
     async def batch_ack(self, messages: list[PopMessage]) -> None:
@@ -306,21 +350,27 @@ class PopClient:
                          "b": base64.b64encode(bytes(bits)).decode("ascii")})
         body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
         resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
-        if resp.code != ResponseCode.SUCCESS:
-            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
+        self._applied(resp)
 
     async def change_invisible(self, m: PopMessage, invisible_ms: int) -> bool:
         """New deadline `invisible_ms` from now; `m.handle` becomes the new handle.
-        False when the handle is no longer current."""
+        False when the handle is no longer current. A SYNC_MASTER's SLAVE_UNCONFIRMED
+        answer counts as made (`UNCONFIRMED`) when it carries the new handle's fields, or
+        for `invisible_ms` 0 (no handle needed); else it raises MQBrokerError: made on the
+        master, but the new handle is unknown."""
         ext = self._ack_ext(m)
         ext["invisibleTime"] = str(invisible_ms)
         resp = await self._invoke(
             RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, ext))
         if resp.code == ResponseCode.NO_MESSAGE:
             return False
-        if resp.code != ResponseCode.SUCCESS:
-            raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
-        h = resp.ext_fields
+        h = resp.ext_fields or {}
+        if resp.code in SLAVE_UNCONFIRMED and "popTime" not in h and invisible_ms:
+            raise MQBrokerError(resp.code, f"{resp.remark or ''} (made on the master; the "
+                                "broker sent no new handle)", self.broker_addr)
+        self._applied(resp)
+        if "popTime" not in h:
+            return True  # a release (invisible_ms 0) not confirmed by the slave
         f = m.handle.split(" ")
         f[1], f[2], f[3] = h["popTime"], h["invisibleTime"], h["reviveQid"]
         m.handle = " ".join(f)

@@ -3,12 +3,10 @@ one process, TCP on free ports; the outbox's bookkeeping of what the slave confi
 
 from __future__ import annotations
 
-import pytest
 import trio
 
 from core.broker.ha import pop_sync
 from core.broker.pop.journal import snapshot_line
-from core.client.errors import MQBrokerError
 from core.client.pop_consumer import PopClient
 from core.remoting.codes import ResponseCode
 from tests.core.ha.test_replication import TOPIC, cluster, send
@@ -74,10 +72,10 @@ def test_sync_master_without_a_slave_answers_acks_slave_not_available(tmp_path):
             pc = PopClient(client, master.broker_addr, "bk", GROUP)
             got = (await pc.pop(TOPIC, queue_id=0, max_nums=1, invisible_ms=600_000)).messages
             assert len(got) == 1
-            with pytest.raises(MQBrokerError) as err:
-                await pc.ack(got[0])
-            assert err.value.code == ResponseCode.SLAVE_NOT_AVAILABLE
-            # ...and the ack was made on the master all the same.
+            # SLAVE_NOT_AVAILABLE: the POP client reports the ack as made (counted in
+            # UNCONFIRMED, tests/core/ha/test_pop_unconfirmed.py)...
+            assert await pc.ack(got[0])
+            # ...and the ack was made on the master.
             assert got[0].queue_offset in _acked_on(master)
 
     trio.run(main)
