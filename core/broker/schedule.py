@@ -32,7 +32,9 @@ When a hop comes due and TIMER_DELIVER_MS is still ahead, the message is diverte
 with the time left and put as a normal scheduled message: it is always stored in some
 level queue, so a crash mid-cascade loses nothing (the hop may repeat). Hops are bounded:
 the time left is capped at `timer_max_delay_s` (default 3 days, Apache's
-timerMaxDelaySec; a later TIMER_DELIVER_MS is rewritten to it) and every hop but the
+timerMaxDelaySec; a send whose TIMER_DELIVER_MS lies further ahead is refused with
+MESSAGE_ILLEGAL, as Apache's broker refuses it: `too_far_ahead`; a later one reaching
+divert() by another path, a committed half message, is rewritten to it) and every hop but the
 last takes at least the chosen level's delay off it. A message whose TIMER_DELIVER_MS is already past when it is diverted (a
 consumer's send-back of a delivered 5.x delayed message) uses its DELAY level as a 4.x
 message does. See docs/grpc.md "Delivery times".
@@ -224,6 +226,12 @@ class ScheduleMessageService:
         return {"offsetTable": {str(k): v for k, v in sorted(self.offset_table.items())}}
 
     # ------------------------------------------------------------------ send path
+    def too_far_ahead(self, properties: dict) -> bool:
+        """Whether a message's TIMER_DELIVER_MS lies more than `timer_max_delay_s` ahead
+        (the send path refuses it: MESSAGE_ILLEGAL, as Apache's broker)."""
+        target = _deliver_ms(properties)
+        return target is not None and target - _now_ms() > self.timer_max_delay_ms
+
     def divert(self, inner: InnerMessage) -> None:
         """Rewrite a message with DELAY>0 into `SCHEDULE_TOPIC_XXXX` (docs/protocol.md §9.2), in place.
 

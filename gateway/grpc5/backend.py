@@ -311,6 +311,11 @@ class Backend:
                 broker.addr, mq, ext, msg.body, batch=False, uniq_id=msg.message_id)
         except Exception as exc:
             self._routes.pop(msg.topic, None)
+            if (isinstance(exc, MQBrokerError) and exc.code == ResponseCode.MESSAGE_ILLEGAL
+                    and DELIVER_MS in msg.properties):
+                # The broker's timer_max_delay_s is below ours (`lmq proxy
+                # --timer-max-delay-s`): refused, not delivered early.
+                raise GrpcError(pb.ILLEGAL_DELIVERY_TIME, f"broker refused: {exc}") from exc
             raise status_of(exc) from exc
         entry = pb.SendResultEntry(message_id=msg.message_id, offset=result.queue_offset)
         code = _SEND_STATUS.get(result.status, pb.OK)

@@ -46,8 +46,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "reaches the port can send and consume)")
     parser.add_argument("--log-level", default="INFO", type=log_level,
                         help="logging level (default %(default)s)")
+    from gateway.grpc5.config import GrpcConfig
+
+    parser.add_argument("--timer-max-delay-s", type=_positive_int,
+                        default=GrpcConfig.timer_max_delay_s,
+                        metavar="S", help="furthest a DELAY message's delivery time may lie "
+                        "ahead, else ILLEGAL_DELIVERY_TIME (default %(default)s, 3 days; "
+                        "keep it at most the brokers' timer_max_delay_s)")
     add_metrics_options(parser, gateway_only=True)
     parser.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     config = GrpcConfig(host=args.host, port=args.grpc_port,
                         advertise_host=args.advertise_host,
                         tls_certfile=args.grpc_tls_certfile or "",
-                        tls_keyfile=args.grpc_tls_keyfile or "")
+                        tls_keyfile=args.grpc_tls_keyfile or "",
+                        timer_max_delay_s=args.timer_max_delay_s)
 
     exporter = exporter_from_args(args)
     # /readyz: 503 with this reason until the gRPC port is up, 200 after, 503 when stopping

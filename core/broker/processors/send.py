@@ -390,7 +390,12 @@ class SendProcessor:
             and MessageSysFlag.transaction_value(inner.sys_flag)
             in (MessageSysFlag.TRANSACTION_NOT_TYPE, MessageSysFlag.TRANSACTION_COMMIT_TYPE)
         ):
-            broker.schedule_service.divert(inner)
+            schedule = broker.schedule_service
+            if schedule.too_far_ahead(inner.properties):  # Apache: WHEEL_TIMER_MSG_ILLEGAL
+                return error(cmd, ResponseCode.MESSAGE_ILLEGAL,
+                             "timer message illegal: its delivery time lies more than "
+                             f"{schedule.timer_max_delay_ms} ms ahead (timer_max_delay_s)")
+            schedule.divert(inner)
         result = await broker.put_message(inner)
         return self._response(cmd, result, response_queue_id)
 

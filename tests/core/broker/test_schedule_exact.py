@@ -12,7 +12,7 @@ import trio
 from core.broker.processors.recall import encode_recall_handle
 from core.common.names import SCHEDULE_TOPIC
 from core.remoting.codec import RemotingCommand
-from core.remoting.codes import RequestCode
+from core.remoting.codes import RequestCode, ResponseCode
 from tests.core.broker.b_harness import messages, wait_async
 from tests.core.broker.harness import run_embedded, send_request
 
@@ -100,16 +100,17 @@ def test_recall_mid_cascade(tmp_path):
 
 
 
-def test_far_time_is_capped_and_past_time_keeps_the_level(tmp_path):
+def test_far_time_is_refused_and_past_time_keeps_the_level(tmp_path):
     async def body(server, client):
         store = server.broker.store
-        # Further ahead than timer_max_delay_s: the delivery time is pulled in to it.
+        # Further ahead than timer_max_delay_s: refused, as Apache's broker (MESSAGE_ILLEGAL),
+        # not pulled in to the limit (delivered early).
         sent = now_ms()
-        await send_at(server, client, b"far", sent + 10 * 86_400_000, "U-FAR")
-        (phys, _size, due), = store.units(SCHEDULE_TOPIC, 2, 0, 10)  # the 4 s level
-        capped = int(store.look_message(phys).properties["TIMER_DELIVER_MS"])
-        assert sent + 60_000 <= capped <= now_ms() + 60_000
-        assert due <= now_ms() + 4000
+        resp = await client.invoke(server.broker.broker_addr, send_request(
+            TOPIC, b"far", properties={"DELAY": "3",
+                                       "TIMER_DELIVER_MS": str(sent + 10 * 86_400_000)}))
+        assert resp.code == ResponseCode.MESSAGE_ILLEGAL
+        assert store.units(SCHEDULE_TOPIC, 2, 0, 10) == []  # nothing in the 4 s level
         # A delivery time already past (a delivered 5.x message sent back for a retry):
         # its DELAY level, as a 4.x message.
         resp = await client.invoke(server.broker.broker_addr, send_request(
