@@ -9,14 +9,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from core.acl.permissions import ANY, PUB, SUB
 from gateway.grpc5.auth import GrpcAuth, group_resource
-from gateway.grpc5.backend import Backend, client_handle, parse_handle, transaction_id
+from gateway.grpc5.backend import Backend, Handle, client_handle, parse_handle, transaction_id
 from gateway.grpc5.bridge import TrioHop
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.convert import GrpcError, from_grpc, to_grpc, wrap
@@ -103,6 +103,19 @@ class MessagingServicer(pbg.MessagingServiceServicer):
     def _sub(self, context, topic: str, group: str) -> None:
         self._authorize(context, (topic, SUB), (group_resource(group), SUB))
 
+    @staticmethod
+    def _names(request) -> tuple[str, str]:
+        """The request's (group, topic), namespaced."""
+        return (wrap(request.group.resource_namespace, request.group.name),
+                wrap(request.topic.resource_namespace, request.topic.name))
+
+    def _handle_of(self, request, context) -> tuple[str, str, Handle]:
+        """(group, topic, receipt handle) of a call on one received message, once the
+        caller may consume them."""
+        group, topic = self._names(request)
+        self._sub(context, topic, group)
+        return group, topic, parse_handle(request.receipt_handle)
+
     def _lmq(self, topic: str, request) -> str:
         """The topic a handle belongs to: the lite topic's LMQ when one is named."""
         if request.HasField("lite_topic") and request.lite_topic:
@@ -137,18 +150,23 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             raise status_of(exc) from exc
 
     # ------------------------------------------------------------------ routes
+    async def _route(self, request, context, topic: str, *rights: tuple[str, int]):
+        """(the topic's brokers, the endpoints a reply names), once the caller holds
+        `rights`."""
+        self._authorize(context, *rights)
+        brokers = await self._call(self.backend.route, topic)
+        return brokers, self._endpoints(request.endpoints if request.HasField("endpoints")
+                                        else None, context)
+
     async def QueryRoute(self, request, context):
         resp = pb.QueryRouteResponse()
         try:
             topic = wrap(request.topic.resource_namespace, request.topic.name)
             if not request.topic.name:
                 raise GrpcError(pb.ILLEGAL_TOPIC, "topic is empty")
-            self._authorize(context, (topic, ANY))
-            brokers = await self._call(self.backend.route, topic)
+            brokers, endpoints = await self._route(request, context, topic, (topic, ANY))
         except GrpcError as err:
             return self._fail(resp, err)
-        endpoints = self._endpoints(request.endpoints if request.HasField("endpoints")
-                                    else None, context)
         for b in brokers:
             for qid in range(max(b.read, b.write)):
                 readable = qid < b.read and b.perm & 4
@@ -166,14 +184,11 @@ class MessagingServicer(pbg.MessagingServiceServicer):
     async def QueryAssignment(self, request, context):
         resp = pb.QueryAssignmentResponse()
         try:
-            topic = wrap(request.topic.resource_namespace, request.topic.name)
-            self._sub(context, topic, wrap(request.group.resource_namespace,
-                                           request.group.name))
-            brokers = await self._call(self.backend.route, topic)
+            group, topic = self._names(request)
+            brokers, endpoints = await self._route(request, context, topic, (topic, SUB),
+                                                   (group_resource(group), SUB))
         except GrpcError as err:
             return self._fail(resp, err)
-        endpoints = self._endpoints(request.endpoints if request.HasField("endpoints")
-                                    else None, context)
         for b in brokers:
             if b.read > 0 and b.perm & 4:
                 mq = resp.assignments.add().message_queue
@@ -331,9 +346,16 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             self.stats.bytes_in += len(out.body)  # the bytes we hold (pb's .body copies)
         return resp
 
-    async def EndTransaction(self, request, context):
-        resp = pb.EndTransactionResponse()
+    async def _reply(self, resp, work: Callable[[], Awaitable[None]]):
+        """`resp` with status OK once `work()` has filled it in, else its GrpcError's."""
         try:
+            await work()
+        except GrpcError as err:
+            return self._fail(resp, err)
+        return self._ok(resp)
+
+    async def EndTransaction(self, request, context):
+        async def work() -> None:
             if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
                 raise GrpcError(pb.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
             topic = wrap(request.topic.resource_namespace, request.topic.name)
@@ -341,20 +363,19 @@ class MessagingServicer(pbg.MessagingServiceServicer):
             await self._call(self.backend.end_transaction, topic, request.message_id,
                              request.transaction_id, request.resolution == pb.COMMIT,
                              request.source == pb.SOURCE_SERVER_CHECK)
-        except GrpcError as err:
-            return self._fail(resp, err)
-        return self._ok(resp)
+
+        return await self._reply(pb.EndTransactionResponse(), work)
 
     async def RecallMessage(self, request, context):
         resp = pb.RecallMessageResponse()
-        try:
+
+        async def work() -> None:
             topic = wrap(request.topic.resource_namespace, request.topic.name)
             self._authorize(context, (topic, PUB))
             resp.message_id = await self._call(self.backend.recall, topic,
                                                request.recall_handle)
-        except GrpcError as err:
-            return self._fail(resp, err)
-        return self._ok(resp)
+
+        return await self._reply(resp, work)
 
     # ------------------------------------------------------------------ receiving
     async def ReceiveMessage(self, request, context):
@@ -427,8 +448,7 @@ class MessagingServicer(pbg.MessagingServiceServicer):
 
     async def AckMessage(self, request, context):
         resp = pb.AckMessageResponse()
-        group = wrap(request.group.resource_namespace, request.group.name)
-        topic = wrap(request.topic.resource_namespace, request.topic.name)
+        group, topic = self._names(request)
         codes = set()
         try:
             self._sub(context, topic, group)
@@ -455,41 +475,32 @@ class MessagingServicer(pbg.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request, context):
         resp = pb.ChangeInvisibleDurationResponse()
-        try:
-            group = wrap(request.group.resource_namespace, request.group.name)
-            topic = wrap(request.topic.resource_namespace, request.topic.name)
-            self._sub(context, topic, group)
+
+        async def work() -> None:
+            group, topic, handle = self._handle_of(request, context)
             invisible_ms = _ms(request.invisible_duration)
             if not 0 <= invisible_ms <= self.config.max_invisible_s * 1000:
                 raise GrpcError(pb.ILLEGAL_INVISIBLE_TIME, "invisible duration out of range")
-            handle = parse_handle(request.receipt_handle)
             resp.receipt_handle = await self._call(self.backend.change_invisible, group,
                                                    self._lmq(topic, request), handle,
                                                    invisible_ms, topic)
-        except GrpcError as err:
-            return self._fail(resp, err)
-        return self._ok(resp)
+
+        return await self._reply(resp, work)
 
     async def ForwardMessageToDeadLetterQueue(self, request, context):
-        resp = pb.ForwardMessageToDeadLetterQueueResponse()
-        try:
-            group = wrap(request.group.resource_namespace, request.group.name)
-            topic = wrap(request.topic.resource_namespace, request.topic.name)
-            self._sub(context, topic, group)
-            handle = parse_handle(request.receipt_handle)
+        async def work() -> None:
+            group, topic, handle = self._handle_of(request, context)
             await self._call(self.backend.dead_letter, group, self._lmq(topic, request),
                              handle, topic, request.message_id)
-        except GrpcError as err:
-            return self._fail(resp, err)
-        return self._ok(resp)
+
+        return await self._reply(pb.ForwardMessageToDeadLetterQueueResponse(), work)
 
 
     # ------------------------------------------------------------------ lite topics
     async def SyncLiteSubscription(self, request, context):
         resp = pb.SyncLiteSubscriptionResponse()
         try:
-            group = wrap(request.group.resource_namespace, request.group.name)
-            topic = wrap(request.topic.resource_namespace, request.topic.name)
+            group, topic = self._names(request)
             client_id = _meta(context).get("x-mq-client-id", "")
             if not client_id:
                 raise GrpcError(pb.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
