@@ -12,7 +12,7 @@ import logging
 
 import trio
 
-from core.client import ClientInstance
+from core.client.local import embedded_client
 from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.server import GrpcServer
 
@@ -31,7 +31,6 @@ class GrpcService:
         self._stopped = False
 
     async def __call__(self, server, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        namesrv_addr = server.namesrv_addr or ";".join(server.broker_config.namesrv_addrs)
         core = server.broker
         # Never accept a delivery time the broker would pull in (docs/grpc.md "Delivery times").
         self.config.timer_max_delay_s = min(self.config.timer_max_delay_s,
@@ -41,10 +40,7 @@ class GrpcService:
             self._scope = scope
             if self._stopped:
                 scope.cancel()
-            async with ClientInstance(namesrv_addr=namesrv_addr) as client:
-                if server.namesrv is not None:
-                    client.remoting.register_local(server.namesrv_addr, server.namesrv.table)
-                client.remoting.register_local(core.broker_addr, core.table)
+            async with embedded_client(server) as client:
                 acl = None
                 if server.broker_config.acl_enable:
                     # The broker's accounts, reloads included (docs/acl.md).
