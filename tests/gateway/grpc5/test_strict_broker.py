@@ -14,6 +14,7 @@ import trio
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from tests.gateway.grpc5.harness import GrpcCluster
+from tests.gateway.grpc5.test_wire import receive_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,11 +22,7 @@ META = (("x-mq-client-id", "strict-test-client"),)
 
 
 def _receive(stub, group: str, topic: str, wait_s: float) -> list[pb.Message]:
-    req = pb.ReceiveMessageRequest(batch_size=4)
-    req.group.name = group
-    req.message_queue.topic.name = topic
-    req.invisible_duration.FromSeconds(1)
-    req.long_polling_timeout.FromMilliseconds(int(wait_s * 1000))
+    req = receive_request(group, topic, invisible_s=1, wait_ms=int(wait_s * 1000))
     frames = list(stub.ReceiveMessage(req, metadata=META, timeout=wait_s + 10))
     return [f.message for f in frames if f.WhichOneof("content") == "message"]
 

@@ -58,6 +58,16 @@ def _message(topic="W", body=b"hello", **sys_props) -> pb.Message:
     return m
 
 
+def receive_request(group: str, topic: str = "W", *, batch: int = 4, invisible_s: int = 10,
+                    wait_ms: int = 0) -> pb.ReceiveMessageRequest:
+    req = pb.ReceiveMessageRequest(batch_size=batch)
+    req.group.name = group
+    req.message_queue.topic.name = topic
+    req.invisible_duration.FromSeconds(invisible_s)
+    req.long_polling_timeout.FromMilliseconds(wait_ms)
+    return req
+
+
 def _send(stub, msg: pb.Message, **user_props) -> pb.SendMessageResponse:
     msg.user_properties.update(user_props)
     return stub.SendMessage(pb.SendMessageRequest(messages=[msg]), metadata=META, timeout=10)
@@ -101,22 +111,15 @@ def test_settings_replies_carry_what_clients_need(stub):
 
 
 def test_receive_stream_always_ends_with_a_delivery_timestamp(stub):
-    req = pb.ReceiveMessageRequest(batch_size=4, auto_renew=False)
-    req.group.name = "G_empty"
-    req.message_queue.topic.name = "W"
-    req.invisible_duration.FromSeconds(10)
-    req.long_polling_timeout.FromMilliseconds(0)
+    req = receive_request("G_empty")
+    req.auto_renew = False
     frames = list(stub.ReceiveMessage(req, metadata=META, timeout=10))
     assert frames[0].status.code == pb.MESSAGE_NOT_FOUND
     assert frames[-1].WhichOneof("content") == "delivery_timestamp"
 
 
 def test_sent_message_is_received_with_digest_and_handle(stub):
-    req = pb.ReceiveMessageRequest(batch_size=4)
-    req.group.name = "G_wire_rx"
-    req.message_queue.topic.name = "W"
-    req.invisible_duration.FromSeconds(10)
-    req.long_polling_timeout.FromMilliseconds(0)
+    req = receive_request("G_wire_rx")
     list(stub.ReceiveMessage(req, metadata=META, timeout=10))  # the group starts here
     resp = _send(stub, _message(body=b"payload", tag="t1"), color="blue")
     assert resp.status.code == pb.OK and resp.entries[0].status.code == pb.OK
@@ -225,11 +228,7 @@ def test_a_cancelled_long_poll_ends_its_broker_side_at_once(cluster, stub):
     """The gRPC call's cancellation reaches the trio task and the broker's held poll."""
     service = cluster.server.broker.pop_service
     cluster.create_topic("W_cancel")  # empty: the poll is held
-    req = pb.ReceiveMessageRequest(batch_size=4)
-    req.group.name = "G_cancel"
-    req.message_queue.topic.name = "W_cancel"
-    req.invisible_duration.FromSeconds(10)
-    req.long_polling_timeout.FromSeconds(20)
+    req = receive_request("G_cancel", "W_cancel", wait_ms=20_000)
     call = stub.ReceiveMessage(req, metadata=META, timeout=30)
     deadline = time.monotonic() + 10
     while service.polling == 0:  # held in the broker
@@ -263,11 +262,7 @@ def test_tls(tmp_path):
 
 def test_forward_to_dead_letter_queue(cluster, stub):
     cluster.create_topic("W_dlq")
-    req = pb.ReceiveMessageRequest(batch_size=1)
-    req.group.name = "G_dlq"
-    req.message_queue.topic.name = "W_dlq"
-    req.invisible_duration.FromSeconds(30)
-    req.long_polling_timeout.FromMilliseconds(0)
+    req = receive_request("G_dlq", "W_dlq", batch=1, invisible_s=30)
     list(stub.ReceiveMessage(req, metadata=META, timeout=10))  # the group starts here
     assert _send(stub, _message(topic="W_dlq", body=b"poison")).status.code == pb.OK
     req.long_polling_timeout.FromSeconds(3)
