@@ -161,6 +161,9 @@ class Deliveries:
         queue.subscribers.add(consumer)
         if queue.args.single_active:
             queue.waiting.append(consumer)
+            self.broker.sac.consuming(queue)  # single across gateways (sac.py)
+        if queue.args.expires is not None:
+            self.broker.expiry.consuming(queue)  # in use for the others (expiry.py)
         queue.exclusive_consumer = exclusive
         nursery = self.broker.nursery
         if nursery is None:
@@ -220,8 +223,10 @@ class Deliveries:
         queue = consumer.queue
         checks = queue.args.checks_delivery
         while not consumer.cancelled and not self.closed:
-            if queue.waiting and queue.waiting[0] is not consumer:
-                # x-single-active-consumer: wait until the consumers before it are gone.
+            if queue.waiting and (queue.waiting[0] is not consumer
+                                  or not self.broker.sac.active(queue)):
+                # x-single-active-consumer: wait until the consumers before it are gone,
+                # here and on the other gateways (the queue's lock, sac.py).
                 await queue.active_changed.wait()
                 continue
             room = batch = self._room_left()
