@@ -65,6 +65,7 @@ class SharedExpiry:
         self.locks = locks
         self._dirty: dict[str, tuple[Queue, int]] = {}
         self._ready = trio.Event()
+        self._alive: set[str] = set()  # LMQs whose keep-alive task runs
         self.deleted = 0  # queues this gateway deleted for x-expires
 
     def used(self, queue: Queue) -> None:
@@ -75,14 +76,18 @@ class SharedExpiry:
     def consuming(self, queue: Queue) -> None:
         """A local consumer started: keep the queue in use while there are any."""
         nursery = self.broker.nursery
-        if queue.consumers == 1 and nursery is not None:
+        if queue.lmq not in self._alive and nursery is not None:
+            self._alive.add(queue.lmq)
             nursery.start_soon(self._keep_alive, queue)
 
     async def _keep_alive(self, queue: Queue) -> None:
         period = min(max(queue.args.expires / 4000, MIN_REFRESH_S), MAX_REFRESH_S)
-        while queue.consumers > 0 and queue.expires_at is not None:
-            self.used(queue)
-            await trio.sleep(period)
+        try:
+            while queue.consumers > 0 and queue.expires_at is not None:
+                self.used(queue)
+                await trio.sleep(period)
+        finally:
+            self._alive.discard(queue.lmq)
 
     async def run(self) -> None:
         """The writer task (in the broker's nursery)."""

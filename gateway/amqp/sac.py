@@ -13,7 +13,8 @@ last local consumer goes it unlocks, and a waiting gateway takes over at its nex
 
 A gateway killed with -9 cannot unlock. Its broker connection closes, so the broker drops
 it from the gateways' group (the route log's HEART_BEAT membership): a waiting gateway
-that saw it as a member before and finds it gone unlocks the queue on its behalf
+that saw it as a member before (here or in the route log's last read of the group) and
+finds it gone unlocks the queue on its behalf
 (UNLOCK_BATCH_MQ names the owner's client id) and takes it. Otherwise the lock lapses
 after the broker's `lock_max_live_s`.
 """
@@ -82,8 +83,10 @@ class QueueLocks:
         """Unlock `mqs` for every gateway seen in the group before and missing now (killed,
         or its broker connection lost); True when there was one."""
         api, addr = self.broker.client.api, self.broker.addr
-        live = set(await api.get_consumer_id_list(addr, self.broker.routes.config.group))
-        gone = self.seen - live
+        routes = self.broker.routes
+        live = set(await api.get_consumer_id_list(addr, routes.config.group))
+        # Members seen before: by this check, and by the route log's own reads.
+        gone = (self.seen | routes.members) - live - {self.client_id}
         self.seen = live
         for gateway in gone:
             log.info("AMQP gateway %s left the cluster: releasing its locks of %d queue(s)",

@@ -42,7 +42,11 @@ def publish(ch, queue: str, bodies: list[bytes]) -> None:
         ch.basic_publish("", queue, body)
 
 
-def test_single_active_consumer_is_single_across_gateways(tmp_path):
+STRICT = pytest.mark.parametrize("strict", [False, True], ids=["ours", "apache_strict"])
+
+
+@STRICT
+def test_single_active_consumer_is_single_across_gateways(tmp_path, strict):
     def client(gws: list[Gateway]):
         a, b = gws
         conn_a, conn_b, conn_p = (pika.BlockingConnection(params(g.port)) for g in (a, b, b))
@@ -88,7 +92,8 @@ def test_single_active_consumer_is_single_across_gateways(tmp_path):
         return first, second, third, phase1, phase2, phase3, qb.lmq
 
     cfg = AmqpBrokerConfig(sac_retry_s=0.2, poll_ms=200)
-    first, second, third, phase1, phase2, phase3, _ = run_gateways(tmp_path, client, 2, cfg)
+    first, second, third, phase1, phase2, phase3, _ = run_gateways(
+        tmp_path, client, 2, cfg, broker_kw={"apache_strict": strict})
     assert phase1 == (first, [])  # only the active consumer (on A) received
     assert phase2 == ([], second)  # after its cancel, only B's
     assert phase3 == third  # after B's connection closed, A's again
@@ -103,7 +108,8 @@ def _decl_records(gw: Gateway, op: str, name: str) -> list[dict]:
     return out
 
 
-def test_x_expires_counts_uses_on_every_gateway_and_deletes_once(tmp_path, caplog):
+@STRICT
+def test_x_expires_counts_uses_on_every_gateway_and_deletes_once(tmp_path, caplog, strict):
     """Declared on A with x-expires; used only through B (Basic.Get, then a consumer) for
     longer than x-expires: A's timer does not delete it. Unused, it is deleted once,
     gone on both gateways, with no warning."""
@@ -135,7 +141,9 @@ def test_x_expires_counts_uses_on_every_gateway_and_deletes_once(tmp_path, caplo
         return alive_after_gets, alive_after_consumer, len(deletes), sorted(deleted_by)
 
     with caplog.at_level(logging.WARNING, logger="gateway.amqp"):
-        got = run_gateways(tmp_path, client, 2)
+        got = run_gateways(tmp_path, client, 2, broker_kw={"apache_strict": strict})
     assert got == (True, True, 1, [0, 1])
-    assert [r.getMessage() for r in caplog.records if r.name.startswith("gateway.amqp")
-            and r.levelno >= logging.WARNING] == []
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("gateway.amqp")
+                and r.levelno >= logging.WARNING]
+    # Only the strict broker's one line about Apache mode (one per gateway).
+    assert [w for w in warnings if "POP extensions" not in w] == []
