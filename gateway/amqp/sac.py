@@ -132,15 +132,20 @@ class SingleActive:
 
     async def run(self) -> None:
         """Take, renew and give back locks (in the broker's nursery)."""
+        failed = False
         while True:
-            waiting = any(lmq not in self.held for lmq in self.wanted)
-            with trio.move_on_after(self.retry_s if waiting else self.renew_s):
+            # Soon while a lock is wanted and not held, or after a failed round (a broker
+            # that restarted has forgotten its locks: take them back before another does).
+            soon = failed or any(lmq not in self.held for lmq in self.wanted)
+            with trio.move_on_after(self.retry_s if soon else self.renew_s):
                 await self._changed.wait()
             self._changed = trio.Event()
             try:
                 await self._round()
+                failed = False
             except _ERRORS as exc:
                 log.warning("AMQP single-active-consumer locks: %r", exc)
+                failed = True
 
     async def _round(self) -> None:
         release, self._release = self._release, []
