@@ -1,6 +1,8 @@
-"""x-single-active-consumer across two `lmq amqp` processes on one cluster (a name server
-and an `apache_strict` broker): the gateway of the active consumer is killed with -9 and
-the consumer on the other gateway takes over (gateway/amqp/sac.py)."""
+"""x-single-active-consumer and x-expires across two `lmq amqp` processes on one cluster (a
+name server and an `apache_strict` broker): the gateway of the active consumer is killed
+with -9 and the consumer on the other gateway takes over (gateway/amqp/sac.py); a queue
+with x-expires that only the killed gateway used is deleted by the other once unused
+(gateway/amqp/expiry.py)."""
 
 from __future__ import annotations
 
@@ -26,18 +28,23 @@ def _gateway(root, name: str, namesrv_addr: str) -> tuple[_Proc, int]:
     return proc, port
 
 
-def _known(port: int, queue: str, timeout_s: float = 30.0) -> None:
-    """Until the gateway on `port` knows `queue` (the declaration log)."""
+def _known(port: int, queue: str, known: bool = True, timeout_s: float = 30.0) -> None:
+    """Until the gateway on `port` knows `queue` (the declaration log), or no longer does.
+    Asked with Queue.Purge (the queues are empty then), which, unlike a passive declare, is
+    no use of the queue for x-expires."""
     deadline = time.monotonic() + timeout_s
     conn = pika.BlockingConnection(params(port))
     try:
         while True:
             try:
-                conn.channel().queue_declare(queue, passive=True)
-                return
+                conn.channel().queue_purge(queue)
+                found = True
             except pika.exceptions.ChannelClosedByBroker:
-                assert time.monotonic() < deadline, f"{queue} unknown on {port}"
-                conn.sleep(0.1)
+                found = False
+            if found == known:
+                return
+            assert time.monotonic() < deadline, f"{queue} known={found} on {port}"
+            conn.sleep(0.1)
     finally:
         conn.close()
 
@@ -57,7 +64,13 @@ def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
         ch_p = conn_p.channel()
         ch_p.confirm_delivery()
         conn_a.channel().queue_declare(q, arguments=SAC)
+        # Used only through A (a consumer), known to B.
+        exp = "exp-" + uid()
+        ch_exp = conn_a.channel()
+        ch_exp.queue_declare(exp, arguments={"x-expires": 2000})
+        ch_exp.basic_consume(exp, collect([]))
         _known(port_b, q)
+        _known(port_b, exp)
         got_a: list[bytes] = []
         got_b: list[bytes] = []
         conn_a.channel().basic_consume(q, collect(got_a))
@@ -69,6 +82,7 @@ def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
             ch_p.basic_publish("", q, body)
         pump([conn_a, conn_b], lambda: len(got_a) + len(got_b) >= 1 + len(first), 30)
         before = (got_a[1:], list(got_b))
+        _known(port_b, exp)  # in use on A: alive, on both
 
         gw_a.kill9()
         killed = time.monotonic()
@@ -87,6 +101,7 @@ def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
             ch_p.basic_publish("", q, body)
         pump([conn_b], lambda: len(got_b) >= settled + len(after), 30)
         print(f"take-over after kill -9 of the active consumer's gateway: {takeover_s:.2f} s")
+        _known(port_b, exp, known=False)  # unused since the kill: B deleted it
         conn_b.close()
         conn_p.close()
     finally:
