@@ -248,10 +248,14 @@ class Deliveries:
                 if result.status == PopStatus.POLLING_FULL:
                     await trio.sleep(RETRY_DELAY_S)
                 continue
-            if consumer.cancelled or self.closed:
-                # Popped after the cancel: give them back at once.
+            lost = bool(queue.waiting) and not self.broker.sac.active(queue)
+            if consumer.cancelled or self.closed or lost:
+                # Popped after the cancel, or after this gateway lost the queue's
+                # single-active lock (sac.py): give them back at once.
                 for m in result.messages:
                     await self._requeue(consumer.pop, m)
+                if lost:
+                    continue
                 return
             now = now_ms()
             for m in result.messages:

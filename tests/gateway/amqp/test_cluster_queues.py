@@ -99,6 +99,43 @@ def test_single_active_consumer_is_single_across_gateways(tmp_path, strict):
     assert phase3 == third  # after B's connection closed, A's again
 
 
+def test_a_gateway_that_lost_its_lock_stops_at_its_next_renewal(tmp_path):
+    """The broker gives the lock to another gateway (as after a broker restart, or a take-over
+    from a gateway that seemed gone): the old holder's renewal is refused and it stops; what
+    its POP in flight brought back is requeued, not delivered."""
+    from core.client import MessageQueue
+    from gateway.amqp.sac import LOCK_GROUP
+
+    def client(gws: list[Gateway]):
+        a, b = gws
+        conn_a, conn_b, conn_p = (pika.BlockingConnection(params(g.port)) for g in (a, b, b))
+        ch_p = conn_p.channel()
+        ch_p.confirm_delivery()
+        conn_a.channel().queue_declare("lost", arguments=SAC)
+        b.wait_for(lambda: "lost" in b.broker.queues)
+        qa, qb = a.broker.queues["lost"], b.broker.queues["lost"]
+        got_a: list[bytes] = []
+        got_b: list[bytes] = []
+        conn_a.channel().basic_consume("lost", collect(got_a))
+        a.wait_for(lambda: a.broker.sac.active(qa))
+        conn_b.channel().basic_consume("lost", collect(got_b))
+        mq = MessageQueue(qa.lmq, a.broker.broker_name, 0)
+        a.call(a.client.api.unlock_batch_mq, a.addr, LOCK_GROUP, a.broker.routes.gateway_id,
+               [mq])
+        b.wait_for(lambda: b.broker.sac.active(qb))
+        a.wait_for(lambda: not a.broker.sac.active(qa))
+        bodies = [b"m%d" % i for i in range(10)]
+        publish(ch_p, "lost", bodies)
+        pump([conn_a, conn_b], lambda: len(got_a) + len(got_b) >= len(bodies))
+        for conn in (conn_a, conn_b, conn_p):
+            conn.close()
+        return got_a, got_b, bodies
+
+    cfg = AmqpBrokerConfig(sac_retry_s=0.2, sac_renew_s=0.3, poll_ms=200)
+    got_a, got_b, bodies = run_gateways(tmp_path, client, 2, cfg)
+    assert got_a == [] and sorted(got_b) == sorted(bodies)
+
+
 def _decl_records(gw: Gateway, op: str, name: str) -> list[dict]:
     out = []
     for m in gw.lmq_messages(DECL_TOPIC):
