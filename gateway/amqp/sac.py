@@ -103,7 +103,8 @@ class SingleActive:
         self.locks = QueueLocks(broker)
         cfg = broker.config
         self.lease_s = cfg.sac_lease_s
-        self.renew_s = cfg.sac_renew_s
+        # Renewed at least twice per lease, whatever the settings say.
+        self.renew_s = min(cfg.sac_renew_s, cfg.sac_lease_s / 2)
         self.retry_s = cfg.sac_retry_s
         #: SAC queues with local consumers, by LMQ.
         self.wanted: dict[str, Queue] = {}
