@@ -34,6 +34,7 @@ from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.errors import AmqpError
+from gateway.amqp.expiry import SharedExpiry
 from gateway.amqp.model import (
     AmqpBrokerConfig,
     Exchange,
@@ -47,6 +48,7 @@ from gateway.amqp.model import (
 from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
 from gateway.amqp.pop_compat import APACHE_MODE_LOG, drain, unsupported
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
+from gateway.amqp.sac import SingleActive
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
 from gateway.routing.route_table import BRIDGE_EXCHANGE, Route
@@ -110,6 +112,9 @@ class AmqpBroker:
         from gateway.amqp.dead_letter import QueuePolicy  # it imports this module
 
         self.policy = QueuePolicy(self)
+        #: Single active consumer and x-expires across gateways (sac.py, expiry.py).
+        self.sac = SingleActive(self)
+        self.expiry = SharedExpiry(self, self.sac.locks)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
         #: Stored properties of recent publishes (stored_properties).
         self._props_cache: dict[tuple, bytes] = {}
@@ -160,6 +165,8 @@ class AmqpBroker:
             self.nursery = nursery
             nursery.start_soon(self._ack_loop)
             nursery.start_soon(self.policy.expiry_loop)
+            nursery.start_soon(self.sac.run)
+            nursery.start_soon(self.expiry.run)
             if self.config.share_declarations:
                 from gateway.amqp.decl_log import DeclLog  # it imports this module
 
@@ -187,6 +194,7 @@ class AmqpBroker:
             child.ack_later = self.ack_later  # type: ignore[method-assign]
             child.nursery = self.nursery
             child.decl = self.decl
+            child.sac, child.expiry = self.sac, self.expiry
             self.nursery.start_soon(child.policy.expiry_loop)
             self._vhosts[vhost] = child
         return child
@@ -322,7 +330,7 @@ class AmqpBroker:
 
     def adopt_queue(self, name: str, durable: bool, auto_delete: bool,
                     arguments: Mapping[str, Any]) -> None:
-        """Another gateway declared it (decl_log.py); x-expires stays that gateway's."""
+        """Another gateway declared it (decl_log.py)."""
         if name in self.queues:
             return
         try:
@@ -336,6 +344,9 @@ class AmqpBroker:
         self.queues[name] = queue
         if args.max_length is not None:
             self.limited[lmq] = queue
+        if args.expires is not None:  # a timer here too; adopting is no use (expiry.py)
+            queue.touch()
+            self.policy.schedule_expiry(queue)
 
     async def forget_queue(self, name: str) -> None:
         """Another gateway deleted it: cancel its consumers here, drop the bindings made
@@ -416,13 +427,17 @@ class AmqpBroker:
         return queue
 
     def _touch(self, queue: Queue) -> None:
-        if queue.args.expires is not None and not queue.adopted:
+        if queue.args.expires is not None:
             queue.touch()
             self.policy.schedule_expiry(queue)
+            self.expiry.used(queue)  # shared with the other gateways (expiry.py)
 
     async def delete_expired(self, queue: Queue) -> None:
-        """x-expires passed with the queue unused: it goes."""
-        await self._drop_queue(queue)
+        """x-expires passed with the queue unused here: it goes if it was unused on every
+        gateway, deleted by one of them (expiry.py)."""
+        if await self.expiry.may_delete(self, queue):
+            await self._drop_queue(queue)
+            await self.expiry.deleted_by_us(queue)
 
     async def queue_delete(self, name: str, owner: int, if_unused: bool = False,
                            if_empty: bool = False) -> int:
@@ -469,6 +484,7 @@ class AmqpBroker:
         how many messages went."""
         self.queues.pop(queue.name, None)
         self.limited.pop(queue.lmq, None)
+        self.sac.idle(queue)
         for consumer in list(queue.subscribers):
             await consumer.deliveries.cancel_by_server(consumer.tag)
         queue.expires_at = None
@@ -506,6 +522,7 @@ class AmqpBroker:
         """An auto-delete queue goes with its last consumer (counted on this gateway)."""
         if queue.consumers > 0 or self.queues.get(queue.name) is not queue:
             return
+        self.sac.idle(queue)  # another gateway's consumer may take over
         if queue.auto_delete:
             await self._drop_queue(queue)
         else:

@@ -161,6 +161,9 @@ class Deliveries:
         queue.subscribers.add(consumer)
         if queue.args.single_active:
             queue.waiting.append(consumer)
+            self.broker.sac.consuming(queue)  # single across gateways (sac.py)
+        if queue.args.expires is not None:
+            self.broker.expiry.consuming(queue)  # in use for the others (expiry.py)
         queue.exclusive_consumer = exclusive
         nursery = self.broker.nursery
         if nursery is None:
@@ -220,8 +223,10 @@ class Deliveries:
         queue = consumer.queue
         checks = queue.args.checks_delivery
         while not consumer.cancelled and not self.closed:
-            if queue.waiting and queue.waiting[0] is not consumer:
-                # x-single-active-consumer: wait until the consumers before it are gone.
+            if queue.waiting and (queue.waiting[0] is not consumer
+                                  or not self.broker.sac.active(queue)):
+                # x-single-active-consumer: wait until the consumers before it are gone,
+                # here and on the other gateways (the queue's lock, sac.py).
                 await queue.active_changed.wait()
                 continue
             room = batch = self._room_left()
@@ -243,10 +248,14 @@ class Deliveries:
                 if result.status == PopStatus.POLLING_FULL:
                     await trio.sleep(RETRY_DELAY_S)
                 continue
-            if consumer.cancelled or self.closed:
-                # Popped after the cancel: give them back at once.
+            lost = bool(queue.waiting) and not self.broker.sac.active(queue)
+            if consumer.cancelled or self.closed or lost:
+                # Popped after the cancel, or after this gateway lost the queue's
+                # single-active lock (sac.py): give them back at once.
                 for m in result.messages:
                     await self._requeue(consumer.pop, m)
+                if lost:
+                    continue
                 return
             now = now_ms()
             for m in result.messages:

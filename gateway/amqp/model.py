@@ -55,6 +55,13 @@ class AmqpBrokerConfig:
     share_declarations: bool = True
     #: Declaration-log records after which a gateway writes a snapshot (compaction).
     decl_snapshot_every: int = 10_000
+    #: x-single-active-consumer across gateways (gateway/amqp/sac.py): a gateway counts a
+    #: queue's broker lock as its own for `sac_lease_s` after asking (below the broker's
+    #: lock_max_live_s, 60 s), renews it every `sac_renew_s`, and a gateway waiting for
+    #: it asks every `sac_retry_s` (the take-over bound after a cancel or a close).
+    sac_lease_s: float = 30.0
+    sac_renew_s: float = 10.0
+    sac_retry_s: float = 1.0
 
 
 @dataclass
@@ -87,7 +94,8 @@ class Queue:
     #: Consumers of this queue on this gateway (told with Basic.Cancel when it is deleted).
     subscribers: set = field(default_factory=set)
     active_changed: trio.Event = field(default_factory=trio.Event)
-    #: Declared by another gateway (decl_log.py): its x-expires timer runs there.
+    #: Declared by another gateway (decl_log.py); every gateway runs the x-expires timer
+    #: of the queues it knows, the uses are shared (gateway/amqp/expiry.py).
     adopted: bool = False
 
     def touch(self) -> None:
