@@ -6,6 +6,7 @@ when unusable. Real brokers on free ports, the native client and the C++ client.
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -33,6 +34,15 @@ def scheduled(broker) -> int:
     return sum(broker.store.max_offset(SCHEDULE_TOPIC, q) for q in range(len(LEVELS.split())))
 
 
+@asynccontextmanager
+async def broker_with(topic: str, **broker_kw):
+    """A name server and a broker with small levels, `topic` created: (client, broker)."""
+    async with cluster(message_delay_level=LEVELS, **broker_kw) as c, \
+            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
+        await client.api.create_topic(c.broker_addrs[0], topic, 1, 1)
+        yield client, c.brokers[0]
+
+
 async def arrived(client, topic: str, n: int) -> list:
     got: list = []
 
@@ -45,10 +55,7 @@ async def arrived(client, topic: str, n: int) -> list:
 
 @trio_test
 async def test_timer_properties_hold_the_message_until_its_time():
-    async with cluster(message_delay_level=LEVELS, timer_max_delay_s=MAX_DELAY_S) as c, \
-            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
-        await client.api.create_topic(c.broker_addrs[0], "TimerT", 1, 1)
-        broker = c.brokers[0]
+    async with broker_with("TimerT", timer_max_delay_s=MAX_DELAY_S) as (client, broker):
         async with Producer(client, "PG_TIMER") as p:
             sent = now_ms()
             wanted = {b"sec": 1000, b"ms": 2500, b"at": 1000}
@@ -74,10 +81,7 @@ async def test_timer_properties_hold_the_message_until_its_time():
 
 @trio_test
 async def test_unusable_timer_values_are_refused_and_past_ones_sent_at_once():
-    async with cluster(message_delay_level=LEVELS, timer_max_delay_s=MAX_DELAY_S) as c, \
-            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
-        await client.api.create_topic(c.broker_addrs[0], "TimerBad", 1, 1)
-        broker = c.brokers[0]
+    async with broker_with("TimerBad", timer_max_delay_s=MAX_DELAY_S) as (client, broker):
         async with Producer(client, "PG_TIMER_BAD") as p:
             for props in ({"TIMER_DELAY_SEC": "abc"}, {"TIMER_DELAY_MS": "1.5"},
                           {"TIMER_DELIVER_MS": "99999999999999999999"},
@@ -98,10 +102,7 @@ async def test_unusable_timer_values_are_refused_and_past_ones_sent_at_once():
 
 @trio_test
 async def test_half_message_delivery_time_checked_at_send_and_held_after_commit():
-    async with cluster(message_delay_level=LEVELS, timer_max_delay_s=MAX_DELAY_S) as c, \
-            ClientInstance(namesrv_addr=c.namesrv_addr) as client:
-        await client.api.create_topic(c.broker_addrs[0], "TimerTx", 1, 1)
-        broker = c.brokers[0]
+    async with broker_with("TimerTx", timer_max_delay_s=MAX_DELAY_S) as (client, broker):
         executed: list[bytes] = []
 
         def execute_local(msg, _arg):
@@ -131,15 +132,14 @@ async def test_half_message_delivery_time_checked_at_send_and_held_after_commit(
 @pytest.mark.slow
 def test_cpp_producer_timer_property_is_held(tmp_path):
     async def main():
-        async with cluster(message_delay_level=LEVELS) as c, \
-                ClientInstance(namesrv_addr=c.namesrv_addr) as client:
-            await client.api.create_topic(c.broker_addrs[0], "TimerCpp", 1, 1)
+        async with broker_with("TimerCpp") as (client, broker):
+            namesrv = client.config.namesrv_addr
             events = await trio.to_thread.run_sync(lambda: b_run(
-                "producer.py", "--namesrv", c.namesrv_addr, "--group", "PID_TIMER",
+                "producer.py", "--namesrv", namesrv, "--group", "PID_TIMER",
                 "--topic", "TimerCpp", "--count", "2", "--property", "TIMER_DELAY_SEC=2"))
             sent = [e for e in events if e["event"] == "sent"]
             assert len(sent) == 2, events
-            assert scheduled(c.brokers[0]) >= 2
+            assert scheduled(broker) >= 2
             got = await arrived(client, "TimerCpp", 2)
             assert sorted(m.body for m in got) == sorted(e["body"].encode() for e in sent)
             for m in got:
