@@ -272,10 +272,9 @@ class ScheduleMessageService:
                 return None
             if target - now > self.timer_max_delay_ms:
                 return self._too_far()
-            for relative, _ in _TIMER_UNITS:
-                props.pop(relative, None)
             put_property(inner, TIMER_DELIVER_MS, target)
-            return None
+        for relative, _ in _TIMER_UNITS:  # beside a level they are dropped, as in Apache
+            props.pop(relative, None)
         return self._too_far() if self.too_far_ahead(props) else None
 
     def _too_far(self) -> str:
