@@ -18,6 +18,7 @@ request head `MAX_REQUEST_BYTES`, `REQUEST_TIMEOUT_S` to send it (and a POST bod
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterator
 
@@ -408,6 +409,10 @@ class _Collector:
         up = GaugeMetricFamily("lmq_ready", "1 when /readyz answers 200")
         up.add_metric([], 0.0 if ex.not_ready_reason() else 1.0)
         yield up
+        pop = sys.modules.get("core.client.pop_consumer")  # unloaded: no POP client here
+        yield _counter("lmq_pop_unconfirmed_acks", "POP acks and invisibility changes a "
+                       "SYNC_MASTER applied without its slave's confirmation",
+                       pop.UNCONFIRMED.count if pop is not None else 0)
         broker = ex.current_broker()
         if broker is not None and broker.started:
             yield from broker_metrics(broker, ex.max_lag_series)
@@ -559,7 +564,6 @@ def mqtt_metrics(gw) -> Iterator:
                  inflight)
     yield _gauge("lmq_mqtt_uptime_seconds", "Seconds since the gateway started",
                  time.monotonic() - s.started)
-
 
 
 def amqp_metrics(server) -> Iterator:

@@ -149,7 +149,7 @@ class BrokerConfig(RemotingListenerConfig):
     lock_max_live_s: float = 60.0
     schedule_poll_interval_s: float = 5.0  # safety re-scan of the delay queues
     schedule_retry_interval_s: float = 1.0  # after a failed re-put of a due message
-    timer_max_delay_s: int = 259_200  # furthest TIMER_DELIVER_MS ahead (3 days); later is capped
+    timer_max_delay_s: int = 259_200  # furthest delivery time ahead (3 days); later: MESSAGE_ILLEGAL
     transaction_resolved_cache_size: int = 100_000  # decided transactions remembered
 
     # access control (docs/acl.md)

@@ -33,11 +33,19 @@ with the time left and put as a normal scheduled message: it is always stored in
 level queue, so a crash mid-cascade loses nothing (the hop may repeat). Hops are bounded:
 the time left is capped at `timer_max_delay_s` (default 3 days, Apache's
 timerMaxDelaySec; a send whose TIMER_DELIVER_MS lies further ahead is refused with
-MESSAGE_ILLEGAL, as Apache's broker refuses it: `too_far_ahead`; a later one reaching
-divert() by another path, a committed half message, is rewritten to it) and every hop but the
+MESSAGE_ILLEGAL, as Apache's broker refuses it: `check_timer`, at a half message's send
+too; a later one reaching divert() by another path, a half message stored before that
+check or under a larger limit, is rewritten to it at commit) and every hop but the
 last takes at least the chosen level's delay off it. A message whose TIMER_DELIVER_MS is already past when it is diverted (a
 consumer's send-back of a delivered 5.x delayed message) uses its DELAY level as a 4.x
 message does. See docs/grpc.md "Delivery times".
+
+Timer messages (Apache RocketMQ 5's properties, sent by a 4.x/5.x remoting producer with no
+DELAY level): `TIMER_DELAY_SEC`, else `TIMER_DELAY_MS`, else `TIMER_DELIVER_MS`, checked
+by `check_timer` at send (a half message too) and held by `hold`: the relative ones become
+an absolute TIMER_DELIVER_MS at send, and the message cascades as above. A value that is
+not a whole number, or a time beyond `timer_max_delay_s`, is refused (MESSAGE_ILLEGAL); a
+time already past is delivered at once. See docs/protocol.md §9.2 "Timer messages".
 """
 
 from __future__ import annotations
@@ -85,9 +93,17 @@ DEFAULT_POLL_INTERVAL_S = 5.0
 DEFAULT_RETRY_INTERVAL_S = 1.0
 #: Default `timer_max_delay_s`: the furthest a delivery time (TIMER_DELIVER_MS) may lie
 #: ahead (Apache's timerMaxDelaySec). The 5.x front end refuses beyond it with
-#: ILLEGAL_DELIVERY_TIME; the broker caps anything later it is sent at it.
+#: ILLEGAL_DELIVERY_TIME, the broker's send path with MESSAGE_ILLEGAL (`check_timer`).
 DEFAULT_TIMER_MAX_DELAY_S = 3 * 86_400
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+#: Apache 5's relative timer properties (seconds / ms from the send); they win over
+#: TIMER_DELIVER_MS, seconds first, as in Apache's broker.
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+TIMER_DELAY_MS = "TIMER_DELAY_MS"
+_TIMER_UNITS = ((TIMER_DELAY_SEC, 1000), (TIMER_DELAY_MS, 1))
+# A Java long as Long.parseLong reads it (optional sign, ASCII digits).
+_LONG_RE = re.compile(r"[+-]?[0-9]{1,19}")
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 # Put results after which the message counts as delivered (FLUSH_DISK_TIMEOUT: stored,
 # only the fsync wait timed out) and those worth retrying; anything else (an illegal
@@ -231,6 +247,49 @@ class ScheduleMessageService:
         (the send path refuses it: MESSAGE_ILLEGAL, as Apache's broker)."""
         target = _deliver_ms(properties)
         return target is not None and target - _now_ms() > self.timer_max_delay_ms
+
+    def check_timer(self, inner: InnerMessage) -> str | None:
+        """The send path's check of a delivery time (a half message's too): None to go
+        on, or why the message is refused (MESSAGE_ILLEGAL, as Apache's broker answers a
+        timer message it cannot take). Without a DELAY level the relative timer
+        properties are replaced by the absolute TIMER_DELIVER_MS they mean, so the
+        time counts from this send; `hold` then schedules the message."""
+        props = inner.properties
+        if delay_level(props) <= 0:
+            name, unit = next(((n, u) for n, u in _TIMER_UNITS if n in props),
+                              (TIMER_DELIVER_MS, 0))
+            value = props.get(name)
+            if value is None:
+                return None
+            now = _now_ms()
+            number = int(value) if _LONG_RE.fullmatch(value) else None
+            if number is None or not _LONG_MIN <= number <= _LONG_MAX:
+                return f"timer message illegal: {name}={value[:32]!r} is not a whole number"
+            target = now + number * unit if unit else number
+            if target <= now:  # already due: delivered at once, as in Apache
+                if unit:
+                    props.pop(TIMER_DELIVER_MS, None)  # the relative one won
+                return None
+            if target - now > self.timer_max_delay_ms:
+                return self._too_far()
+            put_property(inner, TIMER_DELIVER_MS, target)
+        for relative, _ in _TIMER_UNITS:  # beside a level they are dropped, as in Apache
+            props.pop(relative, None)
+        return self._too_far() if self.too_far_ahead(props) else None
+
+    def _too_far(self) -> str:
+        return ("timer message illegal: its delivery time lies more than "
+                f"{self.timer_max_delay_ms} ms ahead (timer_max_delay_s)")
+
+    def hold(self, inner: InnerMessage) -> None:
+        """Divert a message with a DELAY level, or one whose TIMER_DELIVER_MS (set by
+        `check_timer`) is still ahead; anything else is left to be delivered at once."""
+        if delay_level(inner.properties) <= 0:
+            target = _deliver_ms(inner.properties)
+            if target is None or target <= _now_ms():
+                return
+            put_property(inner, MessageConst.DELAY_TIME_LEVEL, 1)  # divert picks the hop
+        self.divert(inner)
 
     def divert(self, inner: InnerMessage) -> None:
         """Rewrite a message with DELAY>0 into `SCHEDULE_TOPIC_XXXX` (docs/protocol.md §9.2), in place.

@@ -46,7 +46,6 @@ import trio
 
 from core.broker.message_util import (
     clear_property,
-    delay_level,
     inner_from_ext,
     put_property,
     real_destination,
@@ -249,9 +248,10 @@ class TransactionalMessageService:
             half.sys_flag, MessageSysFlag.TRANSACTION_COMMIT_TYPE
         )
         inner.prepared_transaction_offset = half.commitlog_offset
-        if delay_level(inner.properties) > 0:
-            # Java's CommitLog delays committed transactional messages too (docs/protocol.md §9.2).
-            self.broker.schedule_service.divert(inner)
+        if self.broker.schedule_service is not None:
+            # Java's CommitLog delays committed transactional messages too (docs/protocol.md
+            # §9.2): a DELAY level, or a delivery time still ahead (schedule.py "Timer messages").
+            self.broker.schedule_service.hold(inner)
         return inner
 
     async def _write_op(self, half: MessageExt) -> None:

@@ -5,6 +5,7 @@ proxy's /readyz, which needs a name server that answers."""
 from __future__ import annotations
 
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_
 from tests.ops.test_metrics import REPO, TIMEOUT, Proc, _dir
 
 pytestmark = pytest.mark.timeout(180)
+DASHBOARD = REPO / "docs" / "grafana" / "lmq-gateway.json"
 
 META = (("x-mq-client-id", "metrics-test-client"),)
 
@@ -150,6 +152,13 @@ def test_grpc_metrics_and_proxy_readiness(tmp_path):
                                                   timeout=10)
         s = serve.scrape()
         assert s[req % ("OK", "Heartbeat")] == 1 and s["lmq_grpc_clients"] == 0
+        # Every gRPC series the Grafana dashboard queries exists, in both processes.
+        names = set(re.findall(r"\b(lmq_grpc_[a-z_]+)\{", DASHBOARD.read_text()))
+        assert len(names) >= 8, names
+        for scrape in (m, s):
+            missing = [n for n in names if not any(k == n or k.startswith(n + "{")
+                                                   for k in scrape)]
+            assert not missing, missing
     finally:
         for proc in reversed(procs):
             proc.stop()

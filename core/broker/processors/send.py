@@ -219,6 +219,8 @@ _STORED_CODES = (
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
+# Every timer property (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS) contains this.
+_TIMER_MARK = "TIMER_D"
 # Broker-internal properties a client may not set without the right (docs/acl.md §4):
 # they make the store index the message into other queues (LMQs) at chosen offsets.
 RESERVED_PROPERTIES = (
@@ -373,6 +375,8 @@ class SendProcessor:
         response_queue_id = inner.queue_id
         delay = props.get(MessageConst.DELAY_TIME_LEVEL)
         delayed = _positive_int(delay) if delay else False
+        # A DELAY level or Apache 5's timer properties (schedule.py "Timer messages").
+        timed = delayed or (h.properties is not None and _TIMER_MARK in h.properties)
         tran = props.get(MessageConst.TRANSACTION_PREPARED)
         # Java: a re-consumed transactional message coming back with a delay (the retry of
         # old clients) is an ordinary scheduled message, not a new half message.
@@ -383,19 +387,23 @@ class SendProcessor:
                     cmd, ResponseCode.NO_PERMISSION,
                     f"the broker[{broker.broker_addr}] sending transaction message is forbidden",
                 )
+            # Apache checks a half message's delivery time at its send (its put runs the
+            # timer checks); the commit then holds it (transaction.py).
+            if timed and broker.schedule_service is not None:
+                refused = broker.schedule_service.check_timer(inner)
+                if refused is not None:
+                    return error(cmd, ResponseCode.MESSAGE_ILLEGAL, refused)
             service.prepare(inner)
         elif (
-            delayed
+            timed
             and broker.schedule_service is not None
             and MessageSysFlag.transaction_value(inner.sys_flag)
             in (MessageSysFlag.TRANSACTION_NOT_TYPE, MessageSysFlag.TRANSACTION_COMMIT_TYPE)
         ):
-            schedule = broker.schedule_service
-            if schedule.too_far_ahead(inner.properties):  # Apache: WHEEL_TIMER_MSG_ILLEGAL
-                return error(cmd, ResponseCode.MESSAGE_ILLEGAL,
-                             "timer message illegal: its delivery time lies more than "
-                             f"{schedule.timer_max_delay_ms} ms ahead (timer_max_delay_s)")
-            schedule.divert(inner)
+            refused = broker.schedule_service.check_timer(inner)  # Apache: WHEEL_TIMER_MSG_ILLEGAL
+            if refused is not None:
+                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, refused)
+            broker.schedule_service.hold(inner)
         result = await broker.put_message(inner)
         return self._response(cmd, result, response_queue_id)
 

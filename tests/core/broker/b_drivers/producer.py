@@ -1,7 +1,7 @@
 """Send messages with the C++ producer.
 
     python producer.py --namesrv 127.0.0.1:9876 --group PID --topic T --count 3 \
-        [--delay LEVEL] [--tag TagA] [--prefix msg]
+        [--delay LEVEL] [--tag TagA] [--prefix msg] [--property NAME=VALUE ...]
 
 Prints {"event": "sent", "i", "body", "msg_id", "offset", "status"} per message, then
 {"event": "done"}; a send failure prints {"event": "error", ...} and exits 1.
@@ -28,6 +28,7 @@ def main() -> int:
     ap.add_argument("--delay", type=int, default=0)
     ap.add_argument("--tag", default="TagA")
     ap.add_argument("--prefix", default="msg")
+    ap.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args()
 
     producer = Producer(args.group)
@@ -42,6 +43,8 @@ def main() -> int:
             msg.set_body(body)
             if args.delay:
                 msg.set_delay_time_level(args.delay)
+            for prop in args.property:
+                msg.set_property(*prop.split("=", 1))
             try:
                 result = producer.send_sync(msg)
             except Exception as exc:  # report and stop: the test decides
