@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass
 
 from core.broker.config import DEFAULT_DELAY_LEVELS
-from core.broker.schedule import parse_delay_levels
+from core.broker.schedule import TIMER_DELAY_MS, TIMER_DELAY_SEC, parse_delay_levels
 from core.common.message import MessageExt
 from core.common.properties import MAX_PROPERTIES_BYTES, MessageConst, encode_properties
 from gateway.grpc5.config import GrpcConfig
@@ -34,7 +34,8 @@ _DELAY_LEVELS_MS = parse_delay_levels(DEFAULT_DELAY_LEVELS)
 _RESERVED = frozenset({
     v for k, v in vars(MessageConst).items()
     if k.isupper() and isinstance(v, str) and len(v) > 1
-} | {SHARDING_KEY, LITE_TOPIC, DELIVER_MS, "POP_CK", "__STARTDELIVERTIME"})
+} | {SHARDING_KEY, LITE_TOPIC, DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS, "POP_CK",
+     "__STARTDELIVERTIME"})
 
 
 class GrpcError(Exception):

@@ -147,6 +147,9 @@ def test_sent_message_is_received_with_digest_and_handle(stub):
     (_message(body=b"x" * (BODY_LIMIT + 1)), {}, pb.MESSAGE_BODY_TOO_LARGE),
     (_message(), {"POP_CK": "0 0 0 0 0 b 0 0"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
     (_message(), {"INNER_MULTI_DISPATCH": "%LMQ%x"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    # The broker holds a message carrying these (Apache 5's timer properties).
+    (_message(), {"TIMER_DELAY_SEC": "60"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (_message(), {"TIMER_DELAY_MS": "60000"}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
     (_message(message_type=pb.FIFO), {}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
     (_message(message_type=pb.DELAY,
               delivery_timestamp=int(time.time() * 1000) + 4 * 86400_000),
