@@ -25,14 +25,13 @@ from core.remoting.errors import HeaderError
 from .common import (
     error,
     ext_int32,
-    handles,
     json_body,
     ok,
     parse_json_body,
-    register_handlers,
     required_group,
     required_topic,
 )
+from .routes import handles, register_handlers
 
 # UPDATE_AND_CREATE_TOPIC answers once the name servers have the new route, but never
 # waits longer than this for them (admin clients time out after 3 s).

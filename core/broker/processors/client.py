@@ -26,15 +26,8 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
 
-from .common import (
-    error,
-    handles,
-    json_body,
-    ok,
-    parse_json_body,
-    register_handlers,
-    required_group,
-)
+from .common import error, json_body, ok, parse_json_body, required_group
+from .routes import handles, register_handlers
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,12 @@ from core.remoting.errors import HeaderError
 from .common import (
     error,
     ext_int64,
-    handles,
     ok,
-    register_handlers,
     required_group,
     required_queue_id,
     required_topic,
 )
+from .routes import handles, register_handlers
 
 NOT_FOUND_REMARK = "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
 

@@ -6,7 +6,8 @@ from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
 
-from .common import error, ext_int32, ext_int64, handles, ok, register_handlers, required_topic
+from .common import error, ext_int32, ext_int64, ok, required_topic
+from .routes import handles, register_handlers
 
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 

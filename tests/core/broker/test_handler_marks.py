@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.broker.processors import admin
-from core.broker.processors.common import handles, register_handlers
+from core.broker.processors.routes import handles, register_handlers
 from core.remoting.codes import RequestCode
 from core.remoting.processor import ProcessorTable
 
