@@ -12,18 +12,16 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Unpack
 
 import trio
 
-from core.client.allocate import AllocateStrategy
-from core.client.consumer_base import ConsumerBase
+from core.client.consumer_base import ConsumerBase, ConsumerOptions
 from core.client.errors import MQClientError
 from core.client.instance import ClientInstance
 from core.client.model import (
-    ConsumeFromWhere,
     ConsumeType,
     ExpressionType,
-    MessageModel,
     MessageQueue,
     PullStatus,
     SubscriptionData,
@@ -55,19 +53,16 @@ class LitePullConsumer(ConsumerBase):
         client: ClientInstance,
         group: str,
         *,
-        message_model: MessageModel | str = MessageModel.CLUSTERING,
-        allocate: str | AllocateStrategy = "averagely",
-        consume_from_where: ConsumeFromWhere | str = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-        consume_timestamp_ms: int | None = None,
         auto_commit: bool = True,
         pull_batch_size: int = 10,
         pull_threshold_for_queue: int = 1000,
         poll_timeout: float = 5.0,
         broker_suspend_max_ms: int = 5000,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        super().__init__(client, group, message_model=message_model, allocate=allocate,
-                         consume_from_where=consume_from_where,
-                         consume_timestamp_ms=consume_timestamp_ms)
+        if "orderly" in options:  # ConsumerBase's, for push consumers only
+            raise TypeError("LitePullConsumer() got an unexpected keyword argument 'orderly'")
+        super().__init__(client, group, **options)
         self.auto_commit = auto_commit
         self.pull_batch_size = pull_batch_size
         self.pull_threshold_for_queue = pull_threshold_for_queue

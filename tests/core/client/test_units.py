@@ -222,3 +222,22 @@ async def test_instance_unwraps_body_exceptions():
     with trio.move_on_after(0.01):
         async with ClientInstance(namesrv_addr="127.0.0.1:1"):
             await trio.sleep_forever()
+
+
+def test_consumers_pass_the_common_options_to_their_base(tmp_path):
+    from core.client import LitePullConsumer, PushConsumer
+    from core.client.model import ConsumeFromWhere, MessageModel
+
+    client = ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:1", offset_store_dir=str(tmp_path)))
+    opts = {"message_model": "BROADCASTING", "consume_timestamp_ms": 5,
+            "consume_from_where": "CONSUME_FROM_FIRST_OFFSET"}
+    lite = LitePullConsumer(client, "G", pull_batch_size=3, **opts)
+    push = PushConsumer(client, "G", lambda msgs: None, orderly=True, **opts)
+    for c in (lite, push):
+        assert (c.message_model, c.consume_from_where, c.consume_timestamp_ms) == (
+            MessageModel.BROADCASTING, ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, 5)
+    assert (lite.orderly, push.orderly, lite.pull_batch_size) == (False, True, 3)
+    with pytest.raises(TypeError):
+        LitePullConsumer(client, "G", orderly=True)  # push consumers only
+    with pytest.raises(TypeError):
+        PushConsumer(client, "G", lambda msgs: None, bogus=1)
