@@ -18,7 +18,7 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands._checks import config_type_error, lock_data_dir
-from lmq.metrics import add_metrics_options, exporter_from_args
+from lmq.metrics import add_metrics_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import EmbeddedServer, build_configs
+    from core.cluster import build_configs
 
     setup_logging(args.log_level)
     try:
@@ -63,18 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 1
-    from lmq.commands._startup import banner_service, choose_advertise_host
+    from lmq.commands._embedded import embedded_server
 
-    advertise = choose_advertise_host(broker_config)
-    if advertise:
-        log.log(30 if "127.0.0.1" in advertise else 20, "%s", advertise)  # WARNING / INFO
-    exporter = exporter_from_args(args)
-    from lmq.commands._startup import install_recovery_line
-
-    install_recovery_line()  # a live line while the store recovers, on a terminal only
-    server = EmbeddedServer(broker_config, None, services=[banner_service(exporter)])
-    if exporter is not None:
-        exporter.server = server  # read at scrape time
+    server, exporter = embedded_server(args, broker_config)
     restart = _arm_restart() if broker_config.controller_addr else None
     code = run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)
     if restart is not None and restart:

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 from lmq.commands._broker_args import (
     add_broker_options,
@@ -26,9 +25,9 @@ from lmq.commands._broker_args import (
     setup_logging,
 )
 from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
-from lmq.commands._startup import banner_service, choose_advertise_host
+from lmq.commands._embedded import embedded_server
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
-from lmq.metrics import add_metrics_options, exporter_from_args
+from lmq.metrics import add_metrics_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import EmbeddedServer, build_configs
+    from core.cluster import build_configs
     from gateway.amqp.embedded import AmqpService
     from gateway.grpc5.embedded import GrpcService
 
@@ -104,17 +103,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt = service.config
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
-    advertise = choose_advertise_host(broker_config)
-    if advertise:
-        log.log(logging.WARNING if "127.0.0.1" in advertise else logging.INFO, "%s", advertise)
-    exporter = exporter_from_args(args)
-    from lmq.commands._startup import install_recovery_line
-
-    install_recovery_line()  # a live line while the store recovers, on a terminal only
-    server = EmbeddedServer(broker_config, namesrv_config,
-                            services=[*services, banner_service(exporter)])
-    if exporter is not None:
-        exporter.server = server  # read at scrape time
+    server, exporter = embedded_server(args, broker_config, namesrv_config, services)
     return run_server(server, listeners, exporter)
 
 
