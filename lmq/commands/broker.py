@@ -17,7 +17,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import config_type_error, lock_data_dir
+from lmq.commands._checks import lock_data_dir
 from lmq.metrics import add_metrics_options
 
 
@@ -34,20 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import build_configs
+    from lmq.commands._embedded import embedded_server, load_configs
 
     setup_logging(args.log_level)
-    try:
-        broker_config, _ = build_configs(
-            args.config, {**broker_overrides(args), **ha_overrides(args)}, {}
-        )
-    except (OSError, ValueError, TypeError) as exc:
-        log.error("bad configuration: %s", exc)
+    configs = load_configs(args, {**broker_overrides(args), **ha_overrides(args)})
+    if configs is None:
         return 2
-    problem = config_type_error(broker_config, args.config or "the flags")
-    if problem:
-        log.error("%s", problem)
-        return 2
+    broker_config = configs[0]
     if broker_config.auto_create_topic_enable is None and broker_config.auto_create_topic is None:
         # A cluster broker creates no topic on a send unless configured to (RocketMQ's
         # autoCreateTopicEnable=false in production); `lmq serve` keeps it on.
@@ -63,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 1
-    from lmq.commands._embedded import embedded_server
-
     server, exporter = embedded_server(args, broker_config)
     restart = _arm_restart() if broker_config.controller_addr else None
     code = run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)

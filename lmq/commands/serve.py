@@ -24,8 +24,8 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
-from lmq.commands._embedded import embedded_server
+from lmq.commands._checks import lock_data_dir, mapping_type_error
+from lmq.commands._embedded import embedded_server, load_configs
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options
 
@@ -45,7 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import build_configs
     from gateway.amqp.embedded import AmqpService
     from gateway.grpc5.embedded import GrpcService
 
@@ -53,19 +52,10 @@ def run(args: argparse.Namespace) -> int:
     namesrv_overrides = {
         "host": args.host, "port": args.namesrv_port, **remoting_security_overrides(args)
     }
-    try:
-        broker_config, namesrv_config = build_configs(
-            args.config, broker_overrides(args), namesrv_overrides
-        )
-    except (OSError, ValueError, TypeError) as exc:
-        log.error("bad configuration: %s", exc)
+    configs = load_configs(args, broker_overrides(args), namesrv_overrides)
+    if configs is None:
         return 2
-    source = args.config or "the flags"
-    problem = (config_type_error(broker_config, source)
-               or config_type_error(namesrv_config, source))
-    if problem:
-        log.error("%s", problem)
-        return 2
+    broker_config, namesrv_config = configs
     if broker_config.tls_certfile and namesrv_config.tls_certfile and not args.namesrv_tls:
         # The embedded broker registers with the embedded name server over TLS too,
         # trusting its certificate unless a CA file is given.
