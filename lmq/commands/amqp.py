@@ -9,6 +9,7 @@ import logging
 
 from lmq.commands import _amqp_users
 from lmq.commands._checks import log_level
+from lmq.metrics import _seconds as _wait_seconds  # 0.1..3600, as --dashboard-interval
 from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.amqp")
@@ -87,13 +88,3 @@ def run(args: argparse.Namespace) -> int:
             return 1
         raise
     return 0
-
-
-def _wait_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds in 0.1..3600, got {text!r}")
-    return value
