@@ -27,7 +27,7 @@ from core.client.model import (
     SubscriptionData,
 )
 from core.client.process_queue import ProcessQueue
-from core.client.pull_consumer import broker_addr_for, pull_kernel
+from core.client.pull_consumer import broker_addr_for, pull_or_pause
 from core.common.message import MessageExt
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,10 @@ class LitePullConsumer(ConsumerBase):
                 if sub is None:
                     await trio.sleep(PULL_ERROR_PAUSE_S)
                     continue
-                try:
-                    result = await pull_kernel(self.client, self.group, mq, sub, next_offset,
-                                               self.pull_batch_size,
-                                               suspend_ms=self.broker_suspend_max_ms)
-                except Exception as exc:
-                    log.debug("pull of %s failed: %r", mq, exc)
-                    await trio.sleep(PULL_ERROR_PAUSE_S)
+                result = await pull_or_pause(
+                    self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
+                    pause_s=PULL_ERROR_PAUSE_S, suspend_ms=self.broker_suspend_max_ms)
+                if result is None:
                     continue
                 if pq.dropped:
                     return

@@ -32,7 +32,7 @@ from core.client.consumer_base import ConsumerBase, ConsumerOptions
 from core.client.instance import ClientInstance
 from core.client.model import MessageQueue, PullStatus
 from core.client.process_queue import ProcessQueue
-from core.client.pull_consumer import BROKER_SUSPEND_MAX_MS, pull_kernel
+from core.client.pull_consumer import BROKER_SUSPEND_MAX_MS, pull_or_pause
 from core.common.message import MessageExt
 from core.common.names import is_retry_topic
 from core.common.properties import MessageConst
@@ -203,13 +203,11 @@ class PushConsumer(ConsumerBase):
                     await trio.sleep(PULL_ERROR_PAUSE_S)
                     continue
                 commit = self.offset_store.read_memory(mq) if self.clustering else 0
-                try:
-                    result = await pull_kernel(
-                        self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
-                        commit_offset=max(commit, 0), suspend_ms=self.broker_suspend_max_ms)
-                except Exception as exc:
-                    log.debug("pull of %s failed: %r", mq, exc)
-                    await trio.sleep(PULL_ERROR_PAUSE_S)
+                result = await pull_or_pause(
+                    self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
+                    pause_s=PULL_ERROR_PAUSE_S, commit_offset=max(commit, 0),
+                    suspend_ms=self.broker_suspend_max_ms)
+                if result is None:
                     continue
                 if pq.dropped:
                     return

@@ -241,3 +241,17 @@ def test_consumers_pass_the_common_options_to_their_base(tmp_path):
         LitePullConsumer(client, "G", orderly=True)  # push consumers only
     with pytest.raises(TypeError):
         PushConsumer(client, "G", lambda msgs: None, bogus=1)
+
+
+def test_a_failed_pull_of_a_pull_loop_is_none_after_the_pause():
+    from trio.testing import MockClock
+
+    from core.client.pull_consumer import pull_or_pause
+
+    async def main():
+        t0 = trio.current_time()
+        # offset -1: pull_kernel refuses it before any I/O
+        result = await pull_or_pause(None, "G", MQS[0], None, -1, 1, pause_s=7.0)
+        assert result is None and trio.current_time() - t0 == 7.0
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
