@@ -91,23 +91,13 @@ async def pull_kernel(
     return result
 
 
-async def pull_or_pause(
-    client: ClientInstance,
-    group: str,
-    mq: MessageQueue,
-    sub: SubscriptionData,
-    offset: int,
-    max_nums: int,
-    *,
-    pause_s: float,
-    commit_offset: int = 0,
-    suspend_ms: int = 0,
-) -> PullResult | None:
-    """`pull_kernel` for a consumer's pull loop: None when the pull failed (logged at
-    debug level), after a pause of `pause_s` seconds; the loop then tries again."""
+async def pull_or_pause(client: ClientInstance, group: str, mq: MessageQueue, *args,
+                        pause_s: float, **kwargs) -> PullResult | None:
+    """`pull_kernel(client, group, mq, *args, **kwargs)` for a consumer's pull loop: None
+    when the pull failed (logged at debug level), after a pause of `pause_s` seconds; the
+    loop then tries again."""
     try:
-        return await pull_kernel(client, group, mq, sub, offset, max_nums,
-                                 commit_offset=commit_offset, suspend_ms=suspend_ms)
+        return await pull_kernel(client, group, mq, *args, **kwargs)
     except Exception as exc:
         log.debug("pull of %s failed: %r", mq, exc)
         await trio.sleep(pause_s)
