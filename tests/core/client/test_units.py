@@ -75,6 +75,18 @@ def test_route_decoding_accepts_fastjson_keys_and_builds_queues():
     assert [mq.queue_id for mq in route.subscribe_queues("T")] == [0, 1]
 
 
+def test_route_queue_data_round_trips_between_name_server_and_client():
+    from core.namesrv import QueueData as ServerQueueData
+
+    served = [ServerQueueData("a", 2, 3, 6, 1), ServerQueueData("b", 1, 1, 4)]
+    route = TopicRouteData.decode(json.dumps({"queueDatas": [q.to_json() for q in served],
+                                              "brokerDatas": []}).encode())
+    assert route.queue_datas == served
+    assert route.to_json()["queueDatas"] == [q.to_json() for q in served]
+    old = TopicRouteData.decode(b'{"queueDatas":[{"brokerName":"c","topicSynFlag":2}]}')
+    assert (old.queue_datas[0].topic_sys_flag, old.queue_datas[0].perm) == (2, 6)
+
+
 def test_route_without_master_or_write_perm_has_no_publish_queues():
     route = _route("a")
     route.queue_datas[0].perm = 4
