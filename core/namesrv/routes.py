@@ -21,7 +21,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.common.route import QueueData
 from core.namesrv.bodies import DataVersion, TopicConfigData
 
 __all__ = ["BrokerData", "BrokerLiveInfo", "QueueData", "RegisterResult", "RouteInfoManager"]
@@ -30,6 +29,26 @@ log = logging.getLogger(__name__)
 
 PERM_WRITE = 2
 MASTER_ID = 0
+
+
+@dataclass
+class QueueData:
+    """A topic's queues on one broker (TopicRouteData.queueDatas element)."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "brokerName": self.broker_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicSysFlag": self.topic_sys_flag,
+        }
 
 
 @dataclass
