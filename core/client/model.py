@@ -14,9 +14,9 @@ from enum import IntEnum, StrEnum
 
 from core.common.message import MessageExt
 from core.common.properties import MessageConst
-from core.common.route import QueueData
 from core.common.sysflag import PermName
 from core.common.taghash import java_string_hash
+from core.namesrv.routes import QueueData  # the name server's own (docs/protocol.md §4.1)
 
 MASTER_ID = 0
 
