@@ -267,3 +267,24 @@ def test_a_failed_pull_of_a_pull_loop_is_none_after_the_pause():
         assert result is None and trio.current_time() - t0 == 7.0
 
     trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_a_failing_member_does_not_stop_the_others_shutting_down(caplog):
+    client = ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:1"))
+    done = []
+
+    class Member:
+        def __init__(self, group, fails):
+            self.group, self.fails = group, fails
+
+        async def shutdown(self):
+            if self.fails:
+                raise RuntimeError("boom")
+            done.append(self.group)
+
+    client.consumers = {"A": Member("A", True), "B": Member("B", False)}
+    client.producers = {"P": Member("P", True), "Q": Member("Q", False)}
+    trio.run(client.shutdown_members)
+    assert done == ["B", "Q"]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "shutdown of consumer A failed", "shutdown of producer P failed"]
