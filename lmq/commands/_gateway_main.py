@@ -1,11 +1,21 @@
-"""The main task shared by the stand-alone gateway commands (`lmq amqp`, `lmq proxy`)."""
+"""What the stand-alone gateway commands (`lmq amqp`, `lmq proxy`) share: their first
+options and their main task."""
 
 from __future__ import annotations
 
+import argparse
 import signal
 from collections.abc import Awaitable, Callable
 
 import trio
+
+
+def add_gateway_options(parser: argparse.ArgumentParser) -> None:
+    """--namesrv-addr and --host (the command adds its own ports)."""
+    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
+                        help="name server address(es), ';'-separated (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="bind address (default %(default)s: this machine only)")
 
 
 async def serve_until_signal(

@@ -9,6 +9,7 @@ import logging
 
 from lmq.commands import _amqp_users
 from lmq.commands._checks import log_level
+from lmq.commands._gateway_main import add_gateway_options
 from lmq.metrics import _seconds as _wait_seconds  # 0.1..3600, as --dashboard-interval
 from lmq.metrics import add_metrics_options
 
@@ -17,10 +18,7 @@ log = logging.getLogger("lmq.amqp")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("amqp", help="run a stand-alone AMQP 0-9-1 gateway")
-    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
-                        help="name server address(es), ';'-separated (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default %(default)s: this machine only)")
+    add_gateway_options(parser)
     parser.add_argument("--amqp-port", type=int, default=5672,
                         help="AMQP listen port (default %(default)s; 0 picks a free one)")
     parser.add_argument("--log-level", default="INFO", type=log_level,

@@ -13,6 +13,7 @@ import functools
 import logging
 
 from lmq.commands._checks import log_level
+from lmq.commands._gateway_main import add_gateway_options
 from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.proxy")
@@ -25,10 +26,7 @@ NAMESRV_PROBE_TIMEOUT_S = 3.0
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("proxy", help="run a stand-alone RocketMQ 5 gRPC proxy")
-    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
-                        help="name server address(es), ';'-separated (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default %(default)s: this machine only)")
+    add_gateway_options(parser)
     parser.add_argument("--grpc-port", type=int, default=8081,
                         help="gRPC listen port (default %(default)s; 0 picks a free one)")
     parser.add_argument("--advertise-host", default="",
