@@ -274,11 +274,46 @@ done:
     return out;
 }
 
+/* ==== s5-dupc: the header fields write_record and write_batch share ==================== */
+/* sys flag, born timestamp, born host, store timestamp, store host and reconsume times:
+ * the same for every record of a write_batch call, and taken by both entry points as six
+ * arguments in this order (a[0..5]). */
+struct rec_common {
+    long long sys_flag, born_ts, store_ms, reconsume;
+    const char *born, *host;  /* 8 bytes each, held by the caller's arguments */
+};
+
+/* The four ints of a[0..5], checked in argument order (the callers chain this between
+ * their own checks, so the first bad argument is still the one reported). */
+static inline int common_ints(PyObject *const *a, struct rec_common *c)
+{
+    if (as_i32(a[0], &c->sys_flag, "sys flag") < 0 ||
+        as_i64(a[1], &c->born_ts, "born timestamp") < 0 ||
+        as_i64(a[3], &c->store_ms, "store timestamp") < 0 ||
+        as_i32(a[5], &c->reconsume, "reconsume times") < 0)
+        return -1;
+    return 0;
+}
+
+/* The two hosts of a[0..5]: exact bytes of 8, else ValueError. */
+static inline int common_hosts(PyObject *const *a, struct rec_common *c)
+{
+    PyObject *born = a[2], *host = a[4];
+    if (!PyBytes_CheckExact(born) || PyBytes_GET_SIZE(born) != 8 || !PyBytes_CheckExact(host) ||
+        PyBytes_GET_SIZE(host) != 8) {
+        PyErr_SetString(PyExc_ValueError, "hosts must be 8 bytes");
+        return -1;
+    }
+    c->born = PyBytes_AS_STRING(born);
+    c->host = PyBytes_AS_STRING(host);
+    return 0;
+}
+/* ==== end s5-dupc ==== */
+
 /* One v1 record (docs/protocol.md §7.1) at p: header, body, topic tail, properties. */
 static void pack_record(unsigned char *p, long long total, uint32_t crc, long long qid,
-                        long long flag, long long qoff, long long phys, long long sys_flag,
-                        long long born_ts, const char *born, long long store_ms,
-                        const char *host, long long reconsume, long long prep,
+                        long long flag, long long qoff, long long phys,
+                        const struct rec_common *c, long long prep,
                         const void *body, Py_ssize_t blen, const char *tail, Py_ssize_t tlen,
                         const char *pb, Py_ssize_t plen)
 {
@@ -289,12 +324,12 @@ static void pack_record(unsigned char *p, long long total, uint32_t crc, long lo
     put_u32(p + 16, (uint32_t)flag);
     put_u64(p + 20, (uint64_t)qoff);
     put_u64(p + 28, (uint64_t)phys);
-    put_u32(p + 36, (uint32_t)sys_flag);
-    put_u64(p + 40, (uint64_t)born_ts);
-    memcpy(p + 48, born, 8);
-    put_u64(p + 56, (uint64_t)store_ms);
-    memcpy(p + 64, host, 8);
-    put_u32(p + 72, (uint32_t)reconsume);
+    put_u32(p + 36, (uint32_t)c->sys_flag);
+    put_u64(p + 40, (uint64_t)c->born_ts);
+    memcpy(p + 48, c->born, 8);
+    put_u64(p + 56, (uint64_t)c->store_ms);
+    memcpy(p + 64, c->host, 8);
+    put_u32(p + 72, (uint32_t)c->reconsume);
     put_u64(p + 76, (uint64_t)prep);
     put_u32(p + 84, (uint32_t)blen);
     p += 88;
@@ -320,22 +355,15 @@ static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "write_record takes 17 arguments");
         return NULL;
     }
-    long long pos, total, qid, flag, qoff, phys, sys_flag, born_ts, store_ms, reconsume, prep;
+    long long pos, total, qid, flag, qoff, phys, prep;
+    struct rec_common c;
     if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &total, "total") < 0 ||
         as_i32(args[3], &qid, "queue id") < 0 || as_i32(args[4], &flag, "flag") < 0 ||
         as_i64(args[5], &qoff, "queue offset") < 0 || as_i64(args[6], &phys, "phys") < 0 ||
-        as_i32(args[7], &sys_flag, "sys flag") < 0 ||
-        as_i64(args[8], &born_ts, "born timestamp") < 0 ||
-        as_i64(args[10], &store_ms, "store timestamp") < 0 ||
-        as_i32(args[12], &reconsume, "reconsume times") < 0 ||
-        as_i64(args[13], &prep, "prepared offset") < 0)
+        common_ints(args + 7, &c) < 0 || as_i64(args[13], &prep, "prepared offset") < 0 ||
+        common_hosts(args + 7, &c) < 0)
         return NULL;
-    PyObject *born = args[9], *host = args[11], *tail = args[15], *pb = args[16];
-    if (!PyBytes_CheckExact(born) || PyBytes_GET_SIZE(born) != 8 || !PyBytes_CheckExact(host) ||
-        PyBytes_GET_SIZE(host) != 8) {
-        PyErr_SetString(PyExc_ValueError, "hosts must be 8 bytes");
-        return NULL;
-    }
+    PyObject *tail = args[15], *pb = args[16];
     if (!PyBytes_CheckExact(tail) || !PyBytes_CheckExact(pb)) {
         PyErr_SetString(PyExc_TypeError, "tail and properties must be bytes");
         return NULL;
@@ -368,8 +396,7 @@ static PyObject *sp_write_record(PyObject *self, PyObject *const *args, Py_ssize
         goto done;
     }
     pack_record((unsigned char *)mm.buf + pos, total, crc32_buf(body.buf, body.len) & 0x7FFFFFFFu,
-                qid, flag, qoff, phys, sys_flag, born_ts, PyBytes_AS_STRING(born), store_ms,
-                PyBytes_AS_STRING(host), reconsume, prep, body.buf, body.len,
+                qid, flag, qoff, phys, &c, prep, body.buf, body.len,
                 PyBytes_AS_STRING(tail), tlen, PyBytes_AS_STRING(pb), plen);
     ret = Py_NewRef(Py_None);
 done:
@@ -1004,15 +1031,12 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "write_batch takes 24 arguments");
         return NULL;
     }
-    long long pos, limit, i0, qid, qoff, base, sys_flag, born_ts, store_ms, reconsume, bucket;
+    long long pos, limit, i0, qid, qoff, base, bucket;
+    struct rec_common c;
     if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &limit, "limit") < 0 ||
         as_i64(args[4], &i0, "item index") < 0 || as_i32(args[5], &qid, "queue id") < 0 ||
         as_i64(args[6], &qoff, "queue offset") < 0 || as_i64(args[7], &base, "base") < 0 ||
-        as_i32(args[8], &sys_flag, "sys flag") < 0 ||
-        as_i64(args[9], &born_ts, "born timestamp") < 0 ||
-        as_i64(args[11], &store_ms, "store timestamp") < 0 ||
-        as_i32(args[13], &reconsume, "reconsume times") < 0 ||
-        as_i32(args[21], &bucket, "bucket") < 0)
+        common_ints(args + 8, &c) < 0 || as_i32(args[21], &bucket, "bucket") < 0)
         return NULL;
     PyObject *items = args[3], *born = args[10], *host = args[12], *body = args[14];
     PyObject *tail = args[15], *hexhost = args[16], *ids = args[17], *cq_units = args[18];
@@ -1026,10 +1050,8 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "write_batch: bad argument types");
         return NULL;
     }
-    if (PyBytes_GET_SIZE(born) != 8 || PyBytes_GET_SIZE(host) != 8) {
-        PyErr_SetString(PyExc_ValueError, "hosts must be 8 bytes");
+    if (common_hosts(args + 8, &c) < 0)
         return NULL;
-    }
     if (cq_units == args[0] || ids == items || pending == items || pending == ids ||
         (x_keys != Py_None && (x_keys == ids || x_keys == pending))) {
         PyErr_SetString(PyExc_ValueError, "write_batch: an output is also an input");
@@ -1098,8 +1120,7 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         Py_ssize_t plen = PyBytes_GET_SIZE(pb);
         long long phys = base + pos;
         pack_record((unsigned char *)mm.buf + pos, total, (uint32_t)crc, qid, flag, qoff + i,
-                    phys, sys_flag, born_ts, PyBytes_AS_STRING(born), store_ms,
-                    PyBytes_AS_STRING(host), reconsume, 0, bsrc + b0, (Py_ssize_t)blen,
+                    phys, &c, 0, bsrc + b0, (Py_ssize_t)blen,
                     PyBytes_AS_STRING(tail), tlen, PyBytes_AS_STRING(pb), plen);
         pos += total;
         /* offset msgId */
@@ -1131,7 +1152,7 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
             for (Py_ssize_t k = 0; k < PyList_GET_SIZE(x_keys); k++) {
                 PyObject *key = PyList_GET_ITEM(x_keys, k);  /* checked exact bytes */
                 if (add_key_entry(pending, 'k', (int32_t)bucket, topic_hash, PyBytes_AS_STRING(key),
-                                  PyBytes_GET_SIZE(key), store_ms, phys, total) < 0)
+                                  PyBytes_GET_SIZE(key), c.store_ms, phys, total) < 0)
                     goto fail;
             }
         } else if (PyTuple_GET_ITEM(it, 7) != Py_None) {
@@ -1142,7 +1163,7 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
                 const char *sp = memchr(ks + s, ' ', kn - s);
                 Py_ssize_t e = sp ? sp - ks : kn;
                 if (e > s && add_key_entry(pending, 'k', (int32_t)bucket, topic_hash, ks + s, e - s,
-                                           store_ms, phys, total) < 0)
+                                           c.store_ms, phys, total) < 0)
                     goto fail;
                 s = e + 1;
             }
@@ -1150,7 +1171,7 @@ static PyObject *sp_write_batch(PyObject *self, PyObject *const *args, Py_ssize_
         PyObject *uq = x_uniq != Py_None ? x_uniq : PyTuple_GET_ITEM(it, 8);
         if (uq != Py_None && PyBytes_GET_SIZE(uq) &&
             add_key_entry(pending, 'q', (int32_t)bucket, topic_hash, PyBytes_AS_STRING(uq),
-                          PyBytes_GET_SIZE(uq), store_ms, phys, total) < 0)
+                          PyBytes_GET_SIZE(uq), c.store_ms, phys, total) < 0)
             goto fail;
     }
     PyBuffer_Release(&mm);

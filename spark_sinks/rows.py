@@ -9,13 +9,17 @@ gateway ``mqttTopic``, ``qos`` and ``retain`` (null for other messages).
 
 from __future__ import annotations
 
-import base64
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.common.message import MessageExt
 from core.common.properties import MessageConst
+
+# The MQTT gateway's stored form (docs/mqtt.md) is read with the gateway's own decoders.
+from gateway.mqtt.message import K_QOS as MQTT_QOS
+from gateway.mqtt.message import K_RETAIN as MQTT_RETAIN
+from gateway.mqtt.message import K_TOPIC as MQTT_TOPIC
+from gateway.mqtt.message import _get_text, _int
 
 #: DDL of the source's rows (`spark.read.format("lmq").schema` cannot change it).
 SOURCE_SCHEMA_DDL = (
@@ -31,11 +35,6 @@ HEADERS_DDL = "headers array<struct<key:string,value:binary>>"
 def schema_ddl(include_headers: bool) -> str:
     return f"{SOURCE_SCHEMA_DDL}, {HEADERS_DDL}" if include_headers else SOURCE_SCHEMA_DDL
 
-
-# Property names of the MQTT gateway's stored form (gateway/mqtt/message.py, docs/mqtt.md).
-MQTT_TOPIC = "MQTT_TOPIC"
-MQTT_QOS = "MQTT_QOS"
-MQTT_RETAIN = "MQTT_RETAIN"
 
 ARROW_SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -72,25 +71,7 @@ def user_headers(props: dict[str, str]) -> list[tuple[str, bytes]]:
 
 def mqtt_topic_of(props: dict[str, str]) -> str | None:
     """The MQTT topic the gateway stored with a message (plain or base64 form), or None."""
-    value = props.get(MQTT_TOPIC)
-    if value is not None:
-        return value
-    raw = props.get(MQTT_TOPIC + "64")
-    if raw is None:
-        return None
-    try:
-        return base64.b64decode(raw).decode("utf-8")
-    except ValueError:
-        return None
-
-
-def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
+    return _get_text(props, MQTT_TOPIC)
 
 
 #: Properties the pull path adds to each message (not part of the stored message).
@@ -126,7 +107,7 @@ def to_record_batch(msgs: list[MessageExt], broker_name: str,
             qoss.append(None)
             retains.append(None)
         else:
-            qoss.append(_int_or_none(p.get(MQTT_QOS)) or 0)
+            qoss.append(_int(p.get(MQTT_QOS)) or 0)
             retains.append(p.get(MQTT_RETAIN) == "1")
     n = len(msgs)
     columns = [

@@ -192,7 +192,24 @@ class ConsumerGroupInfo:
         return changed
 
 
-class ConsumerManager:
+class _GroupsByConnection:
+    """The groups each connection is a member of (consumer and producer managers)."""
+
+    _by_connection: dict[Any, set[str]]  # connection -> its groups
+
+    def groups_of_connection(self, connection: Any) -> set[str]:
+        """The groups `connection` is a member of (do not modify)."""
+        return self._by_connection.get(connection) or set()
+
+    def _left(self, group: str, connection: Any) -> None:
+        mine = self._by_connection.get(connection)
+        if mine is not None:
+            mine.discard(group)
+            if not mine:
+                del self._by_connection[connection]
+
+
+class ConsumerManager(_GroupsByConnection):
     """Consumer groups by name (docs/protocol.md §5.5)."""
 
     def __init__(
@@ -205,17 +222,6 @@ class ConsumerManager:
         self.expiry_s = expiry_s
         self.on_change = on_change
         self._by_connection: dict[Any, set[str]] = {}  # connection -> its groups
-
-    def groups_of_connection(self, connection: Any) -> set[str]:
-        """The groups `connection` is a member of (do not modify)."""
-        return self._by_connection.get(connection) or set()
-
-    def _left(self, group: str, connection: Any) -> None:
-        mine = self._by_connection.get(connection)
-        if mine is not None:
-            mine.discard(group)
-            if not mine:
-                del self._by_connection[connection]
 
     def _changed(self, group: str) -> None:
         if self.on_change is None:
@@ -317,24 +323,13 @@ class ConsumerManager:
         return [g for g, info in self.groups.items() if topic in info.subscriptions]
 
 
-class ProducerManager:
+class ProducerManager(_GroupsByConnection):
     """Producer groups by name; CHECK_TRANSACTION_STATE goes to one of their channels."""
 
     def __init__(self, *, expiry_s: float = 120.0) -> None:
         self.groups: dict[str, dict[Any, ClientChannelInfo]] = {}
         self.expiry_s = expiry_s
         self._by_connection: dict[Any, set[str]] = {}  # connection -> its groups
-
-    def groups_of_connection(self, connection: Any) -> set[str]:
-        """The groups `connection` is a member of (do not modify)."""
-        return self._by_connection.get(connection) or set()
-
-    def _left(self, group: str, connection: Any) -> None:
-        mine = self._by_connection.get(connection)
-        if mine is not None:
-            mine.discard(group)
-            if not mine:
-                del self._by_connection[connection]
 
     def register(self, group: str, channel: ClientChannelInfo) -> None:
         channels = self.groups.setdefault(group, {})

@@ -131,14 +131,14 @@ class ConsumerOffsetManager:
     def remove_topic(self, topic: str) -> None:
         """Forget every group's offsets of `topic` (DELETE_TOPIC_IN_BROKER)."""
         prefix = topic + TOPIC_GROUP_SEPARATOR
-        for table in (self.table, self.lmq_table):
-            for key in [k for k in table if k.startswith(prefix)]:
-                del table[key]
-                self._dirty = True
+        self._remove_keys(lambda key: key.startswith(prefix))
 
     def remove_group(self, group: str) -> None:
         suffix = TOPIC_GROUP_SEPARATOR + group
+        self._remove_keys(lambda key: key.endswith(suffix))
+
+    def _remove_keys(self, doomed) -> None:
         for table in (self.table, self.lmq_table):
-            for key in [k for k in table if k.endswith(suffix)]:
+            for key in [k for k in table if doomed(k)]:
                 del table[key]
                 self._dirty = True

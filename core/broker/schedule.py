@@ -54,12 +54,12 @@ import logging
 import math
 import os
 import re
-import threading
 import time
 from typing import TYPE_CHECKING
 
 import trio
 
+from core.broker.cursor_file import CursorFile
 from core.broker.message_util import (
     clear_property,
     delay_level,
@@ -67,7 +67,7 @@ from core.broker.message_util import (
     put_property,
     real_destination,
 )
-from core.broker.metadata import atomic_write_bytes, encode_json, read_json
+from core.broker.metadata import encode_json, read_json
 from core.common.codec import RecordError
 from core.common.message import InnerMessage
 from core.common.names import SCHEDULE_TOPIC
@@ -144,7 +144,7 @@ def _deliver_ms(properties: dict) -> int | None:
         return None
 
 
-class ScheduleMessageService:
+class ScheduleMessageService(CursorFile):
     """Delay levels, diverting scheduled messages, and their timely delivery (docs/protocol.md §9.2)."""
 
     FILE_NAME = "delayOffset.json"
@@ -154,7 +154,7 @@ class ScheduleMessageService:
         config = broker.config
         self.delays_ms: list[int] = parse_delay_levels(config.message_delay_level)
         self.max_level = len(self.delays_ms)
-        self.path = os.path.join(config.data_dir, "config", self.FILE_NAME)
+        self._open_cursor_file(os.path.join(config.data_dir, "config", self.FILE_NAME))
         self.poll_interval_s = max(
             0.01, float(getattr(config, "schedule_poll_interval_s", DEFAULT_POLL_INTERVAL_S))
         )
@@ -173,8 +173,6 @@ class ScheduleMessageService:
         self._hints: dict[int, list[int]] = {}
         self._planned_wake_ms: float = math.inf
         self._wakeup = trio.Event()
-        self._dirty = False
-        self._persist_lock = threading.Lock()
         self.delivered = 0  # counters for runtime info
         self.skipped = 0
         #: Recall marks (processors/recall.py): recalled messages are dropped when due.
@@ -224,18 +222,10 @@ class ScheduleMessageService:
                 self.offset_table[level] = offset
         self._head_due.clear()
 
-    def persist(self) -> None:
-        """Write the per-level progress atomically (sync; also used at shutdown)."""
-        self._write(self._snapshot())
-
     def _snapshot(self) -> bytes:
         """The file's content, encoded on the event loop (where the table changes)."""
         self._dirty = False
         return encode_json(self.offset_table_json())
-
-    def _write(self, payload: bytes) -> None:
-        with self._persist_lock:
-            atomic_write_bytes(self.path, payload)
 
     def offset_table_json(self) -> dict:
         """The persisted form (Java's GET_ALL_DELAY_OFFSET body)."""
@@ -351,18 +341,7 @@ class ScheduleMessageService:
                 with trio.move_on_after(timeout):
                     await self._wakeup.wait()
         finally:
-            if self._dirty:
-                try:
-                    self.persist()
-                except OSError as exc:
-                    log.error("cannot persist %s at shutdown: %s", self.path, exc)
-
-    async def _persist_in_thread(self) -> None:
-        try:
-            await trio.to_thread.run_sync(self._write, self._snapshot())
-        except OSError as exc:  # disk full etc.: keep delivering, try again next pass
-            self._dirty = True
-            log.error("cannot persist %s: %s", self.path, exc)
+            self._persist_at_shutdown()
 
     async def _pass(self) -> float:
         """One look at every level that may have something due; returns the earliest due

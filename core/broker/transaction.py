@@ -37,20 +37,20 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import trio
 
+from core.broker.cursor_file import CursorFile
 from core.broker.message_util import (
     clear_property,
     inner_from_ext,
     put_property,
     real_destination,
 )
-from core.broker.metadata import atomic_write_bytes, encode_json, read_json
+from core.broker.metadata import encode_json, read_json
 from core.broker.transaction_batch import BATCH_HALF, committed_batch
 from core.common.codec import RecordError, decode_record, encode_host, encode_record
 from core.common.message import InnerMessage, MessageExt
@@ -92,7 +92,7 @@ def _status_name(result) -> str:
     return getattr(result.status, "name", str(result.status))
 
 
-class TransactionalMessageService:
+class TransactionalMessageService(CursorFile):
     """Half/op topics, END_TRANSACTION semantics and the back-check loop (docs/protocol.md §9.4)."""
 
     FILE_NAME = "transactionCheckOffset.json"
@@ -103,7 +103,7 @@ class TransactionalMessageService:
         self.timeout_ms = int(float(config.transaction_timeout_s) * 1000)
         self.check_max = int(config.transaction_check_max)
         self.check_interval_s = float(config.transaction_check_interval_s)
-        self.path = os.path.join(config.data_dir, "config", self.FILE_NAME)
+        self._open_cursor_file(os.path.join(config.data_dir, "config", self.FILE_NAME))
         #: half queue id -> first half offset not yet settled (persisted).
         self.half_offset: dict[int, int] = {}
         #: half queue id -> next op-queue offset to read.
@@ -114,8 +114,6 @@ class TransactionalMessageService:
         self._resolved_max = int(
             getattr(config, "transaction_resolved_cache_size", DEFAULT_RESOLVED_CACHE_SIZE)
         )
-        self._dirty = False
-        self._persist_lock = threading.Lock()
         self._check_lock = trio.Lock()
         # counters for runtime info and tests
         self.checks_sent = 0
@@ -136,10 +134,6 @@ class TransactionalMessageService:
                 except (TypeError, ValueError):
                     continue
 
-    def persist(self) -> None:
-        """Write both cursors atomically (sync; also used at shutdown)."""
-        self._write(self._snapshot())
-
     def _snapshot(self) -> bytes:
         """The file's content, encoded on the event loop (where the tables change)."""
         ops = {}
@@ -153,10 +147,6 @@ class TransactionalMessageService:
         }
         self._dirty = False
         return encode_json(data)
-
-    def _write(self, payload: bytes) -> None:
-        with self._persist_lock:
-            atomic_write_bytes(self.path, payload)
 
     # ------------------------------------------------------------------ send path
     def prepare(self, inner: InnerMessage, batch: bool = False) -> None:
@@ -297,11 +287,7 @@ class TransactionalMessageService:
                 except Exception:  # keep checking after a bug or a store hiccup
                     log.exception("transaction check pass failed")
         finally:
-            if self._dirty:
-                try:
-                    self.persist()
-                except OSError as exc:
-                    log.error("cannot persist %s at shutdown: %s", self.path, exc)
+            self._persist_at_shutdown()
 
     async def check_once(self, now_ms: int | None = None) -> int:
         """One pass over every half queue; returns the number of checks sent."""
@@ -315,13 +301,6 @@ class TransactionalMessageService:
             if self._dirty:
                 await self._persist_in_thread()
             return sent
-
-    async def _persist_in_thread(self) -> None:
-        try:
-            await trio.to_thread.run_sync(self._write, self._snapshot())
-        except OSError as exc:  # disk full etc.: keep checking, try again next pass
-            self._dirty = True
-            log.error("cannot persist %s: %s", self.path, exc)
 
     def _scan_ops(self, qid: int) -> None:
         """Read new op records of half queue `qid` into the removed table."""

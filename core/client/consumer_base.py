@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from typing import TypedDict
 
 import trio
 
@@ -39,6 +40,16 @@ log = logging.getLogger(__name__)
 LOCK_RENEW_INTERVAL_S = 20.0
 #: How long a rebalance waits for an orderly batch to finish before unlocking its queue.
 UNLOCK_WAIT_S = 1.0
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """The keyword options every consumer takes (`ConsumerBase`, defaults there); the
+    subclasses pass them on as ``**options``."""
+
+    message_model: MessageModel | str
+    allocate: str | AllocateStrategy
+    consume_from_where: ConsumeFromWhere | str
+    consume_timestamp_ms: int | None
 
 
 class ConsumerBase:

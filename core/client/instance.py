@@ -144,16 +144,8 @@ class ClientInstance:
 
     async def shutdown_members(self) -> None:
         """Shut down every consumer (offsets persisted, locks released) and producer."""
-        for consumer in list(self.consumers.values()):
-            try:
-                await consumer.shutdown()
-            except Exception:
-                log.exception("shutdown of consumer %s failed", consumer.group)
-        for producer in list(self.producers.values()):
-            try:
-                await producer.shutdown()
-            except Exception:
-                log.exception("shutdown of producer %s failed", producer.group)
+        await _each(self.consumers, "shutdown", "shutdown of consumer %s failed")
+        await _each(self.producers, "shutdown", "shutdown of producer %s failed")
 
     def _need_nursery(self) -> trio.Nursery:
         if self.nursery is None:
@@ -330,11 +322,7 @@ class ClientInstance:
         self._rebalance_now.set()
 
     async def rebalance(self) -> None:
-        for consumer in list(self.consumers.values()):
-            try:
-                await consumer.do_rebalance()
-            except Exception:
-                log.exception("rebalance of %s failed", consumer.group)
+        await _each(self.consumers, "do_rebalance", "rebalance of %s failed")
 
     async def _rebalance_loop(self) -> None:
         while True:
@@ -420,3 +408,13 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
         else:
             out.append(e)
     return out
+
+
+async def _each(members: dict, method: str, failed: str) -> None:
+    """Await `method` of every member (of a snapshot: it may change meanwhile); a failure
+    is logged with its traceback (`failed` % the member's group) and the others go on."""
+    for member in list(members.values()):
+        try:
+            await getattr(member, method)()
+        except Exception:
+            log.exception(failed, member.group)

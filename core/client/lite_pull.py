@@ -12,24 +12,22 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Unpack
 
 import trio
 
-from core.client.allocate import AllocateStrategy
-from core.client.consumer_base import ConsumerBase
+from core.client.consumer_base import ConsumerBase, ConsumerOptions
 from core.client.errors import MQClientError
 from core.client.instance import ClientInstance
 from core.client.model import (
-    ConsumeFromWhere,
     ConsumeType,
     ExpressionType,
-    MessageModel,
     MessageQueue,
     PullStatus,
     SubscriptionData,
 )
 from core.client.process_queue import ProcessQueue
-from core.client.pull_consumer import broker_addr_for, pull_kernel
+from core.client.pull_consumer import broker_addr_for, pull_or_pause
 from core.common.message import MessageExt
 
 log = logging.getLogger(__name__)
@@ -55,19 +53,16 @@ class LitePullConsumer(ConsumerBase):
         client: ClientInstance,
         group: str,
         *,
-        message_model: MessageModel | str = MessageModel.CLUSTERING,
-        allocate: str | AllocateStrategy = "averagely",
-        consume_from_where: ConsumeFromWhere | str = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-        consume_timestamp_ms: int | None = None,
         auto_commit: bool = True,
         pull_batch_size: int = 10,
         pull_threshold_for_queue: int = 1000,
         poll_timeout: float = 5.0,
         broker_suspend_max_ms: int = 5000,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        super().__init__(client, group, message_model=message_model, allocate=allocate,
-                         consume_from_where=consume_from_where,
-                         consume_timestamp_ms=consume_timestamp_ms)
+        if "orderly" in options:  # ConsumerBase's, for push consumers only
+            raise TypeError("LitePullConsumer() got an unexpected keyword argument 'orderly'")
+        super().__init__(client, group, **options)
         self.auto_commit = auto_commit
         self.pull_batch_size = pull_batch_size
         self.pull_threshold_for_queue = pull_threshold_for_queue
@@ -123,13 +118,10 @@ class LitePullConsumer(ConsumerBase):
                 if sub is None:
                     await trio.sleep(PULL_ERROR_PAUSE_S)
                     continue
-                try:
-                    result = await pull_kernel(self.client, self.group, mq, sub, next_offset,
-                                               self.pull_batch_size,
-                                               suspend_ms=self.broker_suspend_max_ms)
-                except Exception as exc:
-                    log.debug("pull of %s failed: %r", mq, exc)
-                    await trio.sleep(PULL_ERROR_PAUSE_S)
+                result = await pull_or_pause(
+                    self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
+                    pause_s=PULL_ERROR_PAUSE_S, suspend_ms=self.broker_suspend_max_ms)
+                if result is None:
                     continue
                 if pq.dropped:
                     return

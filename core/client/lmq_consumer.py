@@ -20,7 +20,7 @@ from core.client.errors import MQClientError
 from core.client.instance import ClientInstance
 from core.client.model import ConsumeFromWhere, MessageQueue, PullStatus, SubscriptionData
 from core.client.offset_store import RemoteOffsetStore
-from core.client.pull_consumer import pull_kernel
+from core.client.pull_consumer import pull_or_pause
 from core.client.push_consumer import ConsumeContext, _is_async, _succeeded
 from core.common.message import MessageExt
 from core.common.names import LMQ_QUEUE_ID, validate_group, validate_lmq
@@ -168,13 +168,10 @@ class LmqConsumer:
                     await trio.sleep(PULL_ERROR_PAUSE_S)
             self.offset_store.update(mq, offset)
             while self.running:
-                try:
-                    result = await pull_kernel(
-                        self.client, self.group, mq, self.sub, offset, self.pull_batch_size,
-                        suspend_ms=self.broker_suspend_max_ms)
-                except Exception as exc:
-                    log.debug("pull of %s failed: %r", mq, exc)
-                    await trio.sleep(PULL_ERROR_PAUSE_S)
+                result = await pull_or_pause(
+                    self.client, self.group, mq, self.sub, offset, self.pull_batch_size,
+                    pause_s=PULL_ERROR_PAUSE_S, suspend_ms=self.broker_suspend_max_ms)
+                if result is None:
                     continue
                 if result.status is PullStatus.FOUND and result.messages:
                     next_offset = result.next_begin_offset

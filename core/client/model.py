@@ -16,6 +16,7 @@ from core.common.message import MessageExt
 from core.common.properties import MessageConst
 from core.common.sysflag import PermName
 from core.common.taghash import java_string_hash
+from core.namesrv.routes import QueueData  # the name server's own (docs/protocol.md §4.1)
 
 MASTER_ID = 0
 
@@ -52,15 +53,6 @@ class MessageQueue:
 
 
 @dataclass(slots=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-
-@dataclass(slots=True)
 class BrokerData:
     cluster: str
     broker_name: str
@@ -83,16 +75,7 @@ class TopicRouteData:
         obj = loads_lenient(body)
         if not isinstance(obj, dict):
             raise ValueError("route body is not a JSON object")
-        qds = [
-            QueueData(
-                str(q["brokerName"]),
-                int(q.get("readQueueNums", 0)),
-                int(q.get("writeQueueNums", 0)),
-                int(q.get("perm", 6)),
-                int(q.get("topicSysFlag", q.get("topicSynFlag", 0)) or 0),
-            )
-            for q in obj.get("queueDatas") or []
-        ]
+        qds = [QueueData.from_json(q) for q in obj.get("queueDatas") or []]
         bds = [
             BrokerData(
                 str(b.get("cluster", "")),
@@ -106,16 +89,7 @@ class TopicRouteData:
     def to_json(self) -> dict:
         return {
             "orderTopicConf": self.order_topic_conf,
-            "queueDatas": [
-                {
-                    "brokerName": q.broker_name,
-                    "readQueueNums": q.read_queue_nums,
-                    "writeQueueNums": q.write_queue_nums,
-                    "perm": q.perm,
-                    "topicSysFlag": q.topic_sys_flag,
-                }
-                for q in self.queue_datas
-            ],
+            "queueDatas": [q.to_json() for q in self.queue_datas],
             "brokerDatas": [
                 {
                     "cluster": b.cluster,

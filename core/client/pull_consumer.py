@@ -8,6 +8,10 @@ Java does.
 
 from __future__ import annotations
 
+import logging
+
+import trio
+
 from core.client.errors import MQClientError
 from core.client.instance import ClientInstance
 from core.client.model import ExpressionType, MessageQueue, PullResult, PullStatus, SubscriptionData
@@ -15,6 +19,8 @@ from core.common.message import MessageExt
 from core.common.names import validate_group
 from core.common.properties import MessageConst
 from core.common.sysflag import PullSysFlag
+
+log = logging.getLogger(__name__)
 
 #: Long-poll hold asked of the broker by push consumers (brokerSuspendMaxTimeMillis) and
 #: the socket timeout of such a pull (consumerTimeoutMillisWhenSuspend) (docs/protocol.md §8.7).
@@ -83,6 +89,19 @@ async def pull_kernel(
         if not msgs:
             result.status = PullStatus.NO_MATCHED_MSG
     return result
+
+
+async def pull_or_pause(client: ClientInstance, group: str, mq: MessageQueue, *args,
+                        pause_s: float, **kwargs) -> PullResult | None:
+    """`pull_kernel(client, group, mq, *args, **kwargs)` for a consumer's pull loop: None
+    when the pull failed (logged at debug level), after a pause of `pause_s` seconds; the
+    loop then tries again."""
+    try:
+        return await pull_kernel(client, group, mq, *args, **kwargs)
+    except Exception as exc:
+        log.debug("pull of %s failed: %r", mq, exc)
+        await trio.sleep(pause_s)
+        return None
 
 
 class PullConsumer:

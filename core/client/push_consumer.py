@@ -24,16 +24,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Unpack
 
 import trio
 
-from core.client.allocate import AllocateStrategy
-from core.client.consumer_base import ConsumerBase
+from core.client.consumer_base import ConsumerBase, ConsumerOptions
 from core.client.instance import ClientInstance
-from core.client.model import ConsumeFromWhere, MessageModel, MessageQueue, PullStatus
+from core.client.model import MessageQueue, PullStatus
 from core.client.process_queue import ProcessQueue
-from core.client.pull_consumer import BROKER_SUSPEND_MAX_MS, pull_kernel
+from core.client.pull_consumer import BROKER_SUSPEND_MAX_MS, pull_or_pause
 from core.common.message import MessageExt
 from core.common.names import is_retry_topic
 from core.common.properties import MessageConst
@@ -108,10 +107,6 @@ class PushConsumer(ConsumerBase):
         listener: Listener,
         *,
         orderly: bool = False,
-        message_model: MessageModel | str = MessageModel.CLUSTERING,
-        allocate: str | AllocateStrategy = "averagely",
-        consume_from_where: ConsumeFromWhere | str = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-        consume_timestamp_ms: int | None = None,
         consume_concurrency: int = 20,
         consume_batch_size: int = 1,
         pull_batch_size: int = 32,
@@ -124,10 +119,9 @@ class PushConsumer(ConsumerBase):
         broker_suspend_max_ms: int = BROKER_SUSPEND_MAX_MS,
         shutdown_grace: float = 5.0,
         listener_in_thread: bool = True,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        super().__init__(client, group, message_model=message_model, allocate=allocate,
-                         consume_from_where=consume_from_where,
-                         consume_timestamp_ms=consume_timestamp_ms, orderly=orderly)
+        super().__init__(client, group, orderly=orderly, **options)
         if consume_concurrency < 1 or consume_batch_size < 1 or pull_batch_size < 1:
             raise ValueError("consume_concurrency, consume_batch_size and pull_batch_size must be >= 1")
         self.listener = listener
@@ -209,13 +203,11 @@ class PushConsumer(ConsumerBase):
                     await trio.sleep(PULL_ERROR_PAUSE_S)
                     continue
                 commit = self.offset_store.read_memory(mq) if self.clustering else 0
-                try:
-                    result = await pull_kernel(
-                        self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
-                        commit_offset=max(commit, 0), suspend_ms=self.broker_suspend_max_ms)
-                except Exception as exc:
-                    log.debug("pull of %s failed: %r", mq, exc)
-                    await trio.sleep(PULL_ERROR_PAUSE_S)
+                result = await pull_or_pause(
+                    self.client, self.group, mq, sub, next_offset, self.pull_batch_size,
+                    pause_s=PULL_ERROR_PAUSE_S, commit_offset=max(commit, 0),
+                    suspend_ms=self.broker_suspend_max_ms)
+                if result is None:
                     continue
                 if pq.dropped:
                     return

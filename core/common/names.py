@@ -73,10 +73,7 @@ def validate_topic(topic: str | None) -> str | None:
     if len(topic.encode("utf-8")) > TOPIC_MAX_LENGTH:
         return f"The specified topic is longer than topic max length {TOPIC_MAX_LENGTH}."
     if not _VALID_CHARS.fullmatch(topic):
-        return (
-            f"The specified topic[{topic}] contains illegal characters, "
-            "allowing only ^[%|a-zA-Z0-9_-]+$"
-        )
+        return _illegal_chars("specified topic", topic, _VALID_CHARS)
     return None
 
 
@@ -87,10 +84,7 @@ def validate_group(group: str | None) -> str | None:
     if len(group) > GROUP_MAX_LENGTH:
         return f"The specified group is longer than group max length {GROUP_MAX_LENGTH}."
     if not _VALID_CHARS.fullmatch(group):
-        return (
-            f"The specified group[{group}] contains illegal characters, "
-            "allowing only ^[%|a-zA-Z0-9_-]+$"
-        )
+        return _illegal_chars("specified group", group, _VALID_CHARS)
     return None
 
 
@@ -106,11 +100,13 @@ def validate_lmq(name: str) -> str | None:
     if len(name.encode("utf-8")) > TOPIC_MAX_LENGTH:
         return f"The specified topic is longer than topic max length {TOPIC_MAX_LENGTH}."
     if not _LMQ_CHARS.fullmatch(name):
-        return (
-            f"The LMQ name[{name}] contains illegal characters, "
-            "allowing only ^[%|$a-zA-Z0-9_-]+$"
-        )
+        return _illegal_chars("LMQ name", name, _LMQ_CHARS)
     return None
+
+
+def _illegal_chars(what: str, name: str, chars: re.Pattern) -> str:
+    """RocketMQ's reason for a name with characters outside `chars`."""
+    return f"The {what}[{name}] contains illegal characters, allowing only ^{chars.pattern}$"
 
 
 def validate_topic_or_lmq(name: str | None) -> str | None:

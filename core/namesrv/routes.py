@@ -50,6 +50,18 @@ class QueueData:
             "topicSysFlag": self.topic_sys_flag,
         }
 
+    @classmethod
+    def from_json(cls, obj: dict) -> QueueData:
+        """As a client reads it: missing counts are 0, a missing perm is 6 (read and
+        write), and older servers spell the flag `topicSynFlag`."""
+        return cls(
+            str(obj["brokerName"]),
+            int(obj.get("readQueueNums", 0)),
+            int(obj.get("writeQueueNums", 0)),
+            int(obj.get("perm", 6)),
+            int(obj.get("topicSysFlag", obj.get("topicSynFlag", 0)) or 0),
+        )
+
 
 @dataclass
 class BrokerData:

@@ -50,6 +50,11 @@ class _Reject(Exception):
         self.remark = remark
 
 
+def _props_too_large(size: int, limit: int) -> _Reject:
+    """The rejection of encoded properties over the limit (shared by every put path)."""
+    return _Reject(PutStatus.PROPERTIES_SIZE_EXCEEDED, f"properties size {size} exceeds {limit}")
+
+
 class PutPath:
     """Mixin of MessageStore holding put/put_batch (uses the store's attributes)."""
 
@@ -183,18 +188,11 @@ class PutPath:
                 targets = (lmqs, cqs)
             pb = encode_props(props, offsets)
             if len(pb) > self._max_props:
-                raise _Reject(
-                    PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                    f"properties size {len(pb)} exceeds {self._max_props}",
-                )
+                raise _props_too_large(len(pb), self._max_props)
             if tags_code is None:
                 tags = props.get(_TAGS)
-                if tags:
-                    tags_code = self._tag_codes.get(tags)
-                    if tags_code is None:
-                        tags_code = self._tag_code(tags)
-                else:
-                    tags_code = 0
+                # a cached code, else hashed (and cached); 0 is only ever recomputed
+                tags_code = (self._tag_codes.get(tags) or self._tag_code(tags)) if tags else 0
         else:
             pb = b""
             if tags_code is None:
@@ -343,18 +341,10 @@ class PutPath:
                 offsets = targets = None
                 pb = encode_props(props, None)
                 if len(pb) > self._max_props:
-                    raise _Reject(
-                        PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                        f"properties size {len(pb)} exceeds {self._max_props}",
-                    )
+                    raise _props_too_large(len(pb), self._max_props)
                 if tc is None:
                     tags = props.get(_TAGS)
-                    if tags:
-                        tc = self._tag_codes.get(tags)
-                        if tc is None:
-                            tc = self._tag_code(tags)
-                    else:
-                        tc = 0
+                    tc = (self._tag_codes.get(tags) or self._tag_code(tags)) if tags else 0
             else:
                 pb, tc, offsets, targets = self._encode_props(props, tc, topic, qid, qoff, None)
         except _Reject as rej:

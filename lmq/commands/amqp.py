@@ -9,6 +9,8 @@ import logging
 
 from lmq.commands import _amqp_users
 from lmq.commands._checks import log_level
+from lmq.commands._gateway_main import add_gateway_options
+from lmq.metrics import _seconds as _wait_seconds  # 0.1..3600, as --dashboard-interval
 from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.amqp")
@@ -16,10 +18,7 @@ log = logging.getLogger("lmq.amqp")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("amqp", help="run a stand-alone AMQP 0-9-1 gateway")
-    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
-                        help="name server address(es), ';'-separated (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default %(default)s: this machine only)")
+    add_gateway_options(parser)
     parser.add_argument("--amqp-port", type=int, default=5672,
                         help="AMQP listen port (default %(default)s; 0 picks a free one)")
     parser.add_argument("--log-level", default="INFO", type=log_level,
@@ -42,14 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "amqp_command", None):
         return _amqp_users.run(args)
-    import signal
-
     import trio
 
     from gateway.amqp.server import AmqpServerConfig
     from gateway.amqp.standalone import CLUSTER_WAIT_S, run_standalone
     from lmq.commands._broker_args import _os_error, setup_logging
     from lmq.commands._checks import busy_listener
+    from lmq.commands._gateway_main import find_exception, serve_until_signal
     from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
@@ -62,29 +60,15 @@ def run(args: argparse.Namespace) -> int:
     # /readyz: 503 with this reason until the listener is up, 200 after, 503 when stopping
     state = {"not_ready": "AMQP gateway not started (waiting for a master broker)"}
 
-    async def main() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-
-                async def stop_on_signal() -> None:  # at once, even while starting
-                    async for _ in signals:
-                        state["not_ready"] = "AMQP gateway shutting down"
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(stop_on_signal)
-                if exporter is not None:  # up before the listener: /readyz says 503
-                    exporter.ready = lambda: state["not_ready"]
-                    await nursery.start(exporter.serve)
-                log.info("waiting for a master broker registered with %s (at most %g s)",
-                         args.namesrv_addr, wait_s)
-                await nursery.start(functools.partial(
-                    run_standalone, args.namesrv_addr, config, cluster_wait_s=wait_s,
-                    on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
-                state["not_ready"] = None
+    async def start(nursery: trio.Nursery) -> None:
+        log.info("waiting for a master broker registered with %s (at most %g s)",
+                 args.namesrv_addr, wait_s)
+        await nursery.start(functools.partial(
+            run_standalone, args.namesrv_addr, config, cluster_wait_s=wait_s,
+            on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
 
     try:
-        trio.run(main)
+        trio.run(serve_until_signal, start, state, "AMQP gateway shutting down", exporter)
     except (OSError, trio.TooSlowError, BaseExceptionGroup) as exc:
         error = _os_error(exc)
         if error is not None:
@@ -95,26 +79,10 @@ def run(args: argparse.Namespace) -> int:
                                       ("metrics", args.metrics_host, args.metrics_port)])
             log.error("cannot start: %s", busy or error)
             return 1
-        if _find(exc, trio.TooSlowError):
+        if find_exception(exc, trio.TooSlowError) is not None:
             log.error("cannot start: no master broker registered with the name server(s) "
                       "%s within %g s: start the cluster first, or check --namesrv-addr",
                       args.namesrv_addr, wait_s)
             return 1
         raise
     return 0
-
-
-def _wait_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds in 0.1..3600, got {text!r}")
-    return value
-
-
-def _find(exc: BaseException, kind: type) -> bool:
-    if isinstance(exc, kind):
-        return True
-    return isinstance(exc, BaseExceptionGroup) and any(_find(e, kind) for e in exc.exceptions)

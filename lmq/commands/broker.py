@@ -17,8 +17,8 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import config_type_error, lock_data_dir
-from lmq.metrics import add_metrics_options, exporter_from_args
+from lmq.commands._checks import lock_data_dir
+from lmq.metrics import add_metrics_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,20 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import EmbeddedServer, build_configs
+    from lmq.commands._embedded import embedded_server, load_configs
 
     setup_logging(args.log_level)
-    try:
-        broker_config, _ = build_configs(
-            args.config, {**broker_overrides(args), **ha_overrides(args)}, {}
-        )
-    except (OSError, ValueError, TypeError) as exc:
-        log.error("bad configuration: %s", exc)
+    configs = load_configs(args, {**broker_overrides(args), **ha_overrides(args)})
+    if configs is None:
         return 2
-    problem = config_type_error(broker_config, args.config or "the flags")
-    if problem:
-        log.error("%s", problem)
-        return 2
+    broker_config = configs[0]
     if broker_config.auto_create_topic_enable is None and broker_config.auto_create_topic is None:
         # A cluster broker creates no topic on a send unless configured to (RocketMQ's
         # autoCreateTopicEnable=false in production); `lmq serve` keeps it on.
@@ -63,18 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         log.error("%s", problem)
         return 1
-    from lmq.commands._startup import banner_service, choose_advertise_host
-
-    advertise = choose_advertise_host(broker_config)
-    if advertise:
-        log.log(30 if "127.0.0.1" in advertise else 20, "%s", advertise)  # WARNING / INFO
-    exporter = exporter_from_args(args)
-    from lmq.commands._startup import install_recovery_line
-
-    install_recovery_line()  # a live line while the store recovers, on a terminal only
-    server = EmbeddedServer(broker_config, None, services=[banner_service(exporter)])
-    if exporter is not None:
-        exporter.server = server  # read at scrape time
+    server, exporter = embedded_server(args, broker_config)
     restart = _arm_restart() if broker_config.controller_addr else None
     code = run_server(server, [("broker", broker_config.host, broker_config.port)], exporter)
     if restart is not None and restart:

@@ -13,6 +13,7 @@ import functools
 import logging
 
 from lmq.commands._checks import log_level
+from lmq.commands._gateway_main import add_gateway_options
 from lmq.metrics import add_metrics_options
 
 log = logging.getLogger("lmq.proxy")
@@ -25,10 +26,7 @@ NAMESRV_PROBE_TIMEOUT_S = 3.0
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("proxy", help="run a stand-alone RocketMQ 5 gRPC proxy")
-    parser.add_argument("--namesrv-addr", default="127.0.0.1:9876",
-                        help="name server address(es), ';'-separated (default %(default)s)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="bind address (default %(default)s: this machine only)")
+    add_gateway_options(parser)
     parser.add_argument("--grpc-port", type=int, default=8081,
                         help="gRPC listen port (default %(default)s; 0 picks a free one)")
     parser.add_argument("--advertise-host", default="",
@@ -65,14 +63,13 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
-
     import trio
 
     from gateway.grpc5.config import GrpcConfig
     from gateway.grpc5.standalone import run_proxy
     from lmq.commands._broker_args import setup_logging
     from lmq.commands._checks import busy_listener
+    from lmq.commands._gateway_main import find_exception, serve_until_signal
     from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
@@ -107,30 +104,17 @@ def run(args: argparse.Namespace) -> int:
 
     nursery_ref: list = []
 
-    async def main() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async with trio.open_nursery() as nursery:
-
-                async def stop_on_signal() -> None:  # at once, even while starting
-                    async for _ in signals:
-                        state["not_ready"] = "gRPC proxy shutting down"
-                        nursery.cancel_scope.cancel()
-                        return
-
-                nursery.start_soon(stop_on_signal)
-                nursery_ref.append(nursery)
-                if exporter is not None:  # up before the listener: /readyz says 503
-                    exporter.ready = not_ready
-                    await nursery.start(exporter.serve)
-                await nursery.start(functools.partial(
-                    run_proxy, args.namesrv_addr, config, access_key=args.access_key,
-                    secret_key=args.secret_key, acl_file=args.acl_file, on_server=on_server))
-                state["not_ready"] = None
+    async def start(nursery: trio.Nursery) -> None:
+        nursery_ref.append(nursery)
+        await nursery.start(functools.partial(
+            run_proxy, args.namesrv_addr, config, access_key=args.access_key,
+            secret_key=args.secret_key, acl_file=args.acl_file, on_server=on_server))
 
     try:
-        trio.run(main)
+        trio.run(serve_until_signal, start, state, "gRPC proxy shutting down", exporter,
+                 not_ready)
     except (OSError, ValueError, trio.TooSlowError, BaseExceptionGroup) as exc:
-        error = _first(exc, (OSError, ValueError, trio.TooSlowError))
+        error = find_exception(exc, (OSError, ValueError, trio.TooSlowError))
         if error is None:
             raise
         if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
@@ -169,15 +153,3 @@ async def _probe_namesrv(client, addrs: str, state: dict) -> None:
             was_ok = reason is None
         state["namesrv"] = reason
         await trio.sleep(NAMESRV_PROBE_S)
-
-
-def _first(exc: BaseException, kinds: tuple) -> BaseException | None:
-    """The first exception of `kinds` in `exc` (trio wraps task failures in groups)."""
-    if isinstance(exc, kinds):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first(inner, kinds)
-            if found is not None:
-                return found
-    return None

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 from lmq.commands._broker_args import (
     add_broker_options,
@@ -25,10 +24,10 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import config_type_error, lock_data_dir, mapping_type_error
-from lmq.commands._startup import banner_service, choose_advertise_host
+from lmq.commands._checks import lock_data_dir, mapping_type_error
+from lmq.commands._embedded import embedded_server, load_configs
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
-from lmq.metrics import add_metrics_options, exporter_from_args
+from lmq.metrics import add_metrics_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,7 +45,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.cluster import EmbeddedServer, build_configs
     from gateway.amqp.embedded import AmqpService
     from gateway.grpc5.embedded import GrpcService
 
@@ -54,19 +52,10 @@ def run(args: argparse.Namespace) -> int:
     namesrv_overrides = {
         "host": args.host, "port": args.namesrv_port, **remoting_security_overrides(args)
     }
-    try:
-        broker_config, namesrv_config = build_configs(
-            args.config, broker_overrides(args), namesrv_overrides
-        )
-    except (OSError, ValueError, TypeError) as exc:
-        log.error("bad configuration: %s", exc)
+    configs = load_configs(args, broker_overrides(args), namesrv_overrides)
+    if configs is None:
         return 2
-    source = args.config or "the flags"
-    problem = (config_type_error(broker_config, source)
-               or config_type_error(namesrv_config, source))
-    if problem:
-        log.error("%s", problem)
-        return 2
+    broker_config, namesrv_config = configs
     if broker_config.tls_certfile and namesrv_config.tls_certfile and not args.namesrv_tls:
         # The embedded broker registers with the embedded name server over TLS too,
         # trusting its certificate unless a CA file is given.
@@ -104,17 +93,7 @@ def run(args: argparse.Namespace) -> int:
         mqtt = service.config
         listeners += [("MQTT", mqtt.host, mqtt.port), ("MQTT over WebSocket", mqtt.host,
                       mqtt.ws_port), ("MQTT over TLS", mqtt.host, mqtt.tls_port)]
-    advertise = choose_advertise_host(broker_config)
-    if advertise:
-        log.log(logging.WARNING if "127.0.0.1" in advertise else logging.INFO, "%s", advertise)
-    exporter = exporter_from_args(args)
-    from lmq.commands._startup import install_recovery_line
-
-    install_recovery_line()  # a live line while the store recovers, on a terminal only
-    server = EmbeddedServer(broker_config, namesrv_config,
-                            services=[*services, banner_service(exporter)])
-    if exporter is not None:
-        exporter.server = server  # read at scrape time
+    server, exporter = embedded_server(args, broker_config, namesrv_config, services)
     return run_server(server, listeners, exporter)
 
 

@@ -65,6 +65,18 @@ def test_config_value_of_wrong_type_refused(tmp_path):
     assert str(config) in line
 
 
+def test_broker_config_value_of_wrong_type_refused(tmp_path):
+    """`lmq broker` checks the broker part of the file as `lmq serve` does."""
+    config = tmp_path / "lmq.toml"
+    config.write_text('file_reserved_hours = "abc"\n')
+    r = lmq("broker", "--data-dir", str(tmp_path / "data"), "--broker-port", "0",
+            "--namesrv-addr", "127.0.0.1:1", "--config", str(config))
+    assert r.returncode == 2
+    line = one_line_error(r)
+    assert "file_reserved_hours = 'abc'" in line and str(config) in line
+    assert not (tmp_path / "data").exists()  # refused before the data dir is touched
+
+
 @pytest.mark.parametrize("config", [BrokerConfig(), NamesrvConfig(), MqttConfig()])
 def test_defaults_pass_the_type_check(config):
     assert config_type_error(config) is None

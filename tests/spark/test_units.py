@@ -113,3 +113,18 @@ def test_a_small_batch_is_one_partition_a_large_one_a_partition_per_queue():
     with pytest.raises(LmqOptionError, match="'lmq.smallBatchRows'"):
         parse_source_options({"lmq.namesrv": "h:1", "subscribe": "T",
                               "lmq.smallBatchRows": "-1"}, streaming=True)
+
+
+def test_mqtt_columns_read_the_gateways_stored_form():
+    from core.common.message import MessageExt
+    from gateway.mqtt.message import MqttMessage, to_properties
+    from spark_sinks.rows import mqtt_topic_of, to_record_batch
+
+    odd = "plant/\x01line"  # not text-safe: the gateway stores it in base64
+    stored = [MqttMessage(odd, b"a", qos=2, retain=True), MqttMessage("plant/2", b"b", qos=1)]
+    msgs = [MessageExt("MQTT_MESSAGES", m.payload, properties=to_properties(m)) for m in stored]
+    msgs.append(MessageExt("Orders", b"c", properties={"KEYS": "k"}))
+    rows = to_record_batch(msgs, "b0").to_pylist()
+    assert [(r["mqttTopic"], r["qos"], r["retain"]) for r in rows] == [
+        (odd, 2, True), ("plant/2", 1, False), (None, None, None)]
+    assert mqtt_topic_of({"MQTT_TOPIC64": "not base64!"}) is None

@@ -157,7 +157,7 @@ def _compile(node: Node, cap: int) -> _V:
         return _not(_condition(_compile(node.operand, cap), node.operand))
     if isinstance(node, And | Or):
         operands = [_condition(_compile(child, cap), child) for child in node.operands]
-        return _and(operands) if isinstance(node, And) else _or(operands)
+        return _junction(operands, isinstance(node, Or))
     if isinstance(node, Compare):
         left, right = _compile(node.left, cap), _compile(node.right, cap)
         if node.op in ("=", "<>"):
@@ -212,14 +212,17 @@ def _not(v: _V) -> _V:
     return _dyn(not_)
 
 
-def _and(operands: list[_V]) -> _V:
-    # Constant folding: FALSE decides, TRUE drops out, NULL stays (it can turn TRUE
-    # into unknown but never hides a FALSE).
-    if any(v.const and v.value is False for v in operands):
-        return _const(False)
-    fns = [_bool_fn(v) for v in operands if not (v.const and v.value is True)]
+def _junction(operands: list[_V], decider: bool) -> _V:
+    """AND (``decider`` False) or OR (``decider`` True) in SQL's three-valued logic.
+
+    Constant folding: the decider decides, its opposite drops out, NULL stays (it can turn
+    the opposite into unknown but never hides the decider)."""
+    other = not decider
+    if any(v.const and v.value is decider for v in operands):
+        return _const(decider)
+    fns = [_bool_fn(v) for v in operands if not (v.const and v.value is other)]
     if not fns:
-        return _const(True)
+        return _const(other)
     if all(v.const for v in operands):
         return _const(None)
     if len(fns) == 1:
@@ -227,67 +230,29 @@ def _and(operands: list[_V]) -> _V:
     if len(fns) == 2:
         f, g = fns
 
-        def and2(p: Props) -> bool | None:
+        def junction2(p: Props) -> bool | None:
             a = f(p)
-            if a is False:
-                return False
+            if a is decider:
+                return decider
             b = g(p)
-            if b is False:
-                return False
-            return None if a is None or b is None else True
+            if b is decider:
+                return decider
+            return None if a is None or b is None else other
 
-        return _dyn(and2)
+        return _dyn(junction2)
     fs = tuple(fns)
 
-    def and_n(p: Props) -> bool | None:
+    def junction_n(p: Props) -> bool | None:
         unknown = False
         for fn in fs:
             r = fn(p)
-            if r is False:
-                return False
+            if r is decider:
+                return decider
             if r is None:
                 unknown = True
-        return None if unknown else True
+        return None if unknown else other
 
-    return _dyn(and_n)
-
-
-def _or(operands: list[_V]) -> _V:
-    if any(v.const and v.value is True for v in operands):
-        return _const(True)
-    fns = [_bool_fn(v) for v in operands if not (v.const and v.value is False)]
-    if not fns:
-        return _const(False)
-    if all(v.const for v in operands):
-        return _const(None)
-    if len(fns) == 1:
-        return _dyn(fns[0])
-    if len(fns) == 2:
-        f, g = fns
-
-        def or2(p: Props) -> bool | None:
-            a = f(p)
-            if a is True:
-                return True
-            b = g(p)
-            if b is True:
-                return True
-            return None if a is None or b is None else False
-
-        return _dyn(or2)
-    fs = tuple(fns)
-
-    def or_n(p: Props) -> bool | None:
-        unknown = False
-        for fn in fs:
-            r = fn(p)
-            if r is True:
-                return True
-            if r is None:
-                unknown = True
-        return None if unknown else False
-
-    return _dyn(or_n)
+    return _dyn(junction_n)
 
 
 def _equal(left: _V, right: _V, node: Node, cap: int) -> _V:
@@ -403,14 +368,14 @@ def _between(node: Between, cap: int) -> _V:
     value = _compile(node.operand, cap)
     low, high = _compile(node.low, cap), _compile(node.high, cap)
     if node.negated:
-        return _or(
-            [_ordering("<", value, low, node, cap), _ordering(">", value, high, node, cap)]
+        return _junction(
+            [_ordering("<", value, low, node, cap), _ordering(">", value, high, node, cap)], True
         )
     if low.kind == "num" and high.kind == "num" and high.value < low.value:
         # RocketMQ refuses an empty range at compile time (createBetween).
         raise FilterParseError(f"BETWEEN bounds are reversed ({low.value} > {high.value}): {node}")
-    return _and(
-        [_ordering(">=", value, low, node, cap), _ordering("<=", value, high, node, cap)]
+    return _junction(
+        [_ordering(">=", value, low, node, cap), _ordering("<=", value, high, node, cap)], False
     )
 
 

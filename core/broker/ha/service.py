@@ -24,9 +24,7 @@ record (`wait_replicated`). Epochs are 0 without a controller (docs/ha.md, "Fail
 from __future__ import annotations
 
 import hashlib
-import heapq
 import hmac
-import itertools
 import json
 import logging
 import os
@@ -34,6 +32,7 @@ import struct
 
 import trio
 
+from core.broker.ha.ack_waiters import AckWaiters
 from core.broker.ha.pop_sync import (
     POP_KINDS,
     POP_SNAPSHOT,
@@ -152,14 +151,13 @@ class HAMaster:
         self.acked = -1  # offset every waited-for slave holds
         self.acked_high = -1  # greatest `acked` so far (what SYNC sends were told)
         self._data = trio.Event()
-        self._waiters: list[tuple[int, int, trio.Event]] = []  # (end offset, seq, event)
-        self._seq = itertools.count()
+        self._waiters = AckWaiters()  # SYNC sends, by end offset
         self._next_id = 0
         self.refused = 0  # connections refused at the handshake
         self._open = 0  # connections being served (handshaking or streaming)
         self.pop_feed = PopFeed(self)  # POP journal to the slaves (pop_sync.py)
         self.pop_acked = 0  # POP journal flushes every waited-for slave holds
-        self._pop_waiters: list[tuple[int, int, trio.Event]] = []  # (flush seq, seq, event)
+        self._pop_waiters = AckWaiters()  # SYNC_MASTER POP acks, by flush seq
 
     # -- hooks of the broker
     def notify_append(self) -> None:
@@ -173,15 +171,8 @@ class HAMaster:
         if not self._has_replicas():
             return SyncStatus.SLAVE_NOT_AVAILABLE
         if self.acked < end_offset:
-            ev = trio.Event()
-            heapq.heappush(self._waiters, (end_offset, next(self._seq), ev))
-            with trio.move_on_after(timeout_s):
-                await ev.wait()
-        if self.acked >= end_offset:
-            return SyncStatus.OK
-        if not self._has_replicas():
-            return SyncStatus.SLAVE_NOT_AVAILABLE
-        return SyncStatus.FLUSH_SLAVE_TIMEOUT
+            await self._waiters.wait(end_offset, timeout_s)
+        return self._sync_status(self.acked >= end_offset)
 
     async def wait_pop_replicated(self, timeout_s: float) -> str:
         """SYNC_MASTER acks: `wait_replicated` for the POP journal flushes made so far
@@ -190,11 +181,12 @@ class HAMaster:
             return SyncStatus.SLAVE_NOT_AVAILABLE
         seq = self.pop_feed.seq
         if self.pop_acked < seq:
-            ev = trio.Event()
-            heapq.heappush(self._pop_waiters, (seq, next(self._seq), ev))
-            with trio.move_on_after(timeout_s):
-                await ev.wait()
-        if self.pop_acked >= seq:
+            await self._pop_waiters.wait(seq, timeout_s)
+        return self._sync_status(self.pop_acked >= seq)
+
+    def _sync_status(self, reached: bool) -> str:
+        """A SYNC wait's answer once it ended."""
+        if reached:
             return SyncStatus.OK
         if not self._has_replicas():
             return SyncStatus.SLAVE_NOT_AVAILABLE
@@ -209,14 +201,7 @@ class HAMaster:
             acked = min((max((b.confirmed for cid, b in boxes.items() if ids.get(cid) == i),
                              default=0) for i in self.ack_ids), default=0)
         self.pop_acked = acked
-        waiters = self._pop_waiters
-        if not self._has_replicas():
-            for _seq, _n, ev in waiters:
-                ev.set()
-            waiters.clear()
-            return
-        while waiters and waiters[0][0] <= acked:
-            heapq.heappop(waiters)[2].set()
+        self._pop_waiters.release(acked if self._has_replicas() else None)
 
     def _has_replicas(self) -> bool:
         return bool(self.slaves) if self.ack_ids is None else bool(self.ack_ids)
@@ -239,15 +224,8 @@ class HAMaster:
             self.acked = min((self.slave_offset(i) for i in self.ack_ids), default=-1)
         if self.acked > self.acked_high:
             self.acked_high = self.acked
-        waiters = self._waiters
-        if not self._has_replicas():  # nobody to wait for: answer every waiting send now
-            for _end, _seq, ev in waiters:
-                ev.set()
-            waiters.clear()
-            return
-        acked = self.acked
-        while waiters and waiters[0][0] <= acked:
-            heapq.heappop(waiters)[2].set()
+        # nobody to wait for: answer every waiting send now
+        self._waiters.release(self.acked if self._has_replicas() else None)
 
     # -- listener
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -31,6 +31,7 @@ from .common import (
     required_group,
     required_topic,
 )
+from .routes import handles, register_handlers
 
 # UPDATE_AND_CREATE_TOPIC answers once the name servers have the new route, but never
 # waits longer than this for them (admin clients time out after 3 s).
@@ -79,6 +80,7 @@ class AdminProcessor:
         self.config = broker.config
 
     # ------------------------------------------------------------------ topics
+    @handles(RequestCode.UPDATE_AND_CREATE_TOPIC)
     async def update_and_create_topic(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = required_topic(cmd)
         if names.is_system_topic(topic) or topic in (
@@ -116,6 +118,7 @@ class AdminProcessor:
             await self.broker.register_all()
         return ok(cmd)
 
+    @handles(RequestCode.DELETE_TOPIC_IN_BROKER)
     async def delete_topic(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = required_topic(cmd)
         broker = self.broker
@@ -134,9 +137,11 @@ class AdminProcessor:
         failed = await _durable(cmd, broker.topic_config_manager)
         return ok(cmd) if failed is None else failed
 
+    @handles(RequestCode.GET_ALL_TOPIC_CONFIG)
     async def get_all_topic_config(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         return ok(cmd, body=json_body(self.broker.topic_config_manager.wrapper_json()))
 
+    @handles(RequestCode.GET_TOPIC_STATS_INFO)
     async def get_topic_stats_info(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = required_topic(cmd)
         broker = self.broker
@@ -157,6 +162,7 @@ class AdminProcessor:
         return ok(cmd, body=body.encode("ascii"))
 
     # ------------------------------------------------------------------ consumers
+    @handles(RequestCode.GET_CONSUME_STATS)
     async def get_consume_stats(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         broker = self.broker
@@ -189,6 +195,7 @@ class AdminProcessor:
         body = '{"consumeTps":0.0,"offsetTable":' + encode_mq_map(entries) + "}"
         return ok(cmd, body=body.encode("ascii"))
 
+    @handles(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, inline=False)
     async def invoke_broker_to_reset_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """INVOKE_BROKER_TO_RESET_OFFSET (222): move a group's offsets on `topic` to the
         first message stored at or after `timestamp` (-1 = the end), as mqadmin
@@ -241,10 +248,12 @@ class AdminProcessor:
                 continue
         return ok(cmd, body=list_body)
 
+    @handles(RequestCode.GET_ALL_DELAY_OFFSET)
     async def get_all_delay_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """GET_ALL_DELAY_OFFSET (45): the delay service's per-level progress."""
         return ok(cmd, body=json_body(self.broker.schedule_service.offset_table_json()))
 
+    @handles(RequestCode.GET_CONSUMER_CONNECTION_LIST)
     async def get_consumer_connection_list(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         info = self.broker.consumer_manager.get(group)
@@ -261,6 +270,7 @@ class AdminProcessor:
         }
         return ok(cmd, body=json_body(body))
 
+    @handles(RequestCode.GET_PRODUCER_CONNECTION_LIST)
     async def get_producer_connection_list(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "producerGroup")
         channels = self.broker.producer_manager.channels_of_group(group)
@@ -269,6 +279,7 @@ class AdminProcessor:
         return ok(cmd, body=json_body({"connectionSet": [ch.to_json() for ch in channels]}))
 
     # ------------------------------------------------------------------ groups
+    @handles(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)
     async def update_and_create_group(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         data = parse_json_body(cmd)
         if not isinstance(data, dict) or not isinstance(data.get("groupName"), str):
@@ -285,6 +296,7 @@ class AdminProcessor:
         failed = await _durable(cmd, manager)
         return ok(cmd) if failed is None else failed
 
+    @handles(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
     async def get_all_groups(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         manager = self.broker.subscription_group_manager
         body = {
@@ -293,6 +305,7 @@ class AdminProcessor:
         }
         return ok(cmd, body=json_body(body))
 
+    @handles(RequestCode.DELETE_SUBSCRIPTIONGROUP)
     async def delete_group(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "groupName")
         broker = self.broker
@@ -302,6 +315,7 @@ class AdminProcessor:
         failed = await _durable(cmd, broker.subscription_group_manager)
         return ok(cmd) if failed is None else failed
 
+    @handles(RequestCode.GET_ALL_CONSUMER_OFFSET)
     async def get_all_consumer_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         om = self.broker.offset_manager
         body = {
@@ -310,6 +324,7 @@ class AdminProcessor:
         return ok(cmd, body=json_body(body))
 
     # ------------------------------------------------------------------ broker
+    @handles(RequestCode.GET_BROKER_RUNTIME_INFO)
     async def get_broker_runtime_info(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         broker = self.broker
         store = broker.store
@@ -339,6 +354,7 @@ class AdminProcessor:
             table.setdefault(str(key), value)
         return ok(cmd, body=json_body({"table": {k: str(v) for k, v in table.items()}}))
 
+    @handles(RequestCode.GET_BROKER_CONFIG)
     async def get_broker_config(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """Java answers a properties text ("key=value" lines) and ext `version`."""
         from dataclasses import asdict
@@ -369,21 +385,4 @@ def _uptime(boot_ms: int) -> str:
 
 
 def register(table, broker) -> None:
-    proc = AdminProcessor(broker)
-    table.register(RequestCode.UPDATE_AND_CREATE_TOPIC, proc.update_and_create_topic)
-    table.register(RequestCode.DELETE_TOPIC_IN_BROKER, proc.delete_topic)
-    table.register(RequestCode.GET_ALL_TOPIC_CONFIG, proc.get_all_topic_config)
-    table.register(RequestCode.GET_TOPIC_STATS_INFO, proc.get_topic_stats_info)
-    table.register(RequestCode.GET_CONSUME_STATS, proc.get_consume_stats)
-    table.register(RequestCode.GET_CONSUMER_CONNECTION_LIST, proc.get_consumer_connection_list)
-    table.register(
-        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, proc.invoke_broker_to_reset_offset, inline=False
-    )
-    table.register(RequestCode.GET_PRODUCER_CONNECTION_LIST, proc.get_producer_connection_list)
-    table.register(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, proc.update_and_create_group)
-    table.register(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, proc.get_all_groups)
-    table.register(RequestCode.DELETE_SUBSCRIPTIONGROUP, proc.delete_group)
-    table.register(RequestCode.GET_ALL_CONSUMER_OFFSET, proc.get_all_consumer_offset)
-    table.register(RequestCode.GET_BROKER_RUNTIME_INFO, proc.get_broker_runtime_info)
-    table.register(RequestCode.GET_BROKER_CONFIG, proc.get_broker_config)
-    table.register(RequestCode.GET_ALL_DELAY_OFFSET, proc.get_all_delay_offset)
+    register_handlers(table, AdminProcessor(broker))

@@ -27,6 +27,7 @@ from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
 
 from .common import error, json_body, ok, parse_json_body, required_group
+from .routes import handles, register_handlers
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class ClientProcessor:
             raise HeaderError("body", f"body is {cmd.body_length} bytes, the limit is {limit}")
         return parse_json_body(cmd)
 
+    @handles(RequestCode.HEART_BEAT)
     async def heart_beat(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """Everything is checked before anything is registered: a refused heartbeat
         changes nothing, except that groups the broker may not create (auto-creation
@@ -166,6 +168,7 @@ class ClientProcessor:
             )
         return True
 
+    @handles(RequestCode.UNREGISTER_CLIENT)
     async def unregister_client(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         client_id = cmd.ext_str("clientID", required=True)
         producer_group = cmd.ext_str("producerGroup") or None  # C++ sends "" (docs/protocol.md §5.6)
@@ -182,6 +185,7 @@ class ClientProcessor:
             broker.consumer_manager.unregister(consumer_group, conn, client_id, notify=notify)
         return ok(cmd)
 
+    @handles(RequestCode.GET_CONSUMER_LIST_BY_GROUP)
     async def get_consumer_list(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         info = self.broker.consumer_manager.get(group)
@@ -190,6 +194,7 @@ class ClientProcessor:
             return error(cmd, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return ok(cmd, body=json_body({"consumerIdList": ids}))
 
+    @handles(RequestCode.CHECK_CLIENT_CONFIG)
     async def check_client_config(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """CHECK_CLIENT_CONFIG: does the broker accept this subscription? (Java clients
         call it before subscribing with SQL92.)"""
@@ -208,8 +213,4 @@ class ClientProcessor:
 
 
 def register(table, broker) -> None:
-    proc = ClientProcessor(broker)
-    table.register(RequestCode.HEART_BEAT, proc.heart_beat)
-    table.register(RequestCode.UNREGISTER_CLIENT, proc.unregister_client)
-    table.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, proc.get_consumer_list)
-    table.register(RequestCode.CHECK_CLIENT_CONFIG, proc.check_client_config)
+    register_handlers(table, ClientProcessor(broker))

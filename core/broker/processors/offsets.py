@@ -24,6 +24,7 @@ from .common import (
     required_queue_id,
     required_topic,
 )
+from .routes import handles, register_handlers
 
 NOT_FOUND_REMARK = "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
 
@@ -41,6 +42,7 @@ class OffsetProcessor:
             raise HeaderError("queueId", f"an LMQ has only queue {names.LMQ_QUEUE_ID}")
         return topic, queue_id
 
+    @handles(RequestCode.QUERY_CONSUMER_OFFSET)
     async def query_consumer_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         topic, queue_id = self._queue(cmd)
@@ -55,6 +57,7 @@ class OffsetProcessor:
             return ok(cmd, {"offset": "0"})
         return error(cmd, ResponseCode.QUERY_NOT_FOUND, NOT_FOUND_REMARK)
 
+    @handles(RequestCode.UPDATE_CONSUMER_OFFSET)
     async def update_consumer_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         group = required_group(cmd, "consumerGroup")
         topic, queue_id = self._queue(cmd)
@@ -64,19 +67,23 @@ class OffsetProcessor:
         self.broker.offset_manager.commit(group, topic, queue_id, offset)
         return ok(cmd)
 
+    @handles(RequestCode.GET_MAX_OFFSET)
     async def get_max_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic, queue_id = self._queue(cmd)
         return ok(cmd, {"offset": str(self.broker.store.max_offset(topic, queue_id))})
 
+    @handles(RequestCode.GET_MIN_OFFSET)
     async def get_min_offset(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic, queue_id = self._queue(cmd)
         return ok(cmd, {"offset": str(self.broker.store.min_offset(topic, queue_id))})
 
+    @handles(RequestCode.GET_EARLIEST_MSG_STORETIME)
     async def get_earliest_msg_storetime(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic, queue_id = self._queue(cmd)
         ts = self.broker.store.earliest_message_time(topic, queue_id)
         return ok(cmd, {"timestamp": str(ts)})
 
+    @handles(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP)
     async def search_offset_by_timestamp(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic, queue_id = self._queue(cmd)
         timestamp = ext_int64(cmd, "timestamp", required=True)
@@ -85,10 +92,4 @@ class OffsetProcessor:
 
 
 def register(table, broker) -> None:
-    proc = OffsetProcessor(broker)
-    table.register(RequestCode.QUERY_CONSUMER_OFFSET, proc.query_consumer_offset)
-    table.register(RequestCode.UPDATE_CONSUMER_OFFSET, proc.update_consumer_offset)
-    table.register(RequestCode.GET_MAX_OFFSET, proc.get_max_offset)
-    table.register(RequestCode.GET_MIN_OFFSET, proc.get_min_offset)
-    table.register(RequestCode.GET_EARLIEST_MSG_STORETIME, proc.get_earliest_msg_storetime)
-    table.register(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, proc.search_offset_by_timestamp)
+    register_handlers(table, OffsetProcessor(broker))

@@ -7,6 +7,7 @@ from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import HeaderError
 
 from .common import error, ext_int32, ext_int64, ok, required_topic
+from .routes import handles, register_handlers
 
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 
@@ -18,6 +19,7 @@ class QueryProcessor:
         self.broker = broker
         self.config = broker.config
 
+    @handles(RequestCode.VIEW_MESSAGE_BY_ID)
     async def view_message_by_id(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         offset = ext_int64(cmd, "offset", required=True)
         record = None
@@ -29,6 +31,7 @@ class QueryProcessor:
             )
         return ok(cmd, body=record)
 
+    @handles(RequestCode.QUERY_MESSAGE)
     async def query_message(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         topic = required_topic(cmd)
         key = cmd.ext_str("key", required=True)
@@ -58,6 +61,4 @@ class QueryProcessor:
 
 
 def register(table, broker) -> None:
-    proc = QueryProcessor(broker)
-    table.register(RequestCode.VIEW_MESSAGE_BY_ID, proc.view_message_by_id)
-    table.register(RequestCode.QUERY_MESSAGE, proc.query_message)
+    register_handlers(table, QueryProcessor(broker))

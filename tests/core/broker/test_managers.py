@@ -140,6 +140,16 @@ def test_offsets_tables_and_persistence(tmp_path):
     assert again.query("G", "T", 0) == -1
 
 
+def test_offsets_forget_a_group_or_a_topic_in_both_tables(tmp_path):
+    om = ConsumerOffsetManager(str(tmp_path))
+    for group, topic in (("G", "T"), ("G", "U"), ("H", "T"), ("%LMQ%g", "%LMQ%q")):
+        om.commit(group, topic, 0, 1)
+    om.remove_group("G")
+    assert [om.query(g, t, 0) for g, t in (("G", "T"), ("G", "U"), ("H", "T"))] == [-1, -1, 1]
+    om.remove_topic("%LMQ%q")
+    assert om.query("%LMQ%g", "%LMQ%q", 0) == -1 and om.query("H", "T", 0) == 1
+
+
 # ---------------------------------------------------------------------- clients
 def test_subscription_parsing_ignores_codeset():
     sub = SubscriptionData.from_heartbeat(

@@ -75,6 +75,18 @@ def test_route_decoding_accepts_fastjson_keys_and_builds_queues():
     assert [mq.queue_id for mq in route.subscribe_queues("T")] == [0, 1]
 
 
+def test_route_queue_data_round_trips_between_name_server_and_client():
+    from core.namesrv import QueueData as ServerQueueData
+
+    served = [ServerQueueData("a", 2, 3, 6, 1), ServerQueueData("b", 1, 1, 4)]
+    route = TopicRouteData.decode(json.dumps({"queueDatas": [q.to_json() for q in served],
+                                              "brokerDatas": []}).encode())
+    assert route.queue_datas == served
+    assert route.to_json()["queueDatas"] == [q.to_json() for q in served]
+    old = TopicRouteData.decode(b'{"queueDatas":[{"brokerName":"c","topicSynFlag":2}]}')
+    assert (old.queue_datas[0].topic_sys_flag, old.queue_datas[0].perm) == (2, 6)
+
+
 def test_route_without_master_or_write_perm_has_no_publish_queues():
     route = _route("a")
     route.queue_datas[0].perm = 4
@@ -222,3 +234,57 @@ async def test_instance_unwraps_body_exceptions():
     with trio.move_on_after(0.01):
         async with ClientInstance(namesrv_addr="127.0.0.1:1"):
             await trio.sleep_forever()
+
+
+def test_consumers_pass_the_common_options_to_their_base(tmp_path):
+    from core.client import LitePullConsumer, PushConsumer
+    from core.client.model import ConsumeFromWhere, MessageModel
+
+    client = ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:1", offset_store_dir=str(tmp_path)))
+    opts = {"message_model": "BROADCASTING", "consume_timestamp_ms": 5,
+            "consume_from_where": "CONSUME_FROM_FIRST_OFFSET"}
+    lite = LitePullConsumer(client, "G", pull_batch_size=3, **opts)
+    push = PushConsumer(client, "G", lambda msgs: None, orderly=True, **opts)
+    for c in (lite, push):
+        assert (c.message_model, c.consume_from_where, c.consume_timestamp_ms) == (
+            MessageModel.BROADCASTING, ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, 5)
+    assert (lite.orderly, push.orderly, lite.pull_batch_size) == (False, True, 3)
+    with pytest.raises(TypeError):
+        LitePullConsumer(client, "G", orderly=True)  # push consumers only
+    with pytest.raises(TypeError):
+        PushConsumer(client, "G", lambda msgs: None, bogus=1)
+
+
+def test_a_failed_pull_of_a_pull_loop_is_none_after_the_pause():
+    from trio.testing import MockClock
+
+    from core.client.pull_consumer import pull_or_pause
+
+    async def main():
+        t0 = trio.current_time()
+        # offset -1: pull_kernel refuses it before any I/O
+        result = await pull_or_pause(None, "G", MQS[0], None, -1, 1, pause_s=7.0)
+        assert result is None and trio.current_time() - t0 == 7.0
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+
+
+def test_a_failing_member_does_not_stop_the_others_shutting_down(caplog):
+    client = ClientInstance(ClientConfig(namesrv_addr="127.0.0.1:1"))
+    done = []
+
+    class Member:
+        def __init__(self, group, fails):
+            self.group, self.fails = group, fails
+
+        async def shutdown(self):
+            if self.fails:
+                raise RuntimeError("boom")
+            done.append(self.group)
+
+    client.consumers = {"A": Member("A", True), "B": Member("B", False)}
+    client.producers = {"P": Member("P", True), "Q": Member("Q", False)}
+    trio.run(client.shutdown_members)
+    assert done == ["B", "Q"]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "shutdown of consumer A failed", "shutdown of producer P failed"]

@@ -22,3 +22,13 @@ def test_dollar_only_in_lmq_names():
 def test_broker_requests_accept_lite_lmq_names():
     cmd = RemotingCommand.request(11, {"topic": "%LMQ%$Parent$s1"})
     assert required_topic(cmd) == "%LMQ%$Parent$s1"
+
+
+def test_illegal_character_reasons_use_rocketmqs_wording():
+    from core.common.names import validate_group, validate_lmq, validate_topic
+
+    allowed = "allowing only ^[%|a-zA-Z0-9_-]+$"
+    assert validate_topic("a b") == f"The specified topic[a b] contains illegal characters, {allowed}"
+    assert validate_group("a/b") == f"The specified group[a/b] contains illegal characters, {allowed}"
+    assert validate_lmq("%LMQ%a b") == ("The LMQ name[%LMQ%a b] contains illegal characters, "
+                                        "allowing only ^[%|$a-zA-Z0-9_-]+$")
