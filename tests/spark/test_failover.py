@@ -21,7 +21,7 @@ from spark_sinks.options import parse_source_options
 from spark_sinks.sink import LmqBatchWriter, LmqStreamWriter, parse_sink_options
 from spark_sinks.source import make_partitions, queue_bounds, read_range, resolve
 from tests.core.broker.harness import wait_until
-from tests.core.ha.test_failover_process import TOPIC, _started
+from tests.core.ha.process_cluster import TOPIC, started
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def _opts(ns: str, timeout: str, **more) -> dict:
 
 
 def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         ns = c.ns_addr
         # (A sink's producer group belongs to one client: one group per client here.)

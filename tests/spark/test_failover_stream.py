@@ -4,32 +4,18 @@ sent before and after the failover all arrive in the output topic, each once."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from core.client import Message
 from core.client.blocking import BlockingClient
-from core.remoting.codec import RemotingCommand
-from tests.core.broker.harness import sync_invoke, wait_until
-from tests.core.ha.test_failover_process import QUEUES, TOPIC, _started
+from tests.core.broker.harness import wait_until
+from tests.core.ha.process_cluster import TOPIC, create_topic, has_topic, started
 
 pytestmark = pytest.mark.slow
 
 OUT = "FailoverStreamOut"
-
-
-def _create(addr: str, topic: str) -> None:
-    resp = sync_invoke(addr, RemotingCommand.request(17, {
-        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": QUEUES,
-        "writeQueueNums": QUEUES, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
-    assert resp.code == 0, resp.remark
-
-
-def _on(addr: str, topic: str) -> bool:
-    resp = sync_invoke(addr, RemotingCommand.request(21, {}))  # GET_ALL_TOPIC_CONFIG
-    return topic in json.loads(resp.body_bytes())["topicConfigTable"]
 
 
 def _out(ns: str) -> list[bytes]:
@@ -54,13 +40,13 @@ def _send(ns: str, prefix: str, n: int) -> None:
 
 
 def test_streaming_query_keeps_going_across_a_master_kill(tmp_path, spark):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         ns = c.ns_addr
         old = c.master()
         slave = next(b for b in c.brokers.values() if b is not old)
-        _create(old.broker_addr, OUT)
-        wait_until(lambda: _on(slave.broker_addr, OUT), 30, what="output topic on the slave")
+        create_topic(old.broker_addr, OUT)
+        wait_until(lambda: has_topic(slave.broker_addr, OUT), 30, what="output topic on the slave")
         _send(ns, "a", 20)
         q = (spark.readStream.format("lmq").option("lmq.namesrv", ns).option("subscribe", TOPIC)
              .option("startingOffsets", "earliest").load().select("value")
