@@ -70,8 +70,7 @@ def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
         src = parse_source_options(_opts(ns, "7", subscribe=TOPIC), False)
         bounds = queue_bounds(src)  # the source's client knows the old master only
         parts = make_partitions(resolve(-2, bounds, -2), resolve(-1, bounds, -1))
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
         old.kill()
         wait_until(lambda: c.master() is slave, 30, what="the slave elected")
 

@@ -43,8 +43,7 @@ def test_streaming_query_keeps_going_across_a_master_kill(tmp_path, spark):
     c = started(tmp_path)
     try:
         ns = c.ns_addr
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
         create_topic(old.broker_addr, OUT)
         wait_until(lambda: has_topic(slave.broker_addr, OUT), 30, what="output topic on the slave")
         _send(ns, "a", 20)

@@ -77,6 +77,11 @@ class Cluster:
         lease = st.get("leaseLeftS", 0) > 0
         return self.brokers.get(st.get("masterId")) if lease else None
 
+    def master_and_slave(self) -> tuple[ServerProcess, ServerProcess]:
+        """The master of a started pair and the other broker."""
+        master = self.master()
+        return master, next(b for b in self.brokers.values() if b is not master)
+
     def in_sync(self, n: int) -> bool:
         return len(self.state().get("syncStateSet", [])) >= n
 
@@ -124,9 +129,8 @@ def started(tmp_path, config: str = CONFIG) -> Cluster:
     """A master and an in-sync slave, with TOPIC on both."""
     c = Cluster(tmp_path, config)
     c.start_pair()
-    master = c.master()
+    master, slave = c.master_and_slave()
     create_topic(master.broker_addr)
-    slave = next(b for b in c.brokers.values() if b is not master)
     wait_until(lambda: has_topic(slave.broker_addr), 30, what="topic on the slave")
     return c
 

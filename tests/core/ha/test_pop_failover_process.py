@@ -38,8 +38,7 @@ def _journal_state(data_dir) -> tuple[int, set[int]]:
 def test_pop_acks_survive_master_kill_9(tmp_path):
     c = started(tmp_path)
     try:
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
 
         async def before():
             async with RemotingClient(request_timeout=10.0) as client:

@@ -25,8 +25,7 @@ N, POPPED = 10, 6
 def test_sync_ack_waits_for_a_stopped_slave_and_survives_kill_9(tmp_path):
     c = started(tmp_path, CONFIG + "sync_slave_timeout_s = 60.0\n")
     try:
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
 
         async def before():
             async with RemotingClient(request_timeout=30.0) as client:

@@ -41,8 +41,7 @@ def test_route_log_and_client_registry_follow_the_new_master(tmp_path):
     c = Cluster(tmp_path)
     try:
         c.start_pair()
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
         cfg = RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=1.0,
                              ack_timeout_s=10.0, retry_delay_s=0.3)
         taken: list[str] = []
