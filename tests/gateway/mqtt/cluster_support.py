@@ -9,13 +9,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.gateway.mqtt.e2e_support import (
     BROKER_TEST_CONFIG,
     DEFAULT_TEST_CONFIG,
     REPO,
+    Client,
     Gateway,
     free_port,
     write_toml,
@@ -153,3 +157,31 @@ class Cluster:
     def logs(self) -> str:
         parts = [f"--- {gw.root.name}\n{gw.log_tail()}" for gw in self.gateways]
         return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two brokers and two gateways, shared by the tests of a module."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        c.gateway()
+        c.gateway()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    """The paho clients a test made (`new_client`), closed at its end."""
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def new_client(made: list[Client], port: int, **kw: Any) -> Client:
+    """A paho client on `port`, kept in `made` (the `clients` fixture) to be closed."""
+    c = Client(port, **kw)
+    made.append(c)
+    return c

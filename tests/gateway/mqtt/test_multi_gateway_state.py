@@ -7,40 +7,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
-from tests.gateway.mqtt.cluster_support import Cluster
-from tests.gateway.mqtt.e2e_support import Client, RawClient, collect, uid
+from tests.gateway.mqtt.cluster_support import Cluster, clients, cluster, new_client
+from tests.gateway.mqtt.e2e_support import RawClient, collect, uid
+
+__all__ = ["clients", "cluster"]  # fixtures used below
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
-    try:
-        c.gateway()
-        c.gateway()
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def _client(made: list[Client], port: int, **kw) -> Client:
-    c = Client(port, **kw)
-    made.append(c)
-    return c
 
 
 def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clients) -> None:
@@ -49,13 +25,13 @@ def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clie
     group = f"g{uid()}"
     members = []
     for gw in (a, b):
-        m = _client(clients, gw.port)
+        m = new_client(clients, gw.port)
         m.connect()
         m.subscribe(f"$share/{group}/{topic}", qos=1)
         members.append(m)
     pubs = []
     for gw in (a, b):
-        p = _client(clients, gw.port)
+        p = new_client(clients, gw.port)
         p.connect()
         pubs.append(p)
     n = 40
@@ -77,17 +53,17 @@ def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
     topic = f"shared/{uid()}"
     group = f"g{uid()}"
     filt = f"$share/{group}/{topic}"
-    lazy = _client(clients, a.port)
+    lazy = new_client(clients, a.port)
     lazy.connect()
     lazy.paho.manual_ack_set(True)  # receives, never PUBACKs
     lazy.subscribe(filt, qos=1)
-    pub = _client(clients, a.port)
+    pub = new_client(clients, a.port)
     pub.connect()
     for i in range(5):
         assert pub.publish(topic, f"x{i}".encode(), qos=1) == 0
     held = lazy.receive(5)
     assert sorted(m.payload for m in held) == [f"x{i}".encode() for i in range(5)]
-    other = _client(clients, b.port)
+    other = new_client(clients, b.port)
     other.connect()
     other.subscribe(filt, qos=1)
     other.nothing()  # A's member holds them
@@ -104,11 +80,11 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     a, b = cluster.gateways
     topic = f"inflight/{uid()}"
     cid = "inf-" + uid()
-    x = _client(clients, a.port, client_id=cid, version=4)
+    x = new_client(clients, a.port, client_id=cid, version=4)
     x.connect(clean_start=False)
     x.paho.manual_ack_set(True)  # receives, never PUBACKs
     x.subscribe(topic, qos=1)
-    pub = _client(clients, b.port)
+    pub = new_client(clients, b.port)
     pub.connect()
     for i in range(3):
         assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
@@ -117,7 +93,7 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     assert not any(m.dup for m in held)
     x.disconnect()
     time.sleep(0.5)  # A's disconnect record reached the cluster
-    y = _client(clients, b.port, client_id=cid, version=4)
+    y = new_client(clients, b.port, client_id=cid, version=4)
     assert y.connect(clean_start=False)[1] is True
     again = y.receive(3)
     assert [(m.payload, m.mid, m.dup) for m in again] == [
@@ -135,7 +111,7 @@ def test_inbound_qos2_id_moves_with_the_session(cluster: Cluster, clients) -> No
     a, b = cluster.gateways
     topic = f"q2/{uid()}"
     cid = "q2-" + uid()
-    sub = _client(clients, b.port)
+    sub = new_client(clients, b.port)
     sub.connect()
     sub.subscribe(topic, qos=2)
     keep = Properties(session_expiry_interval=300)
