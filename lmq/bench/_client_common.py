@@ -135,6 +135,25 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 3) if ours is not None and theirs else None
 
 
+def baseline_rows(result: dict[str, Any], request: str) -> list[tuple[str, str]]:
+    """The report rows of the raw-`request` baseline, if it was measured."""
+    if not result.get("baseline_msgs_per_s"):
+        return []
+    return [("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw {request})"),
+            ("ratio", f"{result['ratio']:.2f} x baseline")]
+
+
+async def create_topic(client, topic: str, queues: int) -> None:
+    """Creates `topic` and waits for its route (a C++ client started next finds the route
+    at once instead of at its 30 s poll)."""
+    from core.client import AdminClient
+
+    await AdminClient(client).topic_create(topic, read_queue_nums=queues,
+                                           write_queue_nums=queues)
+    while await client.update_route(topic) is None:
+        await trio.sleep(0.1)
+
+
 def report(result: dict[str, Any], as_json: bool, rows: list[tuple[str, str]]) -> None:
     if as_json:
         print(json.dumps(result, indent=2))

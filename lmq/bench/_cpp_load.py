@@ -65,6 +65,17 @@ def cpp_unavailable() -> str | None:
 
 # --- parent side --------------------------------------------------------------------------
 
+def cpp_refused(args: argparse.Namespace, command: str, unsupported: str | None) -> bool:
+    """With --compare-cpp, whether the C++ comparison cannot run (the wheel is missing, or
+    `unsupported` says why not with these options); prints why, the caller exits 2."""
+    if not args.compare_cpp:
+        return False
+    why = cpp_unavailable() or unsupported
+    if why:
+        print(f"lmq bench {command}: {why}")
+    return bool(why)
+
+
 async def cpp_produce(namesrv: str, topic: str, size: int, threads: int,
                       duration: float) -> dict[str, Any]:
     """Sync sends of `size`-byte bodies to `topic` from `threads` threads for `duration` s.
