@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     ServerProcess,
+    create_topic,
     free_port,
     send_request,
     sync_invoke,
@@ -47,9 +47,7 @@ def test_replication_lag_and_peers(tmp_path):
         assert before["lmq_broker_replication_peers"] == 0
         assert not any(k.startswith("lmq_broker_replication_lag_bytes{") for k in before)
         topic = "HaMetrics"
-        assert sync_invoke(master.broker_addr, RemotingCommand.request(17, {
-            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": 1, "writeQueueNums": 1,
-            "perm": 6, "topicFilterType": "SINGLE_TAG"})).code == 0
+        create_topic(master.broker_addr, topic, 1)
         slave = ServerProcess(
             tmp_path / "s", namesrv_addr=master.namesrv_addr, broker_name="bk",
             config_text=SECRET_TOML,

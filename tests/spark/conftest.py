@@ -84,6 +84,25 @@ def topic_with_queues(addr: str, topic: str, queues: int = 4) -> None:
         c.admin().topic_create(topic, read_queue_nums=queues, write_queue_nums=queues)
 
 
+def visible(addr: str, topic: str, group: str = "CG_SINK_CHECK") -> list[bytes]:
+    """Bodies consumers can see in `topic` (all queues, from offset 0), sorted."""
+    from core.client.blocking import BlockingClient
+    from core.client.model import PullStatus
+
+    out = []
+    with BlockingClient(addr) as c:
+        pc = c.pull_consumer(group)
+        for mq in pc.fetch_subscribe_message_queues(topic):
+            off = 0
+            while True:
+                res = pc.pull(mq, None, off, 32)
+                if res.status is not PullStatus.FOUND:
+                    break
+                out.extend(m.body for m in res.messages)
+                off = res.next_begin_offset
+    return sorted(out)
+
+
 def send_to_queues(addr: str, topic: str, counts: dict[int, int], prefix: str = "v",
                    broker: str = "broker-a") -> list[bytes]:
     """Send counts[q] messages to queue q of `topic`; the bodies, in send order."""

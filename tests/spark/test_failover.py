@@ -15,13 +15,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
-from core.client.blocking import BlockingClient
-from core.client.model import PullStatus
 from spark_sinks.options import parse_source_options
 from spark_sinks.sink import LmqBatchWriter, LmqStreamWriter, parse_sink_options
 from spark_sinks.source import make_partitions, queue_bounds, read_range, resolve
 from tests.core.broker.harness import wait_until
 from tests.core.ha.process_cluster import TOPIC, started
+from tests.spark.conftest import visible
 
 pytestmark = pytest.mark.slow
 
@@ -30,21 +29,6 @@ SCHEMA = StructType([StructField("value", StringType())])
 
 def _rows(prefix: str, n: int):
     return [pa.RecordBatch.from_pydict({"value": [f"{prefix}{i}" for i in range(n)]})]
-
-
-def _visible(ns: str) -> list[bytes]:
-    out = []
-    with BlockingClient(ns) as c:
-        pc = c.pull_consumer("CG_FAILOVER_CHECK")
-        for mq in pc.fetch_subscribe_message_queues(TOPIC):
-            off = 0
-            while True:
-                res = pc.pull(mq, None, off, 32)
-                if res.status is not PullStatus.FOUND:
-                    break
-                out.extend(m.body for m in res.messages)
-                off = res.next_begin_offset
-    return sorted(out)
 
 
 def _opts(ns: str, timeout: str, **more) -> dict:
@@ -78,7 +62,7 @@ def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
         batch_c.commit([batch_c.write(iter(_rows("c", 40)))])  # chunks to the new master
         stream.commit([stream.write(iter(_rows("d", 40)))], 1)
         want = sorted(f"{p}{i}".encode() for p in "abcd" for i in range(40))
-        assert _visible(ns) == want
+        assert visible(ns, TOPIC) == want
 
         got = []
         for part in parts:

@@ -19,7 +19,9 @@ from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     REPO,
     ServerProcess,
+    create_topic,
     free_port,
+    has_topic,
     pull_request,
     send_request,
     sync_invoke,
@@ -31,8 +33,6 @@ QUEUES = 4
 CONFIG = ('ha_secret = "failover-process-secret"\nbroker_role = "SYNC_MASTER"\n'
           "ha_config_sync_s = 1.0\n")
 GET_STATE = 900103
-UPDATE_AND_CREATE_TOPIC = 17
-GET_ALL_TOPIC_CONFIG = 21
 
 
 class Cluster:
@@ -102,18 +102,6 @@ class Cluster:
         self.ns.wait(10)
 
 
-def create_topic(addr: str, topic: str = TOPIC, queues: int = QUEUES) -> None:
-    resp = sync_invoke(addr, RemotingCommand.request(UPDATE_AND_CREATE_TOPIC, {
-        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
-        "writeQueueNums": queues, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
-    assert resp.code == 0, resp.remark
-
-
-def has_topic(addr: str, topic: str = TOPIC) -> bool:
-    resp = sync_invoke(addr, RemotingCommand.request(GET_ALL_TOPIC_CONFIG, {}))
-    return topic in json.loads(resp.body_bytes())["topicConfigTable"]
-
-
 def pull_queue(addr: str, qid: int, topic: str = TOPIC) -> list[bytes]:
     """Every body in one queue, from offset 0 (consumer group "G")."""
     out, offset = [], 0
@@ -130,8 +118,8 @@ def started(tmp_path, config: str = CONFIG) -> Cluster:
     c = Cluster(tmp_path, config)
     c.start_pair()
     master, slave = c.master_and_slave()
-    create_topic(master.broker_addr)
-    wait_until(lambda: has_topic(slave.broker_addr), 30, what="topic on the slave")
+    create_topic(master.broker_addr, TOPIC, QUEUES)
+    wait_until(lambda: has_topic(slave.broker_addr, TOPIC), 30, what="topic on the slave")
     return c
 
 

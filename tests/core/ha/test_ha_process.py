@@ -7,12 +7,14 @@ import pytest
 
 from tests.core.broker.harness import (
     ServerProcess,
+    create_topic,
     free_port,
+    has_topic,
     send_request,
     sync_invoke,
     wait_until,
 )
-from tests.core.ha.process_cluster import create_topic, has_topic, pull_queue
+from tests.core.ha.process_cluster import pull_queue
 
 pytestmark = pytest.mark.slow
 
