@@ -40,23 +40,16 @@ def test_connect_round_trip(version: int, data: Any) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("to_server", [True, False], ids=["client-to-server", "server-to-client"])
 @given(data=st.data())
 @settings(max_examples=300, deadline=None)
-def test_client_to_server_round_trip(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(client_packets(version), min_size=1, max_size=4))
-    sender = _client(version)
+def test_round_trip(version: int, to_server: bool, data: Any) -> None:
+    sent_by = client_packets if to_server else server_packets
+    packets = data.draw(st.lists(sent_by(version), min_size=1, max_size=4))
+    sender, receiver = ((_client(version), _server(version)) if to_server
+                        else (_server(version), _client(version)))
     wire = b"".join(sender.encode(p) for p in packets)
-    assert _server(version).feed(wire) == packets
-
-
-@pytest.mark.parametrize("version", VERSIONS)
-@given(data=st.data())
-@settings(max_examples=300, deadline=None)
-def test_server_to_client_round_trip(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(server_packets(version), min_size=1, max_size=4))
-    sender = _server(version)
-    wire = b"".join(sender.encode(p) for p in packets)
-    assert _client(version).feed(wire) == packets
+    assert receiver.feed(wire) == packets
 
 
 @pytest.mark.parametrize("version", VERSIONS)
