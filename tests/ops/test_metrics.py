@@ -24,6 +24,7 @@ from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_toml
+from tests.procs import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
@@ -73,13 +74,7 @@ class Proc:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
 
 
 def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None,

@@ -24,6 +24,7 @@ from tests.gateway.mqtt.e2e_support import (
     free_port,
     write_toml,
 )
+from tests.procs import stop_process
 
 
 class _Proc:
@@ -59,13 +60,7 @@ class _Proc:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def log_tail(self, n: int = 3000) -> str:
         try:

@@ -25,6 +25,7 @@ from tests.gateway.mqtt.e2e_support import (
     uid,
     write_toml,
 )
+from tests.procs import stop_process
 from tests.tls_certs import self_signed
 
 pytestmark = gateway_only
@@ -116,13 +117,7 @@ class _Proc:
                                      stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def _wait_port(port: int, proc: _Proc, timeout: float = 60.0, mqtt: bool = False) -> None:
