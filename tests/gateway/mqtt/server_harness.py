@@ -241,6 +241,14 @@ class ServeProcess:
                 time.sleep(0.2)
         raise RuntimeError("lmq serve did not open its MQTT port")
 
+    def again(self) -> ServeProcess:
+        """Another `lmq serve` on the same data directory, options and ports (to start once
+        this one has ended)."""
+        other = ServeProcess(self.data_dir, self.extra)
+        other.mqtt_port, other.namesrv_port, other.broker_port = (
+            self.mqtt_port, self.namesrv_port, self.broker_port)
+        return other
+
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)

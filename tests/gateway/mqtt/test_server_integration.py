@@ -85,9 +85,7 @@ def test_persistent_session_survives_kill_9_of_lmq_serve():
         pub.drop()
         time.sleep(0.5)  # > state_flush_interval_s
         first.kill9()
-        second = ServeProcess(d)
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
+        second = first.again()
         try:
             second.start()
             s = Client(second.mqtt_port, "restart-1", 4, clean=False)
@@ -121,9 +119,7 @@ def test_inflight_qos1_retransmitted_after_kill_9():
         time.sleep(0.5)
         first.kill9()
         raw.close()
-        second = ServeProcess(d)
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
+        second = first.again()
         try:
             second.start()
             raw = RawClient(second.mqtt_port, 4)

@@ -294,9 +294,7 @@ def test_retained_publish_survives_kill_9_right_after_puback():
         pub = Client(first.mqtt_port, "rkill-pub", 5)
         pub.publish("rkill/t", b"acknowledged", 1, retain=True)
         first.kill9()
-        second = ServeProcess(d, ["--mqtt-config", cfg])
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
+        second = first.again()
         try:
             second.start()
             sub = Client(second.mqtt_port, "rkill-sub", 5)
