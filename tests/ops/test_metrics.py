@@ -30,6 +30,17 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
 
 
+def samples(text: str) -> dict[str, float]:
+    """A Prometheus exposition as sample name (with sorted labels) -> value, parsed by the
+    reference parser."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
 class Proc:
     def __init__(self, argv: list[str], root: Path) -> None:
         self.log = root / "server.log"
@@ -66,12 +77,7 @@ class Proc:
         """Sample name (with sorted labels) -> value, parsed by the reference parser."""
         status, text = self.get("/metrics")
         assert status == 200
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+        return samples(text)
 
     def stop(self) -> None:
         stop_process(self.proc, 30)

@@ -7,7 +7,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.core.broker.harness import (
     ServerProcess,
@@ -17,6 +16,7 @@ from tests.core.broker.harness import (
     sync_invoke,
     wait_until,
 )
+from tests.ops.test_metrics import samples
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -26,13 +26,7 @@ SECRET_TOML = 'ha_secret = "metrics-test-secret"\n'
 def _scrape(proc: ServerProcess) -> dict[str, float]:
     port = re.search(r"metrics on http://[\d.]+:(\d+)/", proc.log_path.read_text()).group(1)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
+        return samples(resp.read().decode())
 
 
 def test_replication_lag_and_peers(tmp_path):
