@@ -180,3 +180,26 @@ def new_client(made: list[Client], port: int, **kw: Any) -> Client:
     c = Client(port, **kw)
     made.append(c)
     return c
+
+
+def publish_unacked(pub: Client, receiver: Client, topic: str, n: int = 3) -> list:
+    """`pub` publishes u0, u1, ... at QoS 1 and `receiver` (manual acks, none sent) gets
+    them, none a DUP: the messages it holds unacknowledged."""
+    for i in range(n):
+        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
+    held = receiver.receive(n)
+    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(n)]
+    assert not any(m.dup for m in held)
+    return held
+
+
+def resumed_with_dups(made: list[Client], port: int, client_id: str, held: list) -> Client:
+    """The v3.1.1 session `client_id` resumed on `port`: it gets exactly `held` again, with
+    DUP and their packet ids, and nothing more for now."""
+    y = new_client(made, port, client_id=client_id, version=4)
+    assert y.connect(clean_start=False)[1] is True
+    again = y.receive(len(held))
+    assert [(m.payload, m.mid, m.dup) for m in again] == [
+        (m.payload, m.mid, True) for m in held]
+    y.nothing()
+    return y

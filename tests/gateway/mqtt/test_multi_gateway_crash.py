@@ -11,7 +11,13 @@ import time
 import pytest
 
 from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
-from tests.gateway.mqtt.cluster_support import Cluster, clients, new_client
+from tests.gateway.mqtt.cluster_support import (
+    Cluster,
+    clients,
+    new_client,
+    publish_unacked,
+    resumed_with_dups,
+)
 from tests.gateway.mqtt.e2e_support import RawClient, uid
 
 __all__ = ["clients"]  # fixtures used below
@@ -45,21 +51,12 @@ def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
         assert first.expect(Pubrec).packet_id == 7
         pub = new_client(clients, b.port)
         pub.connect()
-        for i in range(3):
-            assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
-        held = x.receive(3)
-        assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
-        assert not any(m.dup for m in held)
+        held = publish_unacked(pub, x, topic)
         assert [m.payload for m in sub.receive(1)] == [b"once"]
         time.sleep(1.0)  # A's state flush (0.1 s) and its record write reached the cluster
         a.kill9()
         # The QoS 1 session on B: exactly the unacknowledged ones again, DUP, same ids.
-        y = new_client(clients, b.port, client_id=cid, version=4)
-        assert y.connect(clean_start=False)[1] is True
-        again = y.receive(3)
-        assert [(m.payload, m.mid, m.dup) for m in again] == [
-            (m.payload, m.mid, True) for m in held]
-        y.nothing()
+        y = resumed_with_dups(clients, b.port, cid, held)
         assert pub.publish(topic, b"after", qos=1) == 0
         after = y.receive_one()
         assert (after.payload, after.dup) == (b"after", False)

@@ -11,7 +11,14 @@ from collections import Counter
 import pytest
 
 from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
-from tests.gateway.mqtt.cluster_support import Cluster, clients, cluster, new_client
+from tests.gateway.mqtt.cluster_support import (
+    Cluster,
+    clients,
+    cluster,
+    new_client,
+    publish_unacked,
+    resumed_with_dups,
+)
 from tests.gateway.mqtt.e2e_support import RawClient, collect, uid
 
 __all__ = ["clients", "cluster"]  # fixtures used below
@@ -86,19 +93,10 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     x.subscribe(topic, qos=1)
     pub = new_client(clients, b.port)
     pub.connect()
-    for i in range(3):
-        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
-    held = x.receive(3)
-    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
-    assert not any(m.dup for m in held)
+    held = publish_unacked(pub, x, topic)
     x.disconnect()
     time.sleep(0.5)  # A's disconnect record reached the cluster
-    y = new_client(clients, b.port, client_id=cid, version=4)
-    assert y.connect(clean_start=False)[1] is True
-    again = y.receive(3)
-    assert [(m.payload, m.mid, m.dup) for m in again] == [
-        (m.payload, m.mid, True) for m in held]
-    y.nothing()  # not delivered a second time as new messages
+    y = resumed_with_dups(clients, b.port, cid, held)  # not delivered again as new ones
     assert pub.publish(topic, b"after", qos=1) == 0
     after = y.receive_one()
     assert (after.payload, after.dup) == (b"after", False)
