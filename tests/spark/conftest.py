@@ -5,39 +5,15 @@ session per test module."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
-import trio
 
 pyspark = pytest.importorskip("pyspark")
 
-from tests.core.client.cluster import cluster  # noqa: E402
+from tests.core.client.cluster import start_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def start_cluster(**broker_kw):
-    """(box, stop) — box has `addr` (name server), `broker` (address), `cluster`."""
-    ready = threading.Event()
-    box: dict = {}
-
-    async def main():
-        async with cluster(**broker_kw) as c:
-            box.update(addr=c.namesrv_addr, broker=c.broker_addrs[0], cluster=c,
-                       token=trio.lowlevel.current_trio_token(), stop=trio.Event())
-            ready.set()
-            await box["stop"].wait()
-
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert ready.wait(30), "cluster did not start"
-
-    def stop():
-        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-        thread.join(30)
-    return box, stop
 
 
 @pytest.fixture(scope="module")
