@@ -53,6 +53,23 @@ def spark():
     s.stop()
 
 
+def _source(read, addr: str, opts: dict):
+    r = read.format("lmq").option("lmq.namesrv", addr)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def reader(spark, addr: str, **opts):
+    """The lmq batch source on the name server `addr`, with `opts`."""
+    return _source(spark.read, addr, opts)
+
+
+def stream(spark, addr: str, **opts):
+    """The lmq streaming source on the name server `addr`, with `opts`."""
+    return _source(spark.readStream, addr, opts)
+
+
 def topic_with_queues(addr: str, topic: str, queues: int = 4) -> None:
     from core.client.blocking import BlockingClient
 
