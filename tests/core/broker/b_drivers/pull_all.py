@@ -7,21 +7,17 @@ Prints {"event": "msg", ...} per message, then {"event": "done", "count": n}.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from b_common import describe, emit  # noqa: E402
+from b_common import client_parser, describe, emit  # noqa: E402
 from rocketmq.client import PullConsumer  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--topic", required=True)
+    ap = client_parser()
     args = ap.parse_args()
 
     consumer = PullConsumer(args.group)

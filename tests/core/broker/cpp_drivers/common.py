@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import threading
 import time
 
 _lock = threading.Lock()
+
+
+def client_parser(group_default: str | None = None) -> argparse.ArgumentParser:
+    """The options every driver takes: --namesrv, --group (required unless a default is
+    given) and --topic."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--namesrv", required=True)
+    if group_default is None:
+        ap.add_argument("--group", required=True)
+    else:
+        ap.add_argument("--group", default=group_default)
+    ap.add_argument("--topic", required=True)
+    return ap
 
 
 def emit(event: str, **fields) -> None:
