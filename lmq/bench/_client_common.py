@@ -77,6 +77,12 @@ def server_under_test(namesrv_addr: str | None) -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+def run_on_server(main, args) -> dict[str, Any]:
+    """`await main(args, namesrv)` in a trio run against the server under test."""
+    with server_under_test(args.namesrv_addr) as ns:
+        return trio.run(main, args, ns)
+
+
 class Progress:
     """Counts work and prints one self-overwriting line per second to stderr."""
 

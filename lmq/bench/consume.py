@@ -34,9 +34,9 @@ from lmq.bench._client_common import (
     median_of,
     ratio,
     report,
-    server_under_test,
+    run_on_server,
 )
-from lmq.bench._cpp_load import CppLoadError, cpp_consume, cpp_refused
+from lmq.bench._cpp_load import CppLoadError, cpp_consume, options_refused
 
 KINDS = ("push", "lite")
 
@@ -53,14 +53,11 @@ def run(args) -> int:
     if args.quick:
         args.messages, args.runs = min(args.messages, 1000), args.runs or 1
     args.runs = args.runs or 3
-    if min(args.messages, args.tasks, args.size, args.runs) < 1 or args.duration <= 0:
-        print("lmq bench consume: --messages, --tasks, --size, --runs and --duration must be positive")
+    if options_refused(args, "consume", ("messages", "tasks", "size", "runs", "duration"),
+                       None if args.kind == "push" else
+                       "--compare-cpp compares push consumers (--kind push)"):
         return 2
-    if cpp_refused(args, "consume", None if args.kind == "push" else
-                   "--compare-cpp compares push consumers (--kind push)"):
-        return 2
-    with server_under_test(args.namesrv_addr) as ns:
-        result = trio.run(_main, args, ns)
+    result = run_on_server(_main, args)
     rows = [("consumer", f"{args.kind} ({args.tasks} tasks, {args.size} B bodies), "
                          f"median of {args.runs} run(s)"),
             ("messages", f"{result['messages']:,.0f} of {args.messages:,} in {result['seconds']:.2f} s"

@@ -37,9 +37,9 @@ from lmq.bench._client_common import (
     median_of,
     ratio,
     report,
-    server_under_test,
+    run_on_server,
 )
-from lmq.bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, cpp_refused
+from lmq.bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, options_refused
 
 MODES = ("sync", "async", "oneway", "batch")
 
@@ -54,14 +54,11 @@ def run(args) -> int:
     if args.quick:
         args.duration, args.runs = 0.5, args.runs or 1
     args.runs = args.runs or 3
-    if args.tasks < 1 or args.size < 1 or args.duration <= 0 or args.batch < 1 or args.runs < 1:
-        print("lmq bench produce: --tasks, --size, --batch, --runs and --duration must be positive")
+    if options_refused(args, "produce", ("tasks", "size", "batch", "runs", "duration"),
+                       None if args.mode == "sync" else
+                       "--compare-cpp measures sync sends (--mode sync)"):
         return 2
-    if cpp_refused(args, "produce", None if args.mode == "sync" else
-                   "--compare-cpp measures sync sends (--mode sync)"):
-        return 2
-    with server_under_test(args.namesrv_addr) as ns:
-        result = trio.run(_main, args, ns)
+    result = run_on_server(_main, args)
     rows = [("mode", f"{args.mode} ({args.tasks} tasks, {args.size} B bodies), "
                      f"median of {args.runs} run(s) x {args.duration:g} s"),
             ("messages", f"{result['messages']:,.0f} in {result['seconds']:.1f} s"),
