@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -241,13 +243,18 @@ class ServeProcess:
                 time.sleep(0.2)
         raise RuntimeError("lmq serve did not open its MQTT port")
 
-    def again(self) -> ServeProcess:
-        """Another `lmq serve` on the same data directory, options and ports (to start once
-        this one has ended)."""
+    @contextmanager
+    def restarted(self) -> Iterator[ServeProcess]:
+        """Another `lmq serve` on the same data directory, options and ports, started (once
+        this one has ended); stopped at the end of the block."""
         other = ServeProcess(self.data_dir, self.extra)
         other.mqtt_port, other.namesrv_port, other.broker_port = (
             self.mqtt_port, self.namesrv_port, self.broker_port)
-        return other
+        try:
+            other.start()
+            yield other
+        finally:
+            other.stop()
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -261,6 +268,20 @@ class ServeProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+@contextmanager
+def serve_process(extra: list[str] | None = None) -> Iterator[ServeProcess]:
+    """A started `lmq serve` (ServeProcess) in a fresh temporary directory; killed (-9) and
+    its directory removed at the end of the block."""
+    d = tempfile.mkdtemp(prefix="lmq-mqtt-test-")
+    proc = ServeProcess(d, extra)
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.kill9()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class RawClient:
