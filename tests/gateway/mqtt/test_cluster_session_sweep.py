@@ -16,8 +16,8 @@ from gateway.mqtt import cluster_sessions
 from gateway.mqtt.cluster_sessions import ClusterSessions, will_record
 from gateway.mqtt.packets import Properties, Will
 from gateway.routing.route_table import Route
-from tests.gateway.routing.test_route_log import cfg, run, start
-from tests.gateway.routing.test_route_sweep import skewed
+from tests.gateway.routing.test_route_log import run
+from tests.gateway.routing.test_route_sweep import start_skewed
 
 
 def _session(cid: str, exp: int | None, gone: int | None) -> SimpleNamespace:
@@ -43,12 +43,9 @@ def test_sessions_of_a_vanished_gateway_expire_without_a_client(tmp_path):
 
     async def fn(gateway):
         skew = [0.0]
-        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", conf))
-            b = await start(nursery, gateway("mqtt-b", conf))
-            skewed(a, skew)
-            skewed(b, skew)
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
+            b = await start_skewed(nursery, gateway, "mqtt-b", timeout, skew)
             sweeper = {"mqtt-x": None, "mqtt-a": a, "mqtt-b": b}
             sessions = {gw: await _sessions(nursery, a, gw, swept_by)
                         for gw, swept_by in sweeper.items()}
@@ -99,10 +96,8 @@ def test_delayed_will_of_a_vanished_gateway_is_published_once(tmp_path):
 
     async def fn(gateway):
         skew = [0.0]
-        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", conf))
-            skewed(a, skew)
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
             cs = await _sessions(nursery, a, "mqtt-a", swept_by=a)
             sent = []
             cs.on_will = lambda cid, will: sent.append((cid, will))
@@ -157,9 +152,7 @@ def test_sessions_that_never_expire_do_not_starve_the_read_budget(tmp_path, monk
     async def fn(gateway):
         skew = [0.0]
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", cfg(orphan_timeout_s=timeout,
-                                                            sweep_interval_s=3600.0)))
-            skewed(a, skew)
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
             await _sessions(nursery, a, "mqtt-a", swept_by=a)
             x = await _sessions(nursery, a, "mqtt-x")
             gone = int(time.time() * 1000) - 3_600_000
