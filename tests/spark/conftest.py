@@ -23,6 +23,16 @@ def lmq_cluster():
     stop()
 
 
+@pytest.fixture(scope="module")
+def dispatch_cluster():
+    """lmq_cluster whose broker lets plain clients set INNER_MULTI_DISPATCH, as the sink's
+    mqttTopic column and the tests' AMQP-queue producer do (an ACL account with
+    innerProperties, or this switch on a closed network)."""
+    box, stop = start_cluster(allow_inner_properties_without_acl=True)
+    yield box
+    stop()
+
+
 def make_spark(app: str, master: str = "local[2]"):
     from pyspark.sql import SparkSession
 
