@@ -182,6 +182,13 @@ def new_client(made: list[Client], port: int, **kw: Any) -> Client:
     return c
 
 
+def connected(made: list[Client], port: int, **kw: Any) -> Client:
+    """new_client(), connected (clean session, no properties)."""
+    c = new_client(made, port, **kw)
+    c.connect()
+    return c
+
+
 def publish_unacked(pub: Client, receiver: Client, topic: str, n: int = 3) -> list:
     """`pub` publishes u0, u1, ... at QoS 1 and `receiver` (manual acks, none sent) gets
     them, none a DUP: the messages it holds unacknowledged."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.gateway.mqtt.cluster_support import Cluster, clients, cluster, new_client
+from tests.gateway.mqtt.cluster_support import Cluster, clients, cluster, connected, new_client
 from tests.gateway.mqtt.e2e_support import uid
 
 __all__ = ["clients", "cluster"]  # fixtures used below
@@ -21,14 +21,11 @@ pytestmark = pytest.mark.slow
 def test_publish_on_a_reaches_subscribers_on_a_and_b(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"multi/{uid()}/t"
-    sub_a = new_client(clients, a.port)
-    sub_a.connect()
+    sub_a = connected(clients, a.port)
     sub_a.subscribe(topic, qos=1)
-    sub_b = new_client(clients, b.port)
-    sub_b.connect()
+    sub_b = connected(clients, b.port)
     sub_b.subscribe("multi/+/t", qos=1)
-    pub = new_client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     for i in range(20):
         assert pub.publish(topic, f"m{i}".encode(), qos=1) == 0
     want = [f"m{i}".encode() for i in range(20)]
@@ -42,10 +39,8 @@ def test_subscribe_on_b_then_publish_on_a_at_once(cluster: Cluster, clients) -> 
     """The SUBACK on B means the route is live on A: each publish sent on A right after
     it is delivered on B."""
     a, b = cluster.gateways
-    pub = new_client(clients, a.port, version=5)
-    pub.connect()
-    sub = new_client(clients, b.port)
-    sub.connect()
+    pub = connected(clients, a.port, version=5)
+    sub = connected(clients, b.port)
     for i in range(15):
         topic = f"race/{uid()}/{i}"
         sub.subscribe(topic, qos=1)
@@ -58,8 +53,7 @@ def test_measure_subscribe_time(cluster: Cluster, clients) -> None:
     """SUBSCRIBE to SUBACK on one gateway of two (printed for docs/stateless-gateways.md;
     no publishes on that connection meanwhile: a client's delayed ACKs would show)."""
     _, b = cluster.gateways
-    sub = new_client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     took = []
     for i in range(30):
         t0 = time.perf_counter()
@@ -70,22 +64,25 @@ def test_measure_subscribe_time(cluster: Cluster, clients) -> None:
           f"({len(took)} subscribes)")
 
 
+def _until_unrouted(pub, topic: str, what: str) -> None:
+    """Publishes (v5, QoS 1) until PUBACK 0x10, no matching subscribers: the publisher's
+    gateway lost the route (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while pub.publish(topic, b"2", qos=1) != 0x10:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def test_unsubscribe_removes_the_route_everywhere(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"unsub/{uid()}"
-    sub = new_client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     sub.subscribe(topic, qos=1)
-    pub = new_client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"1", qos=1) == 0
     assert sub.receive_one().payload == b"1"
     sub.unsubscribe(topic)
-    # v5 PUBACK 0x10 (no matching subscribers) once A's table lost the route.
-    deadline = time.monotonic() + 10
-    while pub.publish(topic, b"2", qos=1) != 0x10:
-        assert time.monotonic() < deadline, "route still live on A"
-        time.sleep(0.05)
+    _until_unrouted(pub, topic, "route still live on A")
     sub.nothing()
 
 
@@ -95,14 +92,10 @@ def test_clean_session_end_removes_its_routes(cluster: Cluster, clients) -> None
     sub = new_client(clients, b.port)
     sub.connect(clean_start=True)
     sub.subscribe(topic, qos=1)
-    pub = new_client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"1", qos=1) == 0
     sub.disconnect()
-    deadline = time.monotonic() + 10
-    while pub.publish(topic, b"2", qos=1) != 0x10:
-        assert time.monotonic() < deadline, "route of the ended session still live on A"
-        time.sleep(0.05)
+    _until_unrouted(pub, topic, "route of the ended session still live on A")
 
 
 def test_persistent_session_routes_stay_when_its_gateway_dies(
@@ -124,18 +117,14 @@ def test_persistent_session_routes_stay_when_its_gateway_dies(
         brief.connect(clean_start=True)
         brief.subscribe(clean_topic, qos=1)
         b.kill9()
-        pub = new_client(clients, a.port, version=5)
-        pub.connect()
+        pub = connected(clients, a.port, version=5)
         for i in range(5):
             assert pub.publish(topic, f"o{i}".encode(), qos=1) == 0
         assert pub.publish(clean_topic, b"x", qos=1) == 0  # left behind by the kill
         b.start()
         sub.connect(clean_start=False)
         assert [m.payload for m in sub.receive(5)] == [f"o{i}".encode() for i in range(5)]
-        deadline = time.monotonic() + 10
-        while pub.publish(clean_topic, b"y", qos=1) != 0x10:
-            assert time.monotonic() < deadline, "clean session's route outlived the restart"
-            time.sleep(0.05)
+        _until_unrouted(pub, clean_topic, "clean session's route outlived the restart")
         assert pub.publish(topic, b"still", qos=1) == 0
     finally:
         c.stop()
@@ -146,16 +135,13 @@ def test_takeover_across_gateways(cluster: Cluster, clients) -> None:
     0x8E (session taken over, MQTT-3.1.4-3); the new one on B stays."""
     a, b = cluster.gateways
     cid = "take-" + uid()
-    old = new_client(clients, a.port, client_id=cid)
-    old.connect()
-    new = new_client(clients, b.port, client_id=cid)
-    new.connect()
+    old = connected(clients, a.port, client_id=cid)
+    new = connected(clients, b.port, client_id=cid)
     assert old.wait_closed() == 0x8E
     new.nothing()  # (QUIET seconds) and still connected: B is not kicked in turn
     assert new.is_connected()
     # Back to A: now B's connection goes.
-    again = new_client(clients, a.port, client_id=cid)
-    again.connect()
+    again = connected(clients, a.port, client_id=cid)
     assert new.wait_closed() == 0x8E
     assert again.is_connected()
 
@@ -180,8 +166,7 @@ def test_persistent_session_taken_over_keeps_its_routes(cluster: Cluster, client
     new.subscribe(topic, qos=1)
     assert old.wait_closed() == 0x8E
     time.sleep(2.0)  # > A's session expiry (1 s) and its expiry checks (0.2 s)
-    pub = new_client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"still", qos=1) == 0
     assert new.receive_one().payload == b"still"
 
@@ -190,8 +175,7 @@ def _retained_on(port: int, clients, topic: str, timeout: float = 10.0):
     """The retained message a new subscription to `topic` gets on `port` (None: none),
     asked again until `timeout` while none comes (gateways learn others' retained
     messages by a long poll: shortly after the PUBACK)."""
-    c = new_client(clients, port)
-    c.connect()
+    c = connected(clients, port)
     deadline = time.monotonic() + timeout
     while True:
         c.subscribe(topic, qos=1)
@@ -205,14 +189,12 @@ def _retained_on(port: int, clients, topic: str, timeout: float = 10.0):
 def test_retained_message_across_gateways(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"ret/{uid()}"
-    pub = new_client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     pub.publish(topic, b"kept", qos=1, retain=True)
     got = _retained_on(b.port, clients, topic)
     assert got is not None and (got.payload, got.retain) == (b"kept", True)
     # Cleared on B: gone on A too (the delete is newer than the message A holds).
-    other = new_client(clients, b.port)
-    other.connect()
+    other = connected(clients, b.port)
     other.publish(topic, b"", qos=1, retain=True)
     deadline = time.monotonic() + 10
     while _retained_on(a.port, clients, topic, timeout=0) is not None:
@@ -242,8 +224,7 @@ def test_persistent_session_resumes_on_b_after_a_is_killed(
         sub = new_client(clients, a.port, client_id=cid, version=4)
         assert sub.connect(clean_start=False)[1] is False
         sub.subscribe(topic, qos=1)
-        pub = new_client(clients, b.port, version=5)
-        pub.connect()
+        pub = connected(clients, b.port, version=5)
         for i in range(5):
             assert pub.publish(topic, f"seen{i}".encode(), qos=1) == 0
         assert [m.payload for m in sub.receive(5)] == [f"seen{i}".encode() for i in range(5)]
@@ -271,8 +252,7 @@ def test_will_across_gateways(cluster: Cluster, clients) -> None:
     later subscriber on B gets it as the retained message."""
     a, b = cluster.gateways
     topic = f"will/{uid()}"
-    watcher = new_client(clients, b.port)
-    watcher.connect()
+    watcher = connected(clients, b.port)
     watcher.subscribe(topic, qos=1)
     dev = new_client(clients, a.port)
     dev.connect(will=(topic, b"gone", 1, True))
@@ -308,16 +288,13 @@ def test_lmq_serve_gateway_and_a_joining_lmq_mqtt(
     b = MqttGatewayProcess(root / "gw", a.namesrv_addr, DEFAULT_TEST_CONFIG)
     try:
         topic = f"mixed/{uid()}"
-        sub = new_client(clients, a.port)
-        sub.connect()
+        sub = connected(clients, a.port)
         sub.subscribe(topic, qos=1)
-        pub_a = new_client(clients, a.port)
-        pub_a.connect()
+        pub_a = connected(clients, a.port)
         assert pub_a.publish(topic, b"a-first", qos=1) == 0  # a tail learnt while alone
         assert sub.receive_one().payload == b"a-first"
         b.start()
-        pub_b = new_client(clients, b.port)
-        pub_b.connect()
+        pub_b = connected(clients, b.port)
         for i in range(20):
             assert pub_b.publish(topic, f"b{i}".encode(), qos=1) == 0
             assert pub_a.publish(topic, f"a{i}".encode(), qos=1) == 0
@@ -341,8 +318,7 @@ def test_resumed_session_with_a_shared_subscription_does_not_replay(cluster: Clu
     x = new_client(clients, a.port, client_id=cid, version=4)
     x.connect(clean_start=False)
     x.subscribe(f"$share/g{uid()}/{topic}", qos=1)
-    pub = new_client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     for i in range(5):
         assert pub.publish(topic, f"old{i}".encode(), qos=1) == 0
     assert len(x.receive(5)) == 5

@@ -14,6 +14,7 @@ from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
 from tests.gateway.mqtt.cluster_support import (
     Cluster,
     clients,
+    connected,
     new_client,
     publish_unacked,
     resumed_with_dups,
@@ -40,8 +41,7 @@ def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
         x.paho.manual_ack_set(True)
         x.subscribe(topic, qos=1)
         # QoS 2 sender on A whose PUBREL never comes before the crash.
-        sub = new_client(clients, b.port)
-        sub.connect()
+        sub = connected(clients, b.port)
         sub.subscribe(q2_topic, qos=2)
         keep = Properties(session_expiry_interval=300)
         first = RawClient(a.port)
@@ -49,8 +49,7 @@ def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
         assert first.connect(q2_cid, clean_start=False, properties=keep).reason_code == 0
         first.send(Publish(q2_topic, b"once", qos=2, packet_id=7))
         assert first.expect(Pubrec).packet_id == 7
-        pub = new_client(clients, b.port)
-        pub.connect()
+        pub = connected(clients, b.port)
         held = publish_unacked(pub, x, topic)
         assert [m.payload for m in sub.receive(1)] == [b"once"]
         time.sleep(1.0)  # A's state flush (0.1 s) and its record write reached the cluster

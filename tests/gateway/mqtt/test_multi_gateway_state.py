@@ -15,6 +15,7 @@ from tests.gateway.mqtt.cluster_support import (
     Cluster,
     clients,
     cluster,
+    connected,
     new_client,
     publish_unacked,
     resumed_with_dups,
@@ -32,14 +33,12 @@ def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clie
     group = f"g{uid()}"
     members = []
     for gw in (a, b):
-        m = new_client(clients, gw.port)
-        m.connect()
+        m = connected(clients, gw.port)
         m.subscribe(f"$share/{group}/{topic}", qos=1)
         members.append(m)
     pubs = []
     for gw in (a, b):
-        p = new_client(clients, gw.port)
-        p.connect()
+        p = connected(clients, gw.port)
         pubs.append(p)
     n = 40
     for i in range(n):
@@ -60,18 +59,15 @@ def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
     topic = f"shared/{uid()}"
     group = f"g{uid()}"
     filt = f"$share/{group}/{topic}"
-    lazy = new_client(clients, a.port)
-    lazy.connect()
+    lazy = connected(clients, a.port)
     lazy.paho.manual_ack_set(True)  # receives, never PUBACKs
     lazy.subscribe(filt, qos=1)
-    pub = new_client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     for i in range(5):
         assert pub.publish(topic, f"x{i}".encode(), qos=1) == 0
     held = lazy.receive(5)
     assert sorted(m.payload for m in held) == [f"x{i}".encode() for i in range(5)]
-    other = new_client(clients, b.port)
-    other.connect()
+    other = connected(clients, b.port)
     other.subscribe(filt, qos=1)
     other.nothing()  # A's member holds them
     lazy.close()
@@ -91,8 +87,7 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     x.connect(clean_start=False)
     x.paho.manual_ack_set(True)  # receives, never PUBACKs
     x.subscribe(topic, qos=1)
-    pub = new_client(clients, b.port)
-    pub.connect()
+    pub = connected(clients, b.port)
     held = publish_unacked(pub, x, topic)
     x.disconnect()
     time.sleep(0.5)  # A's disconnect record reached the cluster
@@ -109,8 +104,7 @@ def test_inbound_qos2_id_moves_with_the_session(cluster: Cluster, clients) -> No
     a, b = cluster.gateways
     topic = f"q2/{uid()}"
     cid = "q2-" + uid()
-    sub = new_client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     sub.subscribe(topic, qos=2)
     keep = Properties(session_expiry_interval=300)
     first = RawClient(a.port)
