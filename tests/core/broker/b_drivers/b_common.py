@@ -9,9 +9,9 @@ import threading
 # emit() and text() are those of the other driver scripts (tests/core/broker/cpp_drivers).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "cpp_drivers"))
-from common import client_parser, emit, text  # noqa: E402
+from common import client_parser, emit, pull_every_queue, text  # noqa: E402
 
-__all__ = ["client_parser", "describe", "emit", "stop_on_stdin_close"]
+__all__ = ["client_parser", "describe", "emit", "pull_every_queue", "stop_on_stdin_close"]
 
 # Properties the tests look at on received messages.
 WATCHED_PROPERTIES = (

@@ -12,26 +12,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from b_common import client_parser, describe, emit  # noqa: E402
-from rocketmq.client import PullConsumer  # noqa: E402
+from b_common import client_parser, describe, pull_every_queue  # noqa: E402
 
 
 def main() -> int:
-    ap = client_parser()
-    args = ap.parse_args()
-
-    consumer = PullConsumer(args.group)
-    consumer.set_namesrv_addr(args.namesrv)
-    consumer.start()
-    count = 0
-    try:
-        for msg in consumer.pull(args.topic):
-            emit("msg", **describe(msg))
-            count += 1
-    finally:
-        consumer.shutdown()
-    emit("done", count=count)
-    return 0
+    return pull_every_queue(client_parser().parse_args(), describe)
 
 
 if __name__ == "__main__":

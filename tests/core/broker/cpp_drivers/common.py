@@ -60,6 +60,26 @@ def describe(msg) -> dict:
     }
 
 
+def pull_every_queue(args: argparse.Namespace, describe_msg, expression: str = "*") -> int:
+    """Read every queue of args.topic once with the C++ PullConsumer (group args.group):
+    one {"event": "msg"} line per message (`describe_msg` of it), then {"event": "done",
+    "count": n}."""
+    from rocketmq.client import PullConsumer
+
+    consumer = PullConsumer(args.group)
+    consumer.set_namesrv_addr(args.namesrv)
+    consumer.start()
+    count = 0
+    try:
+        for msg in consumer.pull(args.topic, expression):
+            count += 1
+            emit("msg", **describe_msg(msg))
+    finally:
+        consumer.shutdown()
+    emit("done", count=count)
+    return 0
+
+
 def wait_for_stdin_close() -> None:
     """Block until the parent closes our stdin or writes a line (the stop signal)."""
     try:

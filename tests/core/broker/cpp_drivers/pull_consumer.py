@@ -12,27 +12,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import client_parser, describe, emit  # noqa: E402
-from rocketmq.client import PullConsumer  # noqa: E402
+from common import client_parser, describe, pull_every_queue  # noqa: E402
 
 
 def main() -> int:
     ap = client_parser()
     ap.add_argument("--expression", default="*")
     args = ap.parse_args()
-
-    consumer = PullConsumer(args.group)
-    consumer.set_namesrv_addr(args.namesrv)
-    consumer.start()
-    count = 0
-    try:
-        for msg in consumer.pull(args.topic, args.expression):
-            count += 1
-            emit("msg", **describe(msg))
-    finally:
-        consumer.shutdown()
-    emit("done", count=count)
-    return 0
+    return pull_every_queue(args, describe, args.expression)
 
 
 if __name__ == "__main__":
