@@ -296,3 +296,12 @@ def test_separate_processes_ready_and_stop_on_sigterm(tmp_path):
 def _dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def until(predicate, what: str):
+    """Polls `predicate` until it returns a true value (which is returned), TIMEOUT at most."""
+    deadline = time.monotonic() + TIMEOUT
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return got
