@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.amqp.codec import (
@@ -40,39 +39,12 @@ from gateway.amqp.methods import (
     QueueDeclare,
 )
 from gateway.amqp.properties import BasicProperties
+from lmq.bench._measure import Measure, Sync, Window
 
 __all__ = ["RawClient", "Sync", "Window", "worker"]
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _READ = 256 * 1024
-
-
-class Sync:
-    """What the workers of one phase share: a barrier passed once every worker is set up
-    (the window starts from there for all of them), and the consumers' delivery count,
-    which holds the publisher back (end-to-end window: a phase never measures a
-    growing backlog)."""
-
-    def __init__(self, ctx, parties: int) -> None:
-        self.barrier = ctx.Barrier(parties)
-        self.consumed = ctx.Value("q", 0, lock=False)
-
-    def start(self) -> float:
-        self.barrier.wait(timeout=120)
-        return time.monotonic()
-
-
-@dataclass
-class Window:
-    """Counts at the start and the end of the measured window (and CPU seconds)."""
-
-    role: str
-    start: int = 0
-    end: int = 0
-    total: int = 0
-    cpu_s: float = 0.0
-    error: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class RawClient:
@@ -144,11 +116,6 @@ def setup_fanout(client: RawClient, ch: int, exchange: str, queues: list[str]) -
         client.call(ch, QueueBind(queue=q, exchange=exchange, routing_key="bench.#"))
 
 
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def raw_publisher(host: str, port: int, exchange: str, key: str, size: int, persistent: bool,
                   window: int, fan: int, sync: Sync, warmup: float, duration: float) -> Window:
     """Publish with confirms, at most `window` unconfirmed and at most `window` messages
@@ -163,19 +130,10 @@ def raw_publisher(host: str, port: int, exchange: str, key: str, size: int, pers
                            os.urandom(size), c.frame_max)
     batch = 16
     frames = frame * batch
-    w = Window("publisher")
     sent = confirmed = 0
     consumed = sync.consumed
-    t0 = sync.start()
-    begin, stop = t0 + warmup, t0 + warmup + duration
-    started = False
-    cpu0 = _cpu()
-    while True:
-        now = time.monotonic()
-        if not started and now >= begin:
-            w.start, started, cpu0 = confirmed, True, _cpu()
-        if now >= stop:
-            break
+    clock = Measure(Window("publisher"), sync, warmup, duration)
+    while clock.running(confirmed):
         if sent - confirmed + batch <= window:
             if (sent + batch) * fan - consumed.value <= window * fan:
                 c.sock.sendall(frames)
@@ -191,8 +149,7 @@ def raw_publisher(host: str, port: int, exchange: str, key: str, size: int, pers
                 if type(m) is BasicAck or type(m) is BasicNack:
                     confirmed = max(confirmed, m.delivery_tag) if m.multiple else confirmed + 1
         c.events.clear()
-    w.end = w.total = confirmed
-    w.cpu_s = _cpu() - cpu0
+    w = clock.finish(confirmed)
     w.extra["sent"] = sent
     c.close()
     return w
@@ -208,20 +165,11 @@ def raw_consumer(host: str, port: int, queues: list[str], prefetch: int, sync: S
         c.call(ch, BasicQos(prefetch_count=prefetch))
         c.call(ch, BasicConsume(queue=q))
         by_channel[ch] = 0
-    w = Window("consumer")
     got = 0
     consumed = sync.consumed
-    t0 = sync.start()
-    begin, stop = t0 + warmup, t0 + warmup + duration
-    started = False
-    cpu0 = _cpu()
+    clock = Measure(Window("consumer"), sync, warmup, duration)
     c.sock.settimeout(0.2)
-    while True:
-        now = time.monotonic()
-        if not started and now >= begin:
-            w.start, started, cpu0 = got, True, _cpu()
-        if now >= stop:
-            break
+    while clock.running(got):
         try:
             c._read()
         except TimeoutError:
@@ -236,8 +184,7 @@ def raw_consumer(host: str, port: int, queues: list[str], prefetch: int, sync: S
         if last:
             c.sock.sendall(b"".join(encode_method_frame(ch, BasicAck(tag, True))
                                     for ch, tag in last.items()))
-    w.end = w.total = got
-    w.cpu_s = _cpu() - cpu0
+    w = clock.finish(got)
     c.close()
     return w
 
@@ -251,26 +198,16 @@ def pika_publisher(host: str, port: int, queue: str, size: int, window: int, syn
     ch = conn.channel()
     ch.confirm_delivery()
     body = os.urandom(size)
-    w = Window("pika-publisher")
     n = 0
     consumed = sync.consumed
-    t0 = sync.start()
-    begin, stop = t0 + warmup, t0 + warmup + duration
-    started = False
-    cpu0 = _cpu()
-    while True:
-        now = time.monotonic()
-        if not started and now >= begin:
-            w.start, started, cpu0 = n, True, _cpu()
-        if now >= stop:
-            break
+    clock = Measure(Window("pika-publisher"), sync, warmup, duration)
+    while clock.running(n):
         if n - consumed.value >= window:
             time.sleep(0.0005)
             continue
         ch.basic_publish("", queue, body)
         n += 1
-    w.end = w.total = n
-    w.cpu_s = _cpu() - cpu0
+    w = clock.finish(n)
     conn.close()
     return w
 
@@ -293,20 +230,10 @@ def pika_consumer(host: str, port: int, queue: str, prefetch: int, sync: Sync,
         ch_.basic_ack(method.delivery_tag)
 
     ch.basic_consume(queue, on)
-    w = Window("pika-consumer")
-    t0 = sync.start()
-    begin, stop = t0 + warmup, t0 + warmup + duration
-    started = False
-    cpu0 = _cpu()
-    while True:
-        now = time.monotonic()
-        if not started and now >= begin:
-            w.start, started, cpu0 = count[0], True, _cpu()
-        if now >= stop:
-            break
+    clock = Measure(Window("pika-consumer"), sync, warmup, duration)
+    while clock.running(count[0]):
         conn.process_data_events(time_limit=0.05)
-    w.end = w.total = count[0]
-    w.cpu_s = _cpu() - cpu0
+    w = clock.finish(count[0])
     conn.close()
     return w
 

@@ -12,64 +12,38 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import sys
-import time
 
 import psutil
 
-from lmq.bench._mqtt_servers import MqttServer, _popen, free_port
+from lmq.bench._mqtt_servers import (
+    MqttServer,
+    _popen,
+    free_port,
+    lmq_serve_argv,
+    process_tree,
+    start_server,
+    tree_cpu_s,
+    wait_answer,
+)
 
 __all__ = ["AmqpServer", "start_lmq_amqp", "start_rabbitmq", "server_rss"]
 
 _START_TIMEOUT_S = 90.0
 AmqpServer = MqttServer  # name, host, port, pid, proc, log, argv, cpus: the same record
-
-_BROKER_TOML = """\
-[broker]
-commitlog_file_size = 134217728
-consume_queue_units_per_file = 100000
-preallocate_files = false
-"""
 _RABBITMQ_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 
 
 def wait_amqp(server: MqttServer, timeout: float = _START_TIMEOUT_S) -> None:
-    """Until the server answers the protocol header with Connection.Start."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc is not None and server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited: {server.log_tail()}")
-        try:
-            with socket.create_connection((server.host, server.port), timeout=2) as s:
-                s.sendall(b"AMQP\x00\x00\x09\x01")
-                if s.recv(1) == b"\x01":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{server.name} not answering after {timeout} s: {server.log_tail()}")
+    """Until the server answers the protocol header with a method frame (Connection.Start)."""
+    wait_answer(server, b"AMQP\x00\x00\x09\x01", b"\x01", "the protocol header",
+                timeout=timeout)
 
 
 def start_lmq_amqp(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
     """`lmq serve` with the AMQP gateway only (no MQTT), on free loopback ports."""
-    cfg = os.path.join(tmp, "broker.toml")
-    with open(cfg, "w") as fh:
-        fh.write(_BROKER_TOML)
     port = free_port()
-    argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1",
-            "--data-dir", os.path.join(tmp, "lmq-data"), "--config", cfg,
-            "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
-            "--no-mqtt", "--amqp-port", str(port), "--log-level", "WARNING"]
-    log_path = os.path.join(tmp, "lmq.log")
-    proc = _popen(argv, log_path, cpus)
-    server = MqttServer("lmq", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
-    try:
-        wait_amqp(server)
-    except RuntimeError:
-        server.stop()
-        raise
-    return server
+    argv = lmq_serve_argv(tmp, "--no-mqtt", "--amqp-port", str(port))
+    return start_server("lmq", port, argv, os.path.join(tmp, "lmq.log"), cpus, wait_amqp)
 
 
 def rabbitmq_installed(script: str | None = None) -> str | None:
@@ -126,21 +100,11 @@ def start_rabbitmq(tmp: str, cpus: tuple[int, ...] = (),
     return server, epmd
 
 
-def _tree(pid: int | None) -> list[psutil.Process]:
-    if pid is None:
-        return []
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
 def server_rss(server: MqttServer) -> int:
     """Resident bytes of the server process and its children (RabbitMQ's VM is a child
     of its start script)."""
     total = 0
-    for p in _tree(server.pid):
+    for p in process_tree(server.pid):
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -149,19 +113,12 @@ def server_rss(server: MqttServer) -> int:
 
 
 def server_cpu_s(server: MqttServer) -> float:
-    total = 0.0
-    for p in _tree(server.pid):
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+    return tree_cpu_s(server.pid)
 
 
 def stop_tree(server: MqttServer) -> None:
     """Stop a server and every process it started (SIGTERM, then SIGKILL)."""
-    procs = _tree(server.pid)
+    procs = process_tree(server.pid)
     for p in procs:
         try:
             p.terminate()

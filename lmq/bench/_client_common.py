@@ -77,6 +77,12 @@ def server_under_test(namesrv_addr: str | None) -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+def run_on_server(main, args) -> dict[str, Any]:
+    """`await main(args, namesrv)` in a trio run against the server under test."""
+    with server_under_test(args.namesrv_addr) as ns:
+        return trio.run(main, args, ns)
+
+
 class Progress:
     """Counts work and prints one self-overwriting line per second to stderr."""
 
@@ -133,6 +139,25 @@ def median_of(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, An
 def ratio(ours: float | None, theirs: float | None) -> float | None:
     """ours / theirs, or None when either is missing or theirs is zero."""
     return round(ours / theirs, 3) if ours is not None and theirs else None
+
+
+def baseline_rows(result: dict[str, Any], request: str) -> list[tuple[str, str]]:
+    """The report rows of the raw-`request` baseline, if it was measured."""
+    if not result.get("baseline_msgs_per_s"):
+        return []
+    return [("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw {request})"),
+            ("ratio", f"{result['ratio']:.2f} x baseline")]
+
+
+async def create_topic(client, topic: str, queues: int) -> None:
+    """Creates `topic` and waits for its route (a C++ client started next finds the route
+    at once instead of at its 30 s poll)."""
+    from core.client import AdminClient
+
+    await AdminClient(client).topic_create(topic, read_queue_nums=queues,
+                                           write_queue_nums=queues)
+    while await client.update_route(topic) is None:
+        await trio.sleep(0.1)
 
 
 def report(result: dict[str, Any], as_json: bool, rows: list[tuple[str, str]]) -> None:

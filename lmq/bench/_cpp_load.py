@@ -65,6 +65,24 @@ def cpp_unavailable() -> str | None:
 
 # --- parent side --------------------------------------------------------------------------
 
+def options_refused(args: argparse.Namespace, command: str, positive: tuple[str, ...],
+                    unsupported: str | None) -> bool:
+    """Whether `lmq bench <command>` cannot run with `args`: one of the options `positive`
+    is not above 0, or --compare-cpp is asked for where it cannot run (the wheel is
+    missing, or `unsupported` says why not with these options). Prints why; the caller
+    exits 2."""
+    if any(getattr(args, name) <= 0 for name in positive):
+        names = [f"--{name}" for name in positive]
+        print(f"lmq bench {command}: {', '.join(names[:-1])} and {names[-1]} must be positive")
+        return True
+    if not args.compare_cpp:
+        return False
+    why = cpp_unavailable() or unsupported
+    if why:
+        print(f"lmq bench {command}: {why}")
+    return bool(why)
+
+
 async def cpp_produce(namesrv: str, topic: str, size: int, threads: int,
                       duration: float) -> dict[str, Any]:
     """Sync sends of `size`-byte bodies to `topic` from `threads` threads for `duration` s.

@@ -27,12 +27,12 @@ from typing import Any
 import psutil
 
 from lmq.bench._mqtt_servers import (
-    _BROKER_TOML,
     MqttServer,
     _child_setup,
     _popen,
     _wait_connack,
     free_port,
+    lmq_serve_argv,
 )
 
 __all__ = ["add_arguments", "place_subscribers", "start_two_gateways"]
@@ -84,15 +84,9 @@ def start_two_gateways(opts: argparse.Namespace, tmp: str,
     """Start the two-gateway server in `tmp`/2gw; record its subscribers' port in `opts`."""
     root = os.path.join(tmp, "2gw")
     os.makedirs(root, exist_ok=True)
-    cfg = os.path.join(root, "broker.toml")
-    with open(cfg, "w") as fh:
-        fh.write(_BROKER_TOML + _EXTRA_BROKER_TOML)
     port, sub_port, namesrv_port = free_port(), free_port(), free_port()
-    serve = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--no-amqp",
-             "--host", "127.0.0.1", "--data-dir", os.path.join(root, "serve-data"),
-             "--config", cfg, "--namesrv-port", str(namesrv_port),
-             "--broker-port", str(free_port()), "--mqtt-port", str(port),
-             "--log-level", "WARNING"]
+    serve = lmq_serve_argv(root, "--no-amqp", "--mqtt-port", str(port),
+                           namesrv_port=namesrv_port, extra_toml=_EXTRA_BROKER_TOML)
     mqtt = [sys.executable, "-m", "lmq", "mqtt", "--host", "127.0.0.1",
             "--namesrv-addr", f"127.0.0.1:{namesrv_port}",
             "--data-dir", os.path.join(root, "mqtt-data"), "--mqtt-port", str(sub_port),

@@ -103,23 +103,54 @@ class MqttServer:
             return ""
 
 
-def _wait_connack(server: MqttServer, timeout: float = _START_TIMEOUT_S) -> None:
-    """Until a CONNECT is answered with CONNACK 0 (the listener alone is not enough)."""
-    connect = bytes.fromhex("101000044d5154540402000000047072626b")  # "prbk", keepalive 0
+def wait_answer(server: MqttServer, hello: bytes, answer: bytes, what: str, bye: bytes = b"",
+                timeout: float = _START_TIMEOUT_S) -> None:
+    """Until the server answers `hello` with `answer` (then `bye` is sent): a listening
+    socket alone does not say the protocol is served yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.proc is not None and server.proc.poll() is not None:
             raise RuntimeError(f"{server.name} exited: {server.log_tail()}")
         try:
             with socket.create_connection((server.host, server.port), timeout=2) as s:
-                s.sendall(connect)
-                if s.recv(4) == b"\x20\x02\x00\x00":
-                    s.sendall(b"\xe0\x00")
+                s.sendall(hello)
+                if s.recv(len(answer)) == answer:
+                    if bye:
+                        s.sendall(bye)
                     return
         except OSError:
             pass
         time.sleep(0.1)
-    raise RuntimeError(f"{server.name} not answering CONNECT after {timeout} s: {server.log_tail()}")
+    raise RuntimeError(f"{server.name} not answering {what} after {timeout} s: {server.log_tail()}")
+
+
+def _wait_connack(server: MqttServer, timeout: float = _START_TIMEOUT_S) -> None:
+    """Until a CONNECT is answered with CONNACK 0."""
+    connect = bytes.fromhex("101000044d5154540402000000047072626b")  # "prbk", keepalive 0
+    wait_answer(server, connect, b"\x20\x02\x00\x00", "CONNECT", b"\xe0\x00", timeout)
+
+
+def process_tree(pid: int | None) -> list[psutil.Process]:
+    """A process and all its descendants (none when it is gone)."""
+    if pid is None:
+        return []
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds of a process and its descendants (a server may fork helpers)."""
+    total = 0.0
+    for p in process_tree(pid):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def _popen(argv: list[str], log_path: str, cpus: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -133,27 +164,39 @@ def _popen(argv: list[str], log_path: str, cpus: tuple[int, ...] = ()) -> subpro
         log.close()
 
 
-def start_lmq(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
-    """`lmq serve` with the MQTT gateway, on free loopback ports, data in `tmp`."""
-    cfg = os.path.join(tmp, "broker.toml")
+def lmq_serve_argv(root: str, *listeners: str, namesrv_port: int | None = None,
+                   extra_toml: str = "") -> list[str]:
+    """`lmq serve` without gRPC on free loopback ports, its config (_BROKER_TOML +
+    `extra_toml`) and data in `root`, with the gateway options `listeners`."""
+    cfg = os.path.join(root, "broker.toml")
     with open(cfg, "w") as fh:
-        fh.write(_BROKER_TOML)
-    port = free_port()
-    argv = [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1",
-            "--data-dir", os.path.join(tmp, "lmq-data"), "--config", cfg,
-            "--namesrv-port", str(free_port()), "--broker-port", str(free_port()),
-            "--mqtt-port", str(port), "--log-level", "WARNING",
-            # only MQTT is measured: no AMQP listener (5672 is a fixed default, as 8081)
-            "--no-amqp"]
-    log_path = os.path.join(tmp, "lmq.log")
+        fh.write(_BROKER_TOML + extra_toml)
+    return [sys.executable, "-m", "lmq", "serve", "--no-grpc", "--host", "127.0.0.1",
+            "--data-dir", os.path.join(root, "lmq-data"), "--config", cfg,
+            "--namesrv-port", str(namesrv_port or free_port()),
+            "--broker-port", str(free_port()), "--log-level", "WARNING", *listeners]
+
+
+def start_server(name: str, port: int, argv: list[str], log_path: str,
+                 cpus: tuple[int, ...] = (), wait=_wait_connack) -> MqttServer:
+    """`argv` as a pinned child logging to `log_path`, once `wait` says it serves `port`
+    (stopped again when it does not)."""
     proc = _popen(argv, log_path, cpus)
-    server = MqttServer("lmq", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
+    server = MqttServer(name, "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
     try:
-        _wait_connack(server)
+        wait(server)
     except RuntimeError:
         server.stop()
         raise
     return server
+
+
+def start_lmq(tmp: str, cpus: tuple[int, ...] = ()) -> MqttServer:
+    """`lmq serve` with the MQTT gateway, on free loopback ports, data in `tmp`."""
+    port = free_port()
+    # only MQTT is measured: no AMQP listener (5672 is a fixed default, as 8081)
+    argv = lmq_serve_argv(tmp, "--mqtt-port", str(port), "--no-amqp")
+    return start_server("lmq", port, argv, os.path.join(tmp, "lmq.log"), cpus)
 
 
 def start_mosquitto(tmp: str, binary: str | None = None,
@@ -168,15 +211,7 @@ def start_mosquitto(tmp: str, binary: str | None = None,
     conf = os.path.join(tmp, "mosquitto.conf")
     with open(conf, "w") as fh:
         fh.write(_MOSQUITTO_CONF.format(port=port, log=log_path))
-    argv = [exe, "-c", conf]
-    proc = _popen(argv, log_path, cpus)
-    server = MqttServer("mosquitto", "127.0.0.1", port, proc.pid, proc, log_path, argv, cpus)
-    try:
-        _wait_connack(server)
-    except RuntimeError:
-        server.stop()
-        raise
-    return server
+    return start_server("mosquitto", port, [exe, "-c", conf], log_path, cpus)
 
 
 def target_server(addr: str) -> MqttServer:

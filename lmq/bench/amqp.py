@@ -50,6 +50,7 @@ from lmq.bench._amqp_servers import (
     start_rabbitmq,
     stop_tree,
 )
+from lmq.bench._args import add_pin_arguments, add_run_arguments
 from lmq.bench._mqtt_open import pin_cpus
 
 __all__ = ["PHASES", "add_arguments", "run", "run_phase"]
@@ -59,11 +60,7 @@ _JOIN_SLACK_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="short smoke run")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--duration", type=float, default=None, help="measured seconds (5)")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring (1)")
-    parser.add_argument("--runs", type=int, default=None, help="rounds; medians reported (3)")
+    add_run_arguments(parser, quick="short smoke run", resolved_later=True)
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma-separated subset of: {', '.join(PHASES)}")
     parser.add_argument("--size", type=int, default=1024, help="body bytes (1024)")
@@ -76,11 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure a RabbitMQ node started here (if installed)")
     parser.add_argument("--rabbitmq-script", default=None,
                         help="rabbitmq-server start script (/usr/lib/rabbitmq/bin/rabbitmq-server)")
-    g = parser.add_argument_group("honest figures")
-    g.add_argument("--pin", choices=("auto", "off"), default="auto",
-                   help="server on the first allowed CPU, generator on the others (auto)")
-    g.add_argument("--server-cpus", default=None, help="comma-separated CPUs of the server")
-    g.add_argument("--generator-cpus", default=None, help="comma-separated generator CPUs")
+    add_pin_arguments(parser)
 
 
 def _defaults(opts: argparse.Namespace) -> None:

@@ -60,6 +60,7 @@ from core.remoting.client import RemotingClient, parse_addr
 from core.remoting.codec import RemotingCommand
 from core.remoting.errors import RemotingError
 from lmq.bench import _broker_workload as wl
+from lmq.bench._args import add_run_arguments
 from lmq.bench._broker_echo import echo_table
 from lmq.bench._broker_loadgen import (
     Latency,
@@ -385,15 +386,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `lmq bench broker`."""
     parser.add_argument("--target", metavar="HOST:PORT",
                         help="measure this running broker instead of starting `lmq serve`")
-    parser.add_argument("--duration", type=float, default=5.0,
-                        help="measured seconds per phase (default %(default)s)")
-    parser.add_argument("--warmup", type=float, default=1.0,
-                        help="unmeasured seconds before each phase (default %(default)s)")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="repetitions; medians are reported (default %(default)s)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test (1 run, 0.5 s phases)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_run_arguments(parser, quick="tiny sizes for a smoke test (1 run, 0.5 s phases)")
     parser.add_argument("--inflight", type=int, default=64,
                         help="single sends in flight (default %(default)s)")
     parser.add_argument("--connections", type=int, default=4,

@@ -29,12 +29,14 @@ import trio
 from lmq.bench._client_common import (
     Progress,
     add_common_arguments,
+    baseline_rows,
+    create_topic,
     median_of,
     ratio,
     report,
-    server_under_test,
+    run_on_server,
 )
-from lmq.bench._cpp_load import CppLoadError, cpp_consume, cpp_unavailable
+from lmq.bench._cpp_load import CppLoadError, cpp_consume, options_refused
 
 KINDS = ("push", "lite")
 
@@ -51,25 +53,17 @@ def run(args) -> int:
     if args.quick:
         args.messages, args.runs = min(args.messages, 1000), args.runs or 1
     args.runs = args.runs or 3
-    if min(args.messages, args.tasks, args.size, args.runs) < 1 or args.duration <= 0:
-        print("lmq bench consume: --messages, --tasks, --size, --runs and --duration must be positive")
+    if options_refused(args, "consume", ("messages", "tasks", "size", "runs", "duration"),
+                       None if args.kind == "push" else
+                       "--compare-cpp compares push consumers (--kind push)"):
         return 2
-    if args.compare_cpp:
-        why = cpp_unavailable() or (None if args.kind == "push" else
-                                    "--compare-cpp compares push consumers (--kind push)")
-        if why:
-            print(f"lmq bench consume: {why}")
-            return 2
-    with server_under_test(args.namesrv_addr) as ns:
-        result = trio.run(_main, args, ns)
+    result = run_on_server(_main, args)
     rows = [("consumer", f"{args.kind} ({args.tasks} tasks, {args.size} B bodies), "
                          f"median of {args.runs} run(s)"),
             ("messages", f"{result['messages']:,.0f} of {args.messages:,} in {result['seconds']:.2f} s"
                          f" (first after {_secs(result.get('first_msg_s'))})"),
             ("rate", f"{result['msgs_per_s']:,.0f} msgs/s, {result['mib_per_s']:.2f} MiB/s")]
-    if result.get("baseline_msgs_per_s"):
-        rows.append(("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw PULL_MESSAGE)"))
-        rows.append(("ratio", f"{result['ratio']:.2f} x baseline"))
+    rows += baseline_rows(result, "PULL_MESSAGE")
     if result.get("cpp_msgs_per_s"):
         rows.append(("C++ client", f"{result['cpp_msgs_per_s']:,.0f} msgs/s, {result['cpp_messages']:,.0f}"
                                    f" in {result['cpp_seconds']:.2f} s (first after "
@@ -87,15 +81,11 @@ def _secs(value: float | None) -> str:
 
 
 async def _main(args, namesrv: str) -> dict[str, Any]:
-    from core.client import AdminClient, ClientInstance
+    from core.client import ClientInstance
 
     async with ClientInstance(namesrv_addr=namesrv, request_timeout=10) as client:
         topic = f"{args.topic}_{int(time.time())}"  # a fresh topic holds exactly our messages
-        # Created up front: the C++ consumer finds its route at start, not at a 30 s poll.
-        await AdminClient(client).topic_create(topic, read_queue_nums=args.queues,
-                                               write_queue_nums=args.queues)
-        while await client.update_route(topic) is None:
-            await trio.sleep(0.1)
+        await create_topic(client, topic, args.queues)
         await _fill(client, topic, args)
         runs: list[dict[str, Any]] = []
         cpp_error = None

@@ -63,6 +63,7 @@ from typing import Any
 import psutil
 
 from lmq.bench import _mqtt_gateways
+from lmq.bench._args import add_pin_arguments, add_run_arguments
 from lmq.bench._mqtt_loadgen import EXIT, GO, STOP, WAIT, Job, worker_main
 from lmq.bench._mqtt_open import (
     OPEN_PHASES,
@@ -73,7 +74,13 @@ from lmq.bench._mqtt_open import (
 )
 from lmq.bench._mqtt_ping import Pinger
 from lmq.bench._mqtt_report import CEILINGS, median_of, notes_for, primary, print_table, ratios
-from lmq.bench._mqtt_servers import MqttServer, start_lmq, start_mosquitto, target_server
+from lmq.bench._mqtt_servers import (
+    MqttServer,
+    start_lmq,
+    start_mosquitto,
+    target_server,
+    tree_cpu_s,
+)
 from lmq.bench._mqtt_sink import sink_main
 
 __all__ = ["PHASES", "add_arguments", "options", "run", "run_phase"]
@@ -88,12 +95,8 @@ _SUBS_PER_PROC = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="short smoke run: 1 run, short phases, few connections")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--duration", type=float, default=None, help="measured seconds per phase (5)")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring (1)")
-    parser.add_argument("--runs", type=int, default=None, help="runs; the median is reported (3)")
+    add_run_arguments(parser, quick="short smoke run: 1 run, short phases, few connections",
+                      resolved_later=True)
     parser.add_argument("--drain", type=float, default=None,
                         help="at most this many seconds after a phase for messages in flight "
                              "to arrive (5); what is still missing is reported")
@@ -123,13 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="publishers of steps and unpaced fan-in (4)")
     g.add_argument("--step-rates", default=None,
                    help="total msg/s of the steps phase, rising (2000,5000,10000,20000,40000)")
-    g = parser.add_argument_group("honest figures")
-    g.add_argument("--pin", choices=("auto", "off"), default="auto",
-                   help="pin the server and the generator to separate CPUs (auto: the first "
-                        "allowed CPU for the server, the rest for the generator)")
-    g.add_argument("--server-cpus", default=None, help="comma-separated CPUs of the server")
-    g.add_argument("--generator-cpus", default=None,
-                   help="comma-separated CPUs of the load generator")
+    add_pin_arguments(parser)
     _mqtt_gateways.add_arguments(parser)
 
 
@@ -213,27 +210,8 @@ def _finish(sh: _Shared) -> list[tuple]:
     return out
 
 
-def _cpu(pid: int | None) -> float:
-    """CPU seconds of a process and its children (a server may fork helpers)."""
-    if pid is None:
-        return 0.0
-    try:
-        proc = psutil.Process(pid)
-        t = proc.cpu_times()
-        total = t.user + t.system
-        for child in proc.children(recursive=True):
-            try:
-                c = child.cpu_times()
-                total += c.user + c.system
-            except psutil.Error:
-                pass
-        return total
-    except psutil.Error:
-        return 0.0
-
-
 def _procs_cpu(procs: list) -> dict[int, float]:
-    return {p.pid: _cpu(p.pid) for p in procs}
+    return {p.pid: tree_cpu_s(p.pid) for p in procs}
 
 
 def _sum(counters, slots) -> int:
@@ -261,7 +239,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         time.sleep(opts.warmup)
         pinger.start()
         s1 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
-              _cpu(pid), _procs_cpu(sh.procs))
+              tree_cpu_s(pid), _procs_cpu(sh.procs))
         sh.times[0] = s1[2]
         sh.ctl[1] = 1
         peak_anon = _sleep_sampling(pid, opts.duration)
@@ -269,7 +247,7 @@ def _load_phase(opts, host: str, port: int, pid: int | None, jobs_sub: list[Job]
         pinger.stop()
         pinging = pinger.figures()
         s2 = (_sum(sh.counters, pub_slots), _sum(sh.counters, sub_slots), time.monotonic(),
-              _cpu(pid), _procs_cpu(sh.procs))
+              tree_cpu_s(pid), _procs_cpu(sh.procs))
         sh.times[1] = s2[2]
         rss_end = _rss(pid)  # the server's memory at the end of the window (overload bound)
         anon_end = _anon(pid)

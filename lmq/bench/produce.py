@@ -31,13 +31,15 @@ import trio
 from lmq.bench._client_common import (
     Progress,
     add_common_arguments,
+    baseline_rows,
+    create_topic,
     latency_summary,
     median_of,
     ratio,
     report,
-    server_under_test,
+    run_on_server,
 )
-from lmq.bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, cpp_unavailable
+from lmq.bench._cpp_load import CPP_DRIVER, CppLoadError, cpp_produce, options_refused
 
 MODES = ("sync", "async", "oneway", "batch")
 
@@ -52,17 +54,11 @@ def run(args) -> int:
     if args.quick:
         args.duration, args.runs = 0.5, args.runs or 1
     args.runs = args.runs or 3
-    if args.tasks < 1 or args.size < 1 or args.duration <= 0 or args.batch < 1 or args.runs < 1:
-        print("lmq bench produce: --tasks, --size, --batch, --runs and --duration must be positive")
+    if options_refused(args, "produce", ("tasks", "size", "batch", "runs", "duration"),
+                       None if args.mode == "sync" else
+                       "--compare-cpp measures sync sends (--mode sync)"):
         return 2
-    if args.compare_cpp:
-        why = cpp_unavailable() or (None if args.mode == "sync" else
-                                    "--compare-cpp measures sync sends (--mode sync)")
-        if why:
-            print(f"lmq bench produce: {why}")
-            return 2
-    with server_under_test(args.namesrv_addr) as ns:
-        result = trio.run(_main, args, ns)
+    result = run_on_server(_main, args)
     rows = [("mode", f"{args.mode} ({args.tasks} tasks, {args.size} B bodies), "
                      f"median of {args.runs} run(s) x {args.duration:g} s"),
             ("messages", f"{result['messages']:,.0f} in {result['seconds']:.1f} s"),
@@ -70,9 +66,7 @@ def run(args) -> int:
             ("errors", str(result["errors"]))]
     if result.get("latency"):
         rows.append(("latency", _latency_text(result["latency"])))
-    if result.get("baseline_msgs_per_s"):
-        rows.append(("baseline", f"{result['baseline_msgs_per_s']:,.0f} msgs/s (raw SEND_MESSAGE_V2)"))
-        rows.append(("ratio", f"{result['ratio']:.2f} x baseline"))
+    rows += baseline_rows(result, "SEND_MESSAGE_V2")
     if result.get("cpp_msgs_per_s"):
         rows.append(("C++ client", f"{result['cpp_msgs_per_s']:,.0f} msgs/s via its Python wheel "
                                    f"`rocketmq` (ctypes; {args.tasks} Python threads on "
@@ -95,14 +89,10 @@ def _latency_text(lat: dict[str, float]) -> str:
 
 
 async def _main(args, namesrv: str) -> dict[str, Any]:
-    from core.client import AdminClient, ClientInstance
+    from core.client import ClientInstance
 
-    # Created up front: the C++ producer would otherwise wait for its 30 s route poll.
     async with ClientInstance(namesrv_addr=namesrv, request_timeout=10) as client:
-        await AdminClient(client).topic_create(args.topic, read_queue_nums=args.queues,
-                                               write_queue_nums=args.queues)
-        while await client.update_route(args.topic) is None:
-            await trio.sleep(0.1)
+        await create_topic(client, args.topic, args.queues)
         runs: list[dict[str, Any]] = []
         cpp_error = None
         for _ in range(args.runs):

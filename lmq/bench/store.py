@@ -299,21 +299,23 @@ def recovery_figure(directory: str, target: int) -> dict:
     finally:
         proc.kill()
         proc.wait()
-    out = subprocess.run(_python(f"b._restart_main({path!r})"), capture_output=True,
-                         text=True, check=True).stdout
-    res = json.loads(out.strip().splitlines()[-1])
-    shutil.rmtree(path, ignore_errors=True)
+    res = _child_result(f"b._restart_main({path!r})", path)
     return {"recovery_s_1gib": res["seconds"], "recovery_written_bytes": res["end"],
             "recovery_rescanned_bytes": res["scanned"]}
+
+
+def _child_result(code: str, path: str) -> dict:
+    """Runs `code` in a fresh interpreter (_python) and returns the JSON of its last output
+    line; its data directory `path` is removed afterwards."""
+    out = subprocess.run(_python(code), capture_output=True, text=True, check=True).stdout
+    shutil.rmtree(path, ignore_errors=True)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def rss_figure(directory: str, n: int) -> dict:
     path = os.path.join(directory, "rss")
     shutil.rmtree(path, ignore_errors=True)
-    out = subprocess.run(_python(f"b._rss_main({path!r}, {n})"), capture_output=True,
-                         text=True, check=True).stdout
-    res = json.loads(out.strip().splitlines()[-1])
-    shutil.rmtree(path, ignore_errors=True)
+    res = _child_result(f"b._rss_main({path!r}, {n})", path)
     return {"rss_mb_1m_lmq": res["anon_mb"], "rss_total_mb_1m_lmq": res["rss_mb"],
             "rss_lmq_count": res["lmq_count"]}
 

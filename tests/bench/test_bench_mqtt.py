@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,25 +17,14 @@ import pytest
 from lmq.bench._mqtt_open import pin_cpus
 from lmq.bench._mqtt_paced import DELIVERY_DEADLINE_S, Schedule, window_stats
 from lmq.bench._mqtt_report import median_of, notes_for, print_table, ratios
-from lmq.bench._mqtt_servers import start_lmq, start_mosquitto
+from lmq.bench._mqtt_servers import start_mosquitto
 from lmq.bench.mqtt import options, run_phase
+from tests.bench.mqtt_support import TINY, lmq_server, tmp_dir
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--duration", "1", "--warmup", "0.3", "--drain", "10", "--pin", "off"]
 
 
-@pytest.fixture(scope="module")
-def tmp_dir():
-    d = tempfile.mkdtemp(prefix="lmq-bench-mqtt-test-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def lmq_server(tmp_dir):
-    server = start_lmq(tmp_dir)
-    yield server
-    server.stop()
+__all__ = ["lmq_server", "tmp_dir"]  # fixtures used below
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import pytest
 from lmq.bench import _mqtt_gateways
 from lmq.bench._mqtt_gateways import NAME, start_two_gateways
 from lmq.bench.mqtt import options, run_phase
+from tests.bench.mqtt_support import TINY
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--duration", "1", "--warmup", "0.3", "--drain", "10", "--pin", "off"]
 
 
 @pytest.fixture(scope="module")

@@ -4,31 +4,16 @@ is judged (the machine is shared)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 
 import pytest
 
 from lmq.bench._mqtt_ping import Pinger
-from lmq.bench._mqtt_servers import start_lmq, start_mosquitto
+from lmq.bench._mqtt_servers import start_mosquitto
 from lmq.bench.mqtt import options, run_phase
+from tests.bench.mqtt_support import TINY, lmq_server, tmp_dir
 
-TINY = ["--duration", "1", "--warmup", "0.3", "--drain", "10", "--pin", "off"]
-
-
-@pytest.fixture(scope="module")
-def tmp_dir():
-    d = tempfile.mkdtemp(prefix="lmq-bench-ping-test-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def lmq_server(tmp_dir):
-    server = start_lmq(tmp_dir)
-    yield server
-    server.stop()
+__all__ = ["lmq_server", "tmp_dir"]  # fixtures used below
 
 
 def test_open_phase_reports_pings_and_anonymous_memory(lmq_server):

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
@@ -331,14 +333,26 @@ def _check_alerts(stack, subscriber, readings: list[dict], start: int) -> None:
     assert set(subscriber.alerts) <= _hot(stack, readings)
 
 
-@pytest.mark.slow
-def test_stack_runs_the_demo_end_to_end(tmp_path):
+@contextmanager
+def _demo_stack(tmp_path) -> Iterator[tuple[Stack, TelemetryConsumer, Subscriber]]:
+    """The whole stack up, with a native consumer of the telemetry and an MQTT subscriber
+    on the second gateway (both closed at the end)."""
     _needs_spark()
     with Stack(tmp_path) as stack:
         stack.up(timeout=180)
         namesrv = stack.svc["broker-a1"].map_token("namesrv1:9876;namesrv2:9876")
         consumer = TelemetryConsumer(namesrv)
         subscriber = Subscriber(stack.svc["mqtt2"].port(1883))
+        try:
+            yield stack, consumer, subscriber
+        finally:
+            subscriber.close()
+            consumer.close()
+
+
+@pytest.mark.slow
+def test_stack_runs_the_demo_end_to_end(tmp_path):
+    with _demo_stack(tmp_path) as (stack, consumer, subscriber):
         amqp = AmqpTelemetry(stack.svc["amqp"].port(5672))
         try:
             # devices -> MQTT gateway -> brokers: every reading a device had acknowledged
@@ -360,8 +374,6 @@ def test_stack_runs_the_demo_end_to_end(tmp_path):
             _check_alerts(stack, subscriber, readings, start + 10)
         finally:
             amqp.close()
-            subscriber.close()
-            consumer.close()
 
 
 def _controller_state(stack) -> dict:
@@ -387,31 +399,22 @@ def _broker_service(stack, broker_name: str, broker_id: int) -> str:
 
 @pytest.mark.slow
 def test_devices_and_consumers_carry_on_after_a_master_is_killed(tmp_path):
-    _needs_spark()
-    with Stack(tmp_path) as stack:
-        stack.up(timeout=180)
-        namesrv = stack.svc["broker-a1"].map_token("namesrv1:9876;namesrv2:9876")
-        consumer = TelemetryConsumer(namesrv)
-        subscriber = Subscriber(stack.svc["mqtt2"].port(1883))
-        try:
-            start = len(_readings(stack))
-            _wait(lambda: len(_readings(stack)) >= start + 40, 120, "40 acknowledged readings")
-            _wait(lambda: subscriber.alerts, 180, "Spark's first alerts over MQTT")
-            # both brokers of broker-a in sync, then kill -9 its master
-            _wait(lambda: len(_controller_state(stack)["broker-a"].get("syncStateSet", [])) == 2,
-                  60, "broker-a's slave in sync")
-            master = _broker_service(stack, "broker-a",
-                                     _controller_state(stack)["broker-a"]["masterId"])
-            before = len(_readings(stack))
-            stack.svc[master].signal(signal.SIGKILL)
-            _wait(lambda: len(_readings(stack)) >= before + 40, 120,
-                  "40 more acknowledged readings after the kill")
-            assert stack.svc["mqtt"].running() and stack.svc["iot"].running()
-            _wait(lambda: not consumer.missing(_readings(stack)), 90,
-                  "every acknowledged reading, after the kill")
-            readings = _stop_demo(stack)
-            assert not consumer.missing(readings)
-            _check_alerts(stack, subscriber, readings, start + 10)
-        finally:
-            subscriber.close()
-            consumer.close()
+    with _demo_stack(tmp_path) as (stack, consumer, subscriber):
+        start = len(_readings(stack))
+        _wait(lambda: len(_readings(stack)) >= start + 40, 120, "40 acknowledged readings")
+        _wait(lambda: subscriber.alerts, 180, "Spark's first alerts over MQTT")
+        # both brokers of broker-a in sync, then kill -9 its master
+        _wait(lambda: len(_controller_state(stack)["broker-a"].get("syncStateSet", [])) == 2,
+              60, "broker-a's slave in sync")
+        master = _broker_service(stack, "broker-a",
+                                 _controller_state(stack)["broker-a"]["masterId"])
+        before = len(_readings(stack))
+        stack.svc[master].signal(signal.SIGKILL)
+        _wait(lambda: len(_readings(stack)) >= before + 40, 120,
+              "40 more acknowledged readings after the kill")
+        assert stack.svc["mqtt"].running() and stack.svc["iot"].running()
+        _wait(lambda: not consumer.missing(_readings(stack)), 90,
+              "every acknowledged reading, after the kill")
+        readings = _stop_demo(stack)
+        assert not consumer.missing(readings)
+        _check_alerts(stack, subscriber, readings, start + 10)

@@ -4,23 +4,13 @@ move with traffic, and a SIGTERM that ends them (real processes, real AMQP clien
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
 
 from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_toml
-from tests.ops.test_metrics import TIMEOUT, Proc, _dir
+from tests.ops.test_metrics import TIMEOUT, Proc, _dir, until
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _until(predicate, what: str):
-    deadline = time.monotonic() + TIMEOUT
-    while not (got := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return got
 
 
 def test_amqp_and_proxy_metrics_port(tmp_path):
@@ -58,12 +48,12 @@ def test_amqp_and_proxy_metrics_port(tmp_path):
             for i in range(3):
                 ch.basic_publish("", "metered", b"m%d" % i)
             ch.basic_publish("amq.direct", "nobody-bound", b"lost")
-            m = _until(lambda: (s := amqp.scrape())["lmq_amqp_stored_messages_total"] >= 3
+            m = until(lambda: (s := amqp.scrape())["lmq_amqp_stored_messages_total"] >= 3
                        and s, "the AMQP publishes in the metrics")
             assert m["lmq_amqp_connections"] == 1
             assert m["lmq_amqp_queues"] >= 1 and m["lmq_amqp_exchanges"] >= 1
             assert m["lmq_ready"] == 1 and m["process_resident_memory_bytes"] > 0
-            assert _until(lambda: amqp.scrape()["lmq_amqp_unroutable_messages_total"] >= 1,
+            assert until(lambda: amqp.scrape()["lmq_amqp_unroutable_messages_total"] >= 1,
                           "the unroutable publish")
             # One message held unacknowledged by a consumer: in-flight, consumers, bytes.
             ch.basic_qos(prefetch_count=1)
@@ -71,7 +61,7 @@ def test_amqp_and_proxy_metrics_port(tmp_path):
             ch.basic_consume("metered", lambda c, meth, props, body: got.append(meth))
             while not got:
                 conn.process_data_events(time_limit=0.2)
-            m = _until(lambda: (s := amqp.scrape())["lmq_amqp_unacked_messages"] == 1 and s,
+            m = until(lambda: (s := amqp.scrape())["lmq_amqp_unacked_messages"] == 1 and s,
                        "the unacknowledged delivery")
             assert m["lmq_amqp_consumers"] == 1 and m["lmq_amqp_channels"] == 1
             # at least the three bodies in, and the delivered body out
@@ -79,7 +69,7 @@ def test_amqp_and_proxy_metrics_port(tmp_path):
             assert m["lmq_amqp_sent_bytes_total"] > len(b"m0")
         finally:
             conn.close()
-        assert _until(lambda: amqp.scrape()["lmq_amqp_connections"] == 0, "the close")
+        assert until(lambda: amqp.scrape()["lmq_amqp_connections"] == 0, "the close")
 
         p = proxy.scrape()
         assert p["lmq_ready"] == 1 and "lmq_event_loop_lag_seconds" in p
@@ -139,7 +129,7 @@ def test_started_before_its_cluster_stops_at_once_on_sigterm(tmp_path, command):
             assert "waiting for a master broker registered with 127.0.0.1:" in \
                 proc.log.read_text()
         else:
-            assert _until(lambda: "name server" in (r := proc.get("/readyz"))[1] and r,
+            assert until(lambda: "name server" in (r := proc.get("/readyz"))[1] and r,
                           "the name-server reason")[0] == 503
         proc.proc.terminate()
         assert proc.proc.wait(10) == 0

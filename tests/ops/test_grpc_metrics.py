@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import grpc
@@ -18,20 +17,12 @@ import pytest
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_toml
-from tests.ops.test_metrics import REPO, TIMEOUT, Proc, _dir
+from tests.ops.test_metrics import REPO, Proc, _dir, until
 
 pytestmark = pytest.mark.timeout(180)
 DASHBOARD = REPO / "docs" / "grafana" / "lmq-gateway.json"
 
 META = (("x-mq-client-id", "metrics-test-client"),)
-
-
-def _until(predicate, what: str):
-    deadline = time.monotonic() + TIMEOUT
-    while not (got := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return got
 
 
 def _message(topic: str, body: bytes) -> pb.Message:
@@ -60,7 +51,7 @@ def test_grpc_metrics_and_proxy_readiness(tmp_path):
         proxy = Proc(["proxy", "--namesrv-addr", f"127.0.0.1:{ns_port}", "--grpc-port",
                       str(grpc_port), "--metrics-port", "0"], _dir(tmp_path / "proxy"))
         procs.append(proxy)
-        status, reason = _until(lambda: (r := proxy.get("/readyz"))[1].startswith(
+        status, reason = until(lambda: (r := proxy.get("/readyz"))[1].startswith(
             ("name server unreachable", "no name server answered")) and r,
             "the proxy's name-server reason")
         assert status == 503 and f"127.0.0.1:{ns_port}" in reason, reason
@@ -82,7 +73,7 @@ def test_grpc_metrics_and_proxy_readiness(tmp_path):
 
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         stub = pbg.MessagingServiceStub(channel)
-        _until(lambda: stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="GM")),
+        until(lambda: stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="GM")),
                                        metadata=META, timeout=10).status.code == pb.OK,
                "the topic's route")
 
@@ -105,7 +96,7 @@ def test_grpc_metrics_and_proxy_readiness(tmp_path):
         poller = threading.Thread(target=lambda: got.extend(
             _receive(stub, "G_metrics", "GM", 20_000)))
         poller.start()
-        _until(lambda: proxy.scrape()["lmq_grpc_receives_waiting"] == 1, "the long poll")
+        until(lambda: proxy.scrape()["lmq_grpc_receives_waiting"] == 1, "the long poll")
         bodies = [b"a" * 100, b"b" * 250]
         for body in bodies:
             resp = stub.SendMessage(pb.SendMessageRequest(messages=[_message("GM", body)]),
@@ -143,7 +134,7 @@ def test_grpc_metrics_and_proxy_readiness(tmp_path):
 
         commands.put(None)  # the client ends its stream
         telemetry.cancel()
-        _until(lambda: proxy.scrape()["lmq_grpc_telemetry_streams"] == 0, "the stream's end")
+        until(lambda: proxy.scrape()["lmq_grpc_telemetry_streams"] == 0, "the stream's end")
         channel.close()
 
         # `lmq serve`'s gRPC front end exports the same families.

@@ -24,9 +24,21 @@ from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.mqtt.e2e_support import BROKER_TEST_CONFIG, free_port, write_toml
+from tests.procs import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
+
+
+def samples(text: str) -> dict[str, float]:
+    """A Prometheus exposition as sample name (with sorted labels) -> value, parsed by the
+    reference parser."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
 
 
 class Proc:
@@ -65,21 +77,10 @@ class Proc:
         """Sample name (with sorted labels) -> value, parsed by the reference parser."""
         status, text = self.get("/metrics")
         assert status == 200
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+        return samples(text)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
 
 
 def serve(tmp_path: Path, *extra: str, mqtt_config: dict | None = None,
@@ -297,3 +298,12 @@ def test_separate_processes_ready_and_stop_on_sigterm(tmp_path):
 def _dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def until(predicate, what: str):
+    """Polls `predicate` until it returns a true value (which is returned), TIMEOUT at most."""
+    deadline = time.monotonic() + TIMEOUT
+    while not (got := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return got

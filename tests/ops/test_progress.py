@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import pty
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from lmq import progress
 from lmq.progress import Progress
+from tests.ops.pty_run import run_in_pty
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "lmq", "bench", "store", "--quick", "--no-lmq-1m", "--json"]
@@ -30,28 +27,8 @@ def test_bench_piped_prints_only_its_result():
 
 
 def test_bench_on_a_terminal_shows_a_live_line():
-    main, side = pty.openpty()
-    env = dict(os.environ, TERM="xterm")
-    proc = subprocess.Popen(BENCH, cwd=REPO, stdin=subprocess.DEVNULL, stdout=side,
-                            stderr=side, env=env)
-    os.close(side)
-    out = bytearray()
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([main], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(main, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(main)
-    assert proc.wait(30) == 0, out.decode(errors="replace")
-    text = out.decode(errors="replace")
+    code, text, _proc = run_in_pty(BENCH, REPO, 150)
+    assert code == 0, text
     assert "\r\x1b[Klmq bench store: puts and gets" in text, text[:2000]
     assert "lmq bench store: restart after kill -9" in text
     # The line is erased before the result is printed, and the result is intact.

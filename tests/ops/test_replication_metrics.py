@@ -7,16 +7,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     ServerProcess,
+    create_topic,
     free_port,
     send_request,
     sync_invoke,
     wait_until,
 )
+from tests.ops.test_metrics import samples
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -26,13 +26,7 @@ SECRET_TOML = 'ha_secret = "metrics-test-secret"\n'
 def _scrape(proc: ServerProcess) -> dict[str, float]:
     port = re.search(r"metrics on http://[\d.]+:(\d+)/", proc.log_path.read_text()).group(1)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
+        return samples(resp.read().decode())
 
 
 def test_replication_lag_and_peers(tmp_path):
@@ -47,9 +41,7 @@ def test_replication_lag_and_peers(tmp_path):
         assert before["lmq_broker_replication_peers"] == 0
         assert not any(k.startswith("lmq_broker_replication_lag_bytes{") for k in before)
         topic = "HaMetrics"
-        assert sync_invoke(master.broker_addr, RemotingCommand.request(17, {
-            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": 1, "writeQueueNums": 1,
-            "perm": 6, "topicFilterType": "SINGLE_TAG"})).code == 0
+        create_topic(master.broker_addr, topic, 1)
         slave = ServerProcess(
             tmp_path / "s", namesrv_addr=master.namesrv_addr, broker_name="bk",
             config_text=SECRET_TOML,

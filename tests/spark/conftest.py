@@ -5,44 +5,30 @@ session per test module."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
-import trio
 
 pyspark = pytest.importorskip("pyspark")
 
-from tests.core.client.cluster import cluster  # noqa: E402
+from tests.core.client.cluster import start_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def start_cluster(**broker_kw):
-    """(box, stop) — box has `addr` (name server), `broker` (address), `cluster`."""
-    ready = threading.Event()
-    box: dict = {}
-
-    async def main():
-        async with cluster(**broker_kw) as c:
-            box.update(addr=c.namesrv_addr, broker=c.broker_addrs[0], cluster=c,
-                       token=trio.lowlevel.current_trio_token(), stop=trio.Event())
-            ready.set()
-            await box["stop"].wait()
-
-    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
-    thread.start()
-    assert ready.wait(30), "cluster did not start"
-
-    def stop():
-        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
-        thread.join(30)
-    return box, stop
 
 
 @pytest.fixture(scope="module")
 def lmq_cluster():
     box, stop = start_cluster()
+    yield box
+    stop()
+
+
+@pytest.fixture(scope="module")
+def dispatch_cluster():
+    """lmq_cluster whose broker lets plain clients set INNER_MULTI_DISPATCH, as the sink's
+    mqttTopic column and the tests' AMQP-queue producer do (an ACL account with
+    innerProperties, or this switch on a closed network)."""
+    box, stop = start_cluster(allow_inner_properties_without_acl=True)
     yield box
     stop()
 
@@ -77,11 +63,47 @@ def spark():
     s.stop()
 
 
+def _source(read, addr: str, opts: dict):
+    r = read.format("lmq").option("lmq.namesrv", addr)
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def reader(spark, addr: str, **opts):
+    """The lmq batch source on the name server `addr`, with `opts`."""
+    return _source(spark.read, addr, opts)
+
+
+def stream(spark, addr: str, **opts):
+    """The lmq streaming source on the name server `addr`, with `opts`."""
+    return _source(spark.readStream, addr, opts)
+
+
 def topic_with_queues(addr: str, topic: str, queues: int = 4) -> None:
     from core.client.blocking import BlockingClient
 
     with BlockingClient(addr) as c:
         c.admin().topic_create(topic, read_queue_nums=queues, write_queue_nums=queues)
+
+
+def visible(addr: str, topic: str, group: str = "CG_SINK_CHECK") -> list[bytes]:
+    """Bodies consumers can see in `topic` (all queues, from offset 0), sorted."""
+    from core.client.blocking import BlockingClient
+    from core.client.model import PullStatus
+
+    out = []
+    with BlockingClient(addr) as c:
+        pc = c.pull_consumer(group)
+        for mq in pc.fetch_subscribe_message_queues(topic):
+            off = 0
+            while True:
+                res = pc.pull(mq, None, off, 32)
+                if res.status is not PullStatus.FOUND:
+                    break
+                out.extend(m.body for m in res.messages)
+                off = res.next_begin_offset
+    return sorted(out)
 
 
 def send_to_queues(addr: str, topic: str, counts: dict[int, int], prefix: str = "v",

@@ -15,13 +15,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
-from core.client.blocking import BlockingClient
-from core.client.model import PullStatus
 from spark_sinks.options import parse_source_options
 from spark_sinks.sink import LmqBatchWriter, LmqStreamWriter, parse_sink_options
 from spark_sinks.source import make_partitions, queue_bounds, read_range, resolve
 from tests.core.broker.harness import wait_until
-from tests.core.ha.test_failover_process import TOPIC, _started
+from tests.core.ha.process_cluster import TOPIC, started
+from tests.spark.conftest import visible
 
 pytestmark = pytest.mark.slow
 
@@ -32,21 +31,6 @@ def _rows(prefix: str, n: int):
     return [pa.RecordBatch.from_pydict({"value": [f"{prefix}{i}" for i in range(n)]})]
 
 
-def _visible(ns: str) -> list[bytes]:
-    out = []
-    with BlockingClient(ns) as c:
-        pc = c.pull_consumer("CG_FAILOVER_CHECK")
-        for mq in pc.fetch_subscribe_message_queues(TOPIC):
-            off = 0
-            while True:
-                res = pc.pull(mq, None, off, 32)
-                if res.status is not PullStatus.FOUND:
-                    break
-                out.extend(m.body for m in res.messages)
-                off = res.next_begin_offset
-    return sorted(out)
-
-
 def _opts(ns: str, timeout: str, **more) -> dict:
     # Each request timeout is a client of its own in this process (spark_sinks.conn), as
     # each Spark worker has: one that knew only the old master is what this is about.
@@ -54,7 +38,7 @@ def _opts(ns: str, timeout: str, **more) -> dict:
 
 
 def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         ns = c.ns_addr
         # (A sink's producer group belongs to one client: one group per client here.)
@@ -70,8 +54,7 @@ def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
         src = parse_source_options(_opts(ns, "7", subscribe=TOPIC), False)
         bounds = queue_bounds(src)  # the source's client knows the old master only
         parts = make_partitions(resolve(-2, bounds, -2), resolve(-1, bounds, -1))
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
         old.kill()
         wait_until(lambda: c.master() is slave, 30, what="the slave elected")
 
@@ -79,7 +62,7 @@ def test_sink_commits_and_source_reads_across_a_failover(tmp_path):
         batch_c.commit([batch_c.write(iter(_rows("c", 40)))])  # chunks to the new master
         stream.commit([stream.write(iter(_rows("d", 40)))], 1)
         want = sorted(f"{p}{i}".encode() for p in "abcd" for i in range(40))
-        assert _visible(ns) == want
+        assert visible(ns, TOPIC) == want
 
         got = []
         for part in parts:

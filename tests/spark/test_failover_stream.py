@@ -4,47 +4,19 @@ sent before and after the failover all arrive in the output topic, each once."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from core.client import Message
 from core.client.blocking import BlockingClient
-from core.remoting.codec import RemotingCommand
-from tests.core.broker.harness import sync_invoke, wait_until
-from tests.core.ha.test_failover_process import QUEUES, TOPIC, _started
+from tests.core.broker.harness import create_topic, has_topic, wait_until
+from tests.core.ha.process_cluster import TOPIC, started
+from tests.spark.conftest import visible
 
 pytestmark = pytest.mark.slow
 
 OUT = "FailoverStreamOut"
-
-
-def _create(addr: str, topic: str) -> None:
-    resp = sync_invoke(addr, RemotingCommand.request(17, {
-        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": QUEUES,
-        "writeQueueNums": QUEUES, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
-    assert resp.code == 0, resp.remark
-
-
-def _on(addr: str, topic: str) -> bool:
-    resp = sync_invoke(addr, RemotingCommand.request(21, {}))  # GET_ALL_TOPIC_CONFIG
-    return topic in json.loads(resp.body_bytes())["topicConfigTable"]
-
-
-def _out(ns: str) -> list[bytes]:
-    out = []
-    with BlockingClient(ns) as c:
-        pc = c.pull_consumer("CG_FAILOVER_STREAM")
-        for mq in pc.fetch_subscribe_message_queues(OUT):
-            off = 0
-            while True:
-                res = pc.pull(mq, None, off, 32)
-                if not res.messages:
-                    break
-                out.extend(m.body for m in res.messages)
-                off = res.next_begin_offset
-    return sorted(out)
 
 
 def _send(ns: str, prefix: str, n: int) -> None:
@@ -54,13 +26,12 @@ def _send(ns: str, prefix: str, n: int) -> None:
 
 
 def test_streaming_query_keeps_going_across_a_master_kill(tmp_path, spark):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         ns = c.ns_addr
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
-        _create(old.broker_addr, OUT)
-        wait_until(lambda: _on(slave.broker_addr, OUT), 30, what="output topic on the slave")
+        old, slave = c.master_and_slave()
+        create_topic(old.broker_addr, OUT)
+        wait_until(lambda: has_topic(slave.broker_addr, OUT), 30, what="output topic on the slave")
         _send(ns, "a", 20)
         q = (spark.readStream.format("lmq").option("lmq.namesrv", ns).option("subscribe", TOPIC)
              .option("startingOffsets", "earliest").load().select("value")
@@ -69,16 +40,16 @@ def test_streaming_query_keeps_going_across_a_master_kill(tmp_path, spark):
              .trigger(processingTime="1 second").start())
         try:
             want_a = sorted(f"a{i}".encode() for i in range(20))
-            wait_until(lambda: _out(ns) == want_a, 120, what="the first rows copied")
+            wait_until(lambda: visible(ns, OUT) == want_a, 120, what="the first rows copied")
             old.kill()
             wait_until(lambda: c.master() is slave, 30, what="the slave elected")
             _send(ns, "b", 20)
             want = sorted(want_a + [f"b{i}".encode() for i in range(20)])
             deadline = time.monotonic() + 120
-            while _out(ns) != want and time.monotonic() < deadline:
+            while visible(ns, OUT) != want and time.monotonic() < deadline:
                 assert q.exception() is None, q.exception()
                 time.sleep(1)
-            assert _out(ns) == want           # every row once, none lost, none repeated
+            assert visible(ns, OUT) == want           # every row once, none lost, none repeated
             assert q.isActive and q.exception() is None
         finally:
             q.stop()

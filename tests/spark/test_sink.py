@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql.utils import StreamingQueryException
 
-from tests.spark.conftest import REPO, send_to_queues, topic_with_queues
+from tests.spark.conftest import REPO, send_to_queues, topic_with_queues, visible
 from tests.spark.faulty import FaultyLmqDataSource, marker_for
-from tests.spark.test_sink_txn import visible
 
 pytestmark = pytest.mark.slow
 

@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.conftest import start_cluster, topic_with_queues
+from tests.spark.conftest import topic_with_queues
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def mqtt_cluster():
-    # The sink sets INNER_MULTI_DISPATCH: the broker must allow it (an ACL account with
-    # innerProperties, or this switch on a closed network).
-    box, stop = start_cluster(allow_inner_properties_without_acl=True)
-    yield box
-    stop()
 
 
 def add_mqtt_route(addr: str, broker: str, topic_filter: str) -> str:
@@ -51,8 +42,8 @@ def lmq_bodies(addr: str, lmq: str) -> list[bytes]:
         return [m.body for m in res.messages] if res.status is PullStatus.FOUND else []
 
 
-def test_mqtt_rows_reach_the_lmqs_of_matching_routes(spark, mqtt_cluster):
-    addr, broker = mqtt_cluster["addr"], mqtt_cluster["broker"]
+def test_mqtt_rows_reach_the_lmqs_of_matching_routes(spark, dispatch_cluster):
+    addr, broker = dispatch_cluster["addr"], dispatch_cluster["broker"]
     topic_with_queues(addr, "PlainOut", 1)
     alerts = add_mqtt_route(addr, broker, "alerts/+")
     d1 = add_mqtt_route(addr, broker, "alerts/d1")
@@ -79,8 +70,8 @@ def test_mqtt_rows_reach_the_lmqs_of_matching_routes(spark, mqtt_cluster):
     assert [tuple(r) for r in plain] == [(b"plain", None)]
 
 
-def test_a_route_added_later_is_seen_by_the_next_write(spark, mqtt_cluster):
-    addr, broker = mqtt_cluster["addr"], mqtt_cluster["broker"]
+def test_a_route_added_later_is_seen_by_the_next_write(spark, dispatch_cluster):
+    addr, broker = dispatch_cluster["addr"], dispatch_cluster["broker"]
     df = spark.createDataFrame([(b"r1", "late/a")], "value binary, mqttTopic string")
 
     def write():
@@ -92,8 +83,8 @@ def test_a_route_added_later_is_seen_by_the_next_write(spark, mqtt_cluster):
     assert lmq_bodies(addr, lmq) == [b"r1"]
 
 
-def test_bad_mqtt_columns_are_refused(spark, mqtt_cluster):
-    addr = mqtt_cluster["addr"]
+def test_bad_mqtt_columns_are_refused(spark, dispatch_cluster):
+    addr = dispatch_cluster["addr"]
     for ddl, row, match in (
             ("value binary, mqttTopic string", (b"x", "a/+"), "invalid MQTT topic name"),
             ("value binary, mqttTopic string, qos int", (b"x", "a/b", 3), "0, 1 or 2"),

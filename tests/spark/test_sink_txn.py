@@ -7,31 +7,13 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 
-from core.client.blocking import BlockingClient
-from core.client.model import PullStatus
 from spark_sinks.conn import client_for
 from spark_sinks.options import LmqOptionError
 from spark_sinks.sink import LmqStreamWriter, _producer, parse_sink_options
 from spark_sinks.txn import write_record
-from tests.spark.conftest import topic_with_queues
+from tests.spark.conftest import topic_with_queues, visible
 
 SCHEMA = StructType([StructField("value", StringType()), StructField("key", StringType())])
-
-
-def visible(addr: str, topic: str) -> list[bytes]:
-    """Bodies consumers can see in `topic` (all queues, from offset 0)."""
-    out = []
-    with BlockingClient(addr) as c:
-        pc = c.pull_consumer("CG_SINK_CHECK")
-        for mq in pc.fetch_subscribe_message_queues(topic):
-            off = 0
-            while True:
-                res = pc.pull(mq, None, off, 32)
-                if res.status is not PullStatus.FOUND:
-                    break
-                out.extend(m.body for m in res.messages)
-                off = res.next_begin_offset
-    return sorted(out)
 
 
 def writer(addr, topic, query="q-test"):

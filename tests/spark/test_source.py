@@ -7,16 +7,9 @@ import os
 
 import pytest
 
-from tests.spark.conftest import send_to_queues, topic_with_queues
+from tests.spark.conftest import reader, send_to_queues, topic_with_queues
 
 pytestmark = pytest.mark.slow
-
-
-def reader(spark, addr, **opts):
-    r = spark.read.format("lmq").option("lmq.namesrv", addr)
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load()
 
 
 def test_batch_read_rows_and_columns(spark, lmq_cluster):

@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spark.conftest import start_cluster, topic_with_queues
+from tests.spark.conftest import topic_with_queues
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def amqp_cluster():
-    # Multi-dispatch into the LMQ from a test producer, as the AMQP gateway does.
-    box, stop = start_cluster(allow_inner_properties_without_acl=True)
-    yield box
-    stop()
 
 
 def publish_to_queue(addr: str, queue: str, bodies: list[bytes], also: str | None = None):
@@ -33,8 +25,8 @@ def publish_to_queue(addr: str, queue: str, bodies: list[bytes], also: str | Non
             p.send(m)
 
 
-def test_amqp_queue_batch_and_stream(spark, amqp_cluster, tmp_path):
-    addr = amqp_cluster["addr"]
+def test_amqp_queue_batch_and_stream(spark, dispatch_cluster, tmp_path):
+    addr = dispatch_cluster["addr"]
     topic_with_queues(addr, "AmqpStoreT", 2)
     publish_to_queue(addr, "other", [b"x0", b"x1"])
     publish_to_queue(addr, "orders", [f"o{i}".encode() for i in range(5)], also="other")
@@ -60,8 +52,8 @@ def test_amqp_queue_batch_and_stream(spark, amqp_cluster, tmp_path):
     assert len(q.recentProgress) >= 3
 
 
-def test_amqp_queue_option_errors(spark, amqp_cluster):
-    addr = amqp_cluster["addr"]
+def test_amqp_queue_option_errors(spark, dispatch_cluster):
+    addr = dispatch_cluster["addr"]
     for extra, match in ((("subscribe", "T"), "excludes"), (("mqttTopic", "a/#"), "excludes")):
         with pytest.raises(Exception, match=match):
             spark.read.format("lmq").option("lmq.namesrv", addr).option("amqpQueue", "q") \

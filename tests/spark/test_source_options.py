@@ -7,23 +7,9 @@ import time
 
 import pytest
 
-from tests.spark.conftest import send_to_queues, topic_with_queues
+from tests.spark.conftest import reader, send_to_queues, stream, topic_with_queues
 
 pytestmark = pytest.mark.slow
-
-
-def reader(spark, addr, **opts):
-    r = spark.read.format("lmq").option("lmq.namesrv", addr)
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load()
-
-
-def stream(spark, addr, **opts):
-    r = spark.readStream.format("lmq").option("lmq.namesrv", addr)
-    for k, v in opts.items():
-        r = r.option(k, v)
-    return r.load()
 
 
 def test_subscribe_pattern_batch_and_topics_created_while_streaming(spark, lmq_cluster, tmp_path):

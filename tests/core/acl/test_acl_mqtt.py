@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 
 import pytest
 import trio
@@ -15,6 +14,7 @@ from core.common.properties import MessageConst
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.embedded import MqttService, run_standalone
 from tests.core.acl.acl_cluster import GATEWAY, USER, acl_cluster
+from tests.trio_thread import TrioThread
 
 pytest.importorskip("paho.mqtt.client")
 from tests.gateway.mqtt.server_harness import Client  # noqa: E402
@@ -47,11 +47,12 @@ admin = true
 """
 
 
-class ThreadedAclGateway:
+class ThreadedAclGateway(TrioThread):
     """Broker + name server with ACL, an embedded MQTT gateway, and optionally a
     stand-alone gateway reaching them over TCP, in a background trio thread."""
 
     def __init__(self, standalone: bool = False) -> None:
+        super().__init__()
         self.root = tempfile.mkdtemp(prefix="lmq-acl-mqtt-")
         acl = os.path.join(self.root, "mqtt.acl")
         with open(acl, "w") as fh:
@@ -60,26 +61,12 @@ class ThreadedAclGateway:
                                            acl_file=acl))
         self.standalone = standalone
         self.standalone_gateway = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
 
     def __enter__(self) -> ThreadedAclGateway:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(60), "servers did not start"
-        if self._error is not None:
-            raise self._error
+        self.start_thread("servers")
         return self
 
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            self._error = exc
-            self._ready.set()
-
     async def _main(self) -> None:
-        self.token = trio.lowlevel.current_trio_token()
         self.stop_event = trio.Event()
         async with acl_cluster(ATTACKER_ACL, services=[self.mqtt]) as srv:
             self.srv = srv
@@ -97,9 +84,6 @@ class ThreadedAclGateway:
                     self.standalone_gateway.stop()
                 self.mqtt.stop()
                 nursery.cancel_scope.cancel()
-
-    def call(self, fn, *args):
-        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
     def __exit__(self, *exc: object) -> None:
         try:

@@ -6,10 +6,7 @@ C++ driver scripts of `b_drivers/` and a few protocol shortcuts used by several 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-
-import trio
 
 from core.common.codec import decode_records
 from core.common.message import MessageExt
@@ -22,6 +19,7 @@ from tests.core.broker.harness import (
     sync_invoke,
     wait_until,
 )
+from tests.core.client.cluster import wait_for
 
 B_DRIVERS = Path(__file__).resolve().parent / "b_drivers"
 
@@ -126,14 +124,6 @@ async def messages(client, addr: str, topic: str, queue_id: int = 0) -> list[Mes
 
 
 async def wait_async(predicate, timeout: float, what: str = "condition", interval: float = 0.05):
-    """Poll the (sync or async) `predicate` until it returns a true value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if hasattr(value, "__await__"):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await trio.sleep(interval)
+    """Poll the (sync or async) `predicate` until it returns a true value (wait_for, with
+    what is awaited third)."""
+    return await wait_for(predicate, timeout, interval, what)

@@ -207,6 +207,20 @@ def route_of(namesrv_addr: str, topic: str) -> dict | None:
     return json.loads(resp.body_bytes())
 
 
+def create_topic(addr: str, topic: str, queues: int = 4) -> None:
+    """UPDATE_AND_CREATE_TOPIC on one broker (read/write queues, perm RW)."""
+    resp = sync_invoke(addr, RemotingCommand.request(17, {
+        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+        "writeQueueNums": str(queues), "perm": "6", "topicFilterType": "SINGLE_TAG"}))
+    assert resp.code == 0, resp.remark
+
+
+def has_topic(addr: str, topic: str) -> bool:
+    """Whether a broker holds `topic` (GET_ALL_TOPIC_CONFIG)."""
+    resp = sync_invoke(addr, RemotingCommand.request(21, {}))
+    return topic in json.loads(resp.body_bytes())["topicConfigTable"]
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.2,
                what: str = "condition"):
     deadline = time.monotonic() + timeout

@@ -14,6 +14,7 @@ from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     Driver,
     ServerProcess,
+    create_topic,
     route_of,
     run_driver,
     sync_invoke,
@@ -57,9 +58,7 @@ def test_kill_9_and_restart_keeps_messages_offsets_topics(tmp_path):
     data = tmp_path / "data"
     server = ServerProcess(data, config_text=FAST_OFFSETS).start()
     try:
-        assert sync_invoke(server.broker_addr, req(
-            17, topic="Durable", defaultTopic="TBW102", readQueueNums=4, writeQueueNums=4,
-            perm=6, topicFilterType="SINGLE_TAG")).code == 0
+        create_topic(server.broker_addr, "Durable", 4)
         sent = produce(server.namesrv_addr, "Durable", 20)
         assert sync_invoke(server.broker_addr, req(
             15, consumerGroup="CID_D", topic="Durable", queueId=1, commitOffset=3)).code == 0
@@ -104,16 +103,24 @@ def test_sigterm_unregisters_and_persists(tmp_path):
         ns.kill()
 
 
-def test_two_brokers_failover_and_route_expiry(tmp_path):
-    cfg = FAST_EXPIRY
-    a = ServerProcess(tmp_path / "a", broker_name="broker-a", config_text=cfg).start()
+def _brokers_a_and_b(tmp_path) -> tuple[ServerProcess, ServerProcess]:
+    """broker-a with its name server (routes expire fast) and broker-b registered there."""
+    a = ServerProcess(tmp_path / "a", broker_name="broker-a", config_text=FAST_EXPIRY).start()
     b = ServerProcess(tmp_path / "b", namesrv_addr=a.namesrv_addr, broker_name="broker-b",
                       config_text="register_interval_s = 1.0\n").start()
+    return a, b
+
+
+def _only_on_broker_a(namesrv: str, topic: str) -> bool:
+    r = route_of(namesrv, topic)
+    return r is not None and {q["brokerName"] for q in r["queueDatas"]} == {"broker-a"}
+
+
+def test_two_brokers_failover_and_route_expiry(tmp_path):
+    a, b = _brokers_a_and_b(tmp_path)
     try:
         for broker in (a, b):
-            assert sync_invoke(broker.broker_addr, req(
-                17, topic="Spread", defaultTopic="TBW102", readQueueNums=4, writeQueueNums=4,
-                perm=6, topicFilterType="SINGLE_TAG")).code == 0
+            create_topic(broker.broker_addr, "Spread", 4)
         route = route_of(a.namesrv_addr, "Spread")
         assert {q["brokerName"] for q in route["queueDatas"]} == {"broker-a", "broker-b"}
         # A producer with both brokers in its route loses broker-b mid-run: sends that pick
@@ -134,12 +141,8 @@ def test_two_brokers_failover_and_route_expiry(tmp_path):
         on_a = set(bodies_in(a.broker_addr, "Spread"))
         assert after_kill and set(after_kill) <= on_a
         produce(a.namesrv_addr, "Spread", 12, prefix="after")  # a fresh producer: all on a
-
-        def b_gone():
-            r = route_of(a.namesrv_addr, "Spread")
-            return r is not None and {q["brokerName"] for q in r["queueDatas"]} == {"broker-a"}
-
-        wait_until(b_gone, 20, what="broker-b's route to expire")
+        wait_until(lambda: _only_on_broker_a(a.namesrv_addr, "Spread"), 20,
+                   what="broker-b's route to expire")
     finally:
         b.kill()
         assert a.stop() == 0, a.log()
@@ -148,22 +151,13 @@ def test_two_brokers_failover_and_route_expiry(tmp_path):
 def test_silent_broker_expires_from_routes(tmp_path):
     """A broker that stops answering without closing its connection (SIGSTOP) is dropped
     by the name server after `broker_expiry_s`; producers then only see the live one."""
-    cfg = FAST_EXPIRY
-    a = ServerProcess(tmp_path / "a", broker_name="broker-a", config_text=cfg).start()
-    b = ServerProcess(tmp_path / "b", namesrv_addr=a.namesrv_addr, broker_name="broker-b",
-                      config_text="register_interval_s = 1.0\n").start()
+    a, b = _brokers_a_and_b(tmp_path)
     try:
         for broker in (a, b):
-            assert sync_invoke(broker.broker_addr, req(
-                17, topic="Frozen", defaultTopic="TBW102", readQueueNums=2, writeQueueNums=2,
-                perm=6, topicFilterType="SINGLE_TAG")).code == 0
+            create_topic(broker.broker_addr, "Frozen", 2)
         b.proc.send_signal(signal.SIGSTOP)
-
-        def b_gone():
-            r = route_of(a.namesrv_addr, "Frozen")
-            return r is not None and {q["brokerName"] for q in r["queueDatas"]} == {"broker-a"}
-
-        wait_until(b_gone, 20, what="broker-b to expire")
+        wait_until(lambda: _only_on_broker_a(a.namesrv_addr, "Frozen"), 20,
+                   what="broker-b to expire")
         produce(a.namesrv_addr, "Frozen", 6, prefix="live")
         assert len(bodies_in(a.broker_addr, "Frozen", queues=2)) == 6
     finally:

@@ -16,6 +16,7 @@ from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     Driver,
     ServerProcess,
+    create_topic,
     run_driver,
     sync_invoke,
     wait_until,
@@ -29,13 +30,6 @@ def server(tmp_path_factory):
     proc = ServerProcess(tmp_path_factory.mktemp("cpp") / "data").start()
     yield proc
     assert proc.stop() == 0, proc.log()
-
-
-def create_topic(server: ServerProcess, topic: str, queues: int = 4) -> None:
-    resp = sync_invoke(server.broker_addr, RemotingCommand.request(17, {
-        "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues,
-        "writeQueueNums": queues, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
-    assert resp.code == 0, resp.remark
 
 
 def produce(server, topic, count, *extra) -> list[dict]:
@@ -79,13 +73,13 @@ def test_sync_send_auto_creates_topic(server):
 
 
 def test_oneway_send(server):
-    create_topic(server, "CppOneway")
+    create_topic(server.broker_addr, "CppOneway")
     produce(server, "CppOneway", 6, "--mode", "oneway")
     wait_until(lambda: sum(max_offsets(server, "CppOneway")) == 6, 10, what="oneway stored")
 
 
 def test_orderly_send_uses_selected_queue(server):
-    create_topic(server, "CppOrderly")
+    create_topic(server.broker_addr, "CppOrderly")
     sent = produce(server, "CppOrderly", 8, "--mode", "orderly")
     assert len(sent) == 8
     got = pull_everything(server, "CppOrderly")
@@ -95,7 +89,7 @@ def test_orderly_send_uses_selected_queue(server):
 
 
 def test_batch_and_compressed_batch(server):
-    create_topic(server, "CppBatch")
+    create_topic(server.broker_addr, "CppBatch")
     produce(server, "CppBatch", 8, "--mode", "batch", "--batch-size", "4", "--prefix", "small")
     # 4 x 1500 bytes: the C++ client zlib-compresses the whole batch (>= 4 KiB, docs/protocol.md §7.8)
     produce(server, "CppBatch", 8, "--mode", "batch", "--batch-size", "4", "--prefix", "big",
@@ -110,7 +104,7 @@ def test_batch_and_compressed_batch(server):
 # ---------------------------------------------------------------------- consumers
 def test_push_clustering_two_instances_share_queues(server):
     topic, group = "CppCluster", "CID_CLUSTER"
-    create_topic(server, topic)
+    create_topic(server.broker_addr, topic)
     a = Driver("push_consumer.py", "--namesrv", server.namesrv_addr, "--group", group,
                "--topic", topic)
     b = Driver("push_consumer.py", "--namesrv", server.namesrv_addr, "--group", group,
@@ -140,7 +134,7 @@ def test_push_clustering_two_instances_share_queues(server):
 
 def test_push_broadcasting_every_instance_gets_all(server):
     topic, group = "CppBroadcast", "CID_BROADCAST"
-    create_topic(server, topic)
+    create_topic(server.broker_addr, topic)
     drivers = [Driver("push_consumer.py", "--namesrv", server.namesrv_addr, "--group", group,
                       "--topic", topic, "--broadcast") for _ in range(2)]
     try:
@@ -158,7 +152,7 @@ def test_push_broadcasting_every_instance_gets_all(server):
 
 def test_push_orderly_keeps_queue_order(server):
     topic, group = "CppOrderlyConsume", "CID_ORDERLY"
-    create_topic(server, topic)
+    create_topic(server.broker_addr, topic)
     sent = produce(server, topic, 24, "--mode", "orderly")
     d = Driver("push_consumer.py", "--namesrv", server.namesrv_addr, "--group", group,
                "--topic", topic, "--orderly")
@@ -177,7 +171,7 @@ def test_push_orderly_keeps_queue_order(server):
 
 def test_tag_filtered_push_consumer(server):
     topic, group = "CppTags", "CID_TAGS"
-    create_topic(server, topic)
+    create_topic(server.broker_addr, topic)
     produce(server, topic, 6, "--tag", "TagA", "--prefix", "a")
     produce(server, topic, 6, "--tag", "TagB", "--prefix", "b")
     d = Driver("push_consumer.py", "--namesrv", server.namesrv_addr, "--group", group,
@@ -198,7 +192,7 @@ def test_tag_filtered_push_consumer(server):
 
 
 def test_pull_consumer(server):
-    create_topic(server, "CppPull")
+    create_topic(server.broker_addr, "CppPull")
     sent = produce(server, "CppPull", 10, "--tag", "P")
     got = pull_everything(server, "CppPull", group="CID_PULL")
     assert sorted(m["body"] for m in got) == sorted(e["body"] for e in sent)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -89,6 +90,30 @@ async def _serve(root: str, n_brokers: int, broker_kw: dict) -> AsyncIterator[Cl
                 srv.stop()
 
 
+def start_cluster(**broker_kw: Any) -> tuple[dict, Any]:
+    """A `cluster()` served from a background thread (its own trio run), for tests whose
+    body is blocking code: (box, stop), box holding `addr` (name server), `broker` (its
+    address) and `cluster`; stop() ends it."""
+    ready = threading.Event()
+    box: dict = {}
+
+    async def main():
+        async with cluster(**broker_kw) as c:
+            box.update(addr=c.namesrv_addr, broker=c.broker_addrs[0], cluster=c,
+                       token=trio.lowlevel.current_trio_token(), stop=trio.Event())
+            ready.set()
+            await box["stop"].wait()
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    assert ready.wait(30), "cluster did not start"
+
+    def stop():
+        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
+        thread.join(30)
+    return box, stop
+
+
 async def wait_registered(namesrv_addr: str, n_brokers: int) -> None:
     """Until the name server lists `n_brokers` brokers (registration is asynchronous)."""
     from core.client.instance import ClientInstance
@@ -137,17 +162,19 @@ class BrokerProcess:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> None:
-    """Poll `predicate()` (plain or async) until true; fail the test after `timeout`."""
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05,
+                   what: str = "condition"):
+    """Poll `predicate()` (plain or async) until it returns a true value, which is returned;
+    fail the test after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if hasattr(value, "__await__"):
             value = await value
         if value:
-            return
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"timed out waiting for {what}")
         await trio.sleep(interval)
 
 

@@ -28,6 +28,18 @@ def _beat(c, bid, epoch=0, offset=0, start=None):
                        offset, start, {})
 
 
+def _master_1_with_slave_2(tmp_path, in_sync: bool = True) -> tuple[Controller, int]:
+    """A controller where broker 1 holds the lease and broker 2 reported (in the in-sync
+    set when `in_sync`): the controller and the in-sync set's version before that."""
+    c = _controller(tmp_path)
+    _beat(c, 1)
+    v = _beat(c, 1, epoch=1, start=0)["syncVersion"]
+    _beat(c, 2)
+    if in_sync:
+        assert c.alter_sync_set("bk", 1, 1, v, {1, 2})[0]
+    return c, v
+
+
 def run(fn):
     clock = trio.testing.MockClock(autojump_threshold=0)
     trio.run(fn, clock=clock)
@@ -79,10 +91,7 @@ def test_only_in_sync_slaves_are_elected(tmp_path):
 
 def test_sync_set_changes_need_the_current_version_and_lease(tmp_path):
     async def main():
-        c = _controller(tmp_path)
-        _beat(c, 1)
-        v = _beat(c, 1, epoch=1, start=0)["syncVersion"]
-        _beat(c, 2)
+        c, v = _master_1_with_slave_2(tmp_path, in_sync=False)
         assert not c.alter_sync_set("bk", 2, 1, v, {1, 2})[0]  # not the master
         assert not c.alter_sync_set("bk", 1, 1, v - 1, {1, 2})[0]  # stale version
         assert not c.alter_sync_set("bk", 1, 0, v, {1, 2})[0]  # old epoch
@@ -97,11 +106,7 @@ def test_sync_set_changes_need_the_current_version_and_lease(tmp_path):
 
 def test_restarted_controller_keeps_epochs_and_waits_a_lease(tmp_path):
     async def main():
-        c = _controller(tmp_path)
-        _beat(c, 1)
-        v = _beat(c, 1, epoch=1, start=0)["syncVersion"]
-        _beat(c, 2)
-        assert c.alter_sync_set("bk", 1, 1, v, {1, 2})[0]
+        c, _v = _master_1_with_slave_2(tmp_path)
         await c._persist()
         c2 = _controller(tmp_path)
         async with trio.open_nursery() as nursery:
@@ -122,11 +127,7 @@ def test_restarted_controller_keeps_epochs_and_waits_a_lease(tmp_path):
 
 def test_manual_switch_waits_for_the_lease_then_elects_the_target(tmp_path):
     async def main():
-        c = _controller(tmp_path)
-        _beat(c, 1)
-        v = _beat(c, 1, epoch=1, start=0)["syncVersion"]
-        _beat(c, 2)
-        assert c.alter_sync_set("bk", 1, 1, v, {1, 2})[0]
+        c, _v = _master_1_with_slave_2(tmp_path)
         assert c.request_switch("bk", 3) is not None  # not in sync
         assert c.request_switch("bk", 2) is None
         assert _beat(c, 1, epoch=1, start=0)["leaseMs"] == 0  # no more renewals

@@ -56,14 +56,20 @@ async def _topic(client, broker):
     assert resp.code == 0, resp.remark
 
 
+async def _master_1_slave_2(client, broker):
+    """Broker 1 as master with a lease, broker 2 in its in-sync set, TOPIC created."""
+    b1 = await broker(1)
+    await wait_for(b1.ha_link.can_write)
+    b2 = await broker(2)
+    await wait_for(lambda: 2 in b1.ha_link.sync_set)
+    await _topic(client, b1)
+    return b1, b2
+
+
 def test_lease_lapses_then_an_in_sync_slave_takes_over_with_every_acked_message(tmp_path):
     async def main():
         async with controlled(tmp_path) as (client, ns, ns_addr, broker, restarts):
-            b1 = await broker(1)
-            await wait_for(b1.ha_link.can_write)
-            b2 = await broker(2)
-            await wait_for(lambda: 2 in b1.ha_link.sync_set)
-            await _topic(client, b1)
+            b1, b2 = await _master_1_slave_2(client, broker)
             # b2 refuses writes: it has no lease
             resp = await client.invoke(b2.broker_addr, send_request(TOPIC, b"no"))
             assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE
@@ -125,11 +131,7 @@ async def _admin(*args: str) -> dict | str:
 def test_admin_shows_roles_and_lag_and_switches_by_hand(tmp_path):
     async def main():
         async with controlled(tmp_path) as (client, ns, ns_addr, broker, restarts):
-            b1 = await broker(1)
-            await wait_for(b1.ha_link.can_write)
-            b2 = await broker(2)
-            await wait_for(lambda: 2 in b1.ha_link.sync_set)
-            await _topic(client, b1)
+            b1, b2 = await _master_1_slave_2(client, broker)
             for i in range(10):
                 resp = await client.invoke(b1.broker_addr, send_request(TOPIC, b"x%d" % i))
                 assert resp.code == ResponseCode.SUCCESS

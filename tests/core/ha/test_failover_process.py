@@ -10,12 +10,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -24,117 +21,15 @@ import trio
 from core.client import ClientInstance, Message, Producer
 from core.client.errors import MQClientError
 from core.client.model import SendStatus
-from core.common.codec import decode_records
-from core.remoting.codec import FrameDecoder, RemotingCommand, encode_command_bytes
-from tests.core.broker.harness import (
-    REPO,
-    ServerProcess,
-    free_port,
-    pull_request,
-    send_request,
-    sync_invoke,
-    wait_until,
-)
+from core.remoting.codec import FrameDecoder, encode_command_bytes
+from tests.core.broker.harness import send_request, sync_invoke, wait_until
+from tests.core.ha.process_cluster import CONFIG, QUEUES, TOPIC, pull_queue, started
 
 pytestmark = pytest.mark.slow
 
-TOPIC = "FailoverT"
-QUEUES = 4
-CONFIG = ('ha_secret = "failover-process-secret"\nbroker_role = "SYNC_MASTER"\n'
-          "ha_config_sync_s = 1.0\n")
-GET_STATE = 900103
-
-
-class Cluster:
-    def __init__(self, tmp_path, config: str = CONFIG):
-        self.tmp = tmp_path
-        self.config = config
-        port = free_port()
-        self.ns_addr = f"127.0.0.1:{port}"
-        log = open(tmp_path / "namesrv.log", "ab")
-        self.ns = subprocess.Popen(
-            [sys.executable, "-m", "lmq", "namesrv", "--port", str(port), "--controller",
-             "--controller-dir", str(tmp_path / "ctl")],
-            cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        wait_until(self._ns_up, 30, what="name server")
-        self.brokers: dict[int, ServerProcess] = {}
-
-    def _ns_up(self) -> bool:
-        try:
-            return sync_invoke(self.ns_addr, RemotingCommand.request(GET_STATE, {})).code == 0
-        except OSError:
-            return False
-
-    def broker(self, bid: int) -> ServerProcess:
-        b = self.brokers.get(bid)
-        if b is None:
-            b = self.brokers[bid] = ServerProcess(
-                self.tmp / f"b{bid}", namesrv_addr=self.ns_addr, broker_name="bk",
-                config_text=self.config,
-                extra_args=("--broker-id", str(bid), "--controller-addr", self.ns_addr,
-                            "--ha-port", str(free_port())))
-        return b.start()
-
-    def state(self) -> dict:
-        resp = sync_invoke(self.ns_addr, RemotingCommand.request(GET_STATE, {}))
-        return json.loads(resp.body_bytes()).get("bk", {})
-
-    def master(self) -> ServerProcess | None:
-        st = self.state()
-        lease = st.get("leaseLeftS", 0) > 0
-        return self.brokers.get(st.get("masterId")) if lease else None
-
-    def in_sync(self, n: int) -> bool:
-        return len(self.state().get("syncStateSet", [])) >= n
-
-    def close(self) -> None:
-        os.kill(self.ns.pid, signal.SIGCONT)
-        for b in self.brokers.values():
-            if b.proc is not None and b.proc.poll() is None:
-                os.kill(b.proc.pid, signal.SIGCONT)
-            b.kill()
-        self.ns.kill()
-        self.ns.wait(10)
-
-
-def _create_topic(addr: str) -> None:
-    resp = sync_invoke(addr, RemotingCommand.request(17, {
-        "topic": TOPIC, "defaultTopic": "TBW102", "readQueueNums": QUEUES,
-        "writeQueueNums": QUEUES, "perm": 6, "topicFilterType": "SINGLE_TAG"}))
-    assert resp.code == 0, resp.remark
-
-
-def _pull_queue(addr: str, qid: int) -> list[bytes]:
-    out, offset = [], 0
-    while True:
-        resp = sync_invoke(addr, pull_request("G", TOPIC, qid, offset))
-        if resp.code != 0:
-            return out
-        out += [m.body for m in decode_records(resp.body_bytes())]
-        offset = int(resp.ext_fields["nextBeginOffset"])
-
-
-def _started(tmp_path, config: str = CONFIG) -> Cluster:
-    c = Cluster(tmp_path, config)
-    c.broker(1)
-    wait_until(lambda: c.master() is not None, 20, what="a master")
-    other = 2 if c.state()["masterId"] == 1 else 1
-    c.broker(other)
-    wait_until(lambda: c.in_sync(2), 30, what="in-sync slave")
-    _create_topic(c.master().broker_addr)
-    slave = c.brokers[other if c.state()["masterId"] != other else 1]
-    wait_until(lambda: _has_topic(slave.broker_addr), 30, what="topic on the slave")
-    return c
-
-
-def _has_topic(addr: str) -> bool:
-    resp = sync_invoke(addr, RemotingCommand.request(21, {}))  # GET_ALL_TOPIC_CONFIG
-    return TOPIC in json.loads(resp.body_bytes())["topicConfigTable"]
-
 
 def test_master_killed_mid_stream_loses_no_acknowledged_message(tmp_path):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         old = c.master()
         acked: list[tuple[int, int, bytes]] = []  # (sender, queue, body), SEND_OK only
@@ -193,7 +88,7 @@ def test_master_killed_mid_stream_loses_no_acknowledged_message(tmp_path):
         assert first_new - last_old < 10
         new = c.master()
         assert new is not None and new is not old
-        by_queue: dict[int, list[bytes]] = {q: _pull_queue(new.broker_addr, q)
+        by_queue: dict[int, list[bytes]] = {q: pull_queue(new.broker_addr, q)
                                             for q in range(QUEUES)}
         for q, bodies in by_queue.items():
             assert len(bodies) == len(set(bodies)), f"queue {q} holds duplicates"
@@ -208,7 +103,7 @@ def test_master_killed_mid_stream_loses_no_acknowledged_message(tmp_path):
         everything = {b for _k, _q, b in acked}
 
         def caught_up() -> bool:
-            held = sum((_pull_queue(old.broker_addr, q) for q in range(QUEUES)), [])
+            held = sum((pull_queue(old.broker_addr, q) for q in range(QUEUES)), [])
             return everything <= set(held) and len(held) == len(set(held))
         wait_until(caught_up, 30, what="the old master, now a slave, holding every ack")
     finally:
@@ -216,7 +111,7 @@ def test_master_killed_mid_stream_loses_no_acknowledged_message(tmp_path):
 
 
 def test_master_paused_past_its_lease_accepts_no_write_when_resumed(tmp_path):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
         old = c.master()
         old_id = c.state()["masterId"]
@@ -262,7 +157,7 @@ def test_master_paused_past_its_lease_accepts_no_write_when_resumed(tmp_path):
         # It comes back as an in-sync slave of the new master.
         wait_until(lambda: c.in_sync(2), 60, what="old master back in sync")
         assert c.state()["masterId"] != old_id
-        held = b"".join(sum((_pull_queue(new.broker_addr, q) for q in range(QUEUES)), []))
+        held = b"".join(sum((pull_queue(new.broker_addr, q) for q in range(QUEUES)), []))
         assert b"stale" not in held
     finally:
         c.close()
@@ -272,7 +167,7 @@ def test_async_master_loss_window_on_failover(tmp_path):
     """ASYNC_MASTER: what a failover loses is what the slave had not received yet. The
     test measures it (printed; docs/ha.md) and checks that nothing is duplicated and
     that every lost message was among the last ones acknowledged before the kill."""
-    c = _started(tmp_path, CONFIG.replace("SYNC_MASTER", "ASYNC_MASTER"))
+    c = started(tmp_path, CONFIG.replace("SYNC_MASTER", "ASYNC_MASTER"))
     try:
         old = c.master()
         acked: dict[bytes, float] = {}  # body -> when acknowledged
@@ -307,7 +202,7 @@ def test_async_master_loss_window_on_failover(tmp_path):
         wait_until(lambda: c.master() is not None and c.master() is not old, 30,
                    what="the new master")
         new = c.master()
-        held = sum((_pull_queue(new.broker_addr, q) for q in range(QUEUES)), [])
+        held = sum((pull_queue(new.broker_addr, q) for q in range(QUEUES)), [])
         assert len(held) == len(set(held))
         lost = sorted(t for b, t in acked.items() if b not in set(held))
         window_ms = (max(acked.values()) - lost[0]) * 1000 if lost else 0.0

@@ -3,39 +3,22 @@ acknowledged, because the slave already holds it (docs/ha.md)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from core.common.codec import decode_records
-from core.remoting.codec import RemotingCommand
 from tests.core.broker.harness import (
     ServerProcess,
+    create_topic,
     free_port,
-    pull_request,
+    has_topic,
     send_request,
     sync_invoke,
     wait_until,
 )
+from tests.core.ha.process_cluster import pull_queue
 
 pytestmark = pytest.mark.slow
 
 SECRET_TOML = 'ha_secret = "process-test-secret"\n'
-
-
-def _pull_all(addr: str, topic: str, queue_id: int) -> list[bytes]:
-    out, offset = [], 0
-    while True:
-        resp = sync_invoke(addr, pull_request("G", topic, queue_id, offset))
-        if resp.code != 0:
-            return out
-        out += [m.body for m in decode_records(resp.body_bytes())]
-        offset = int(resp.ext_fields["nextBeginOffset"])
-
-
-def _slave_has_topic(addr: str, topic: str) -> bool:
-    resp = sync_invoke(addr, RemotingCommand.request(21, {}))
-    return topic in json.loads(resp.body_bytes())["topicConfigTable"]
 
 
 def test_sync_master_killed_slave_holds_every_acknowledged_message(tmp_path):
@@ -47,16 +30,14 @@ def test_sync_master_killed_slave_holds_every_acknowledged_message(tmp_path):
     slave = None
     try:
         topic = "HaProc"
-        assert sync_invoke(master.broker_addr, RemotingCommand.request(17, {
-            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": 2, "writeQueueNums": 2,
-            "perm": 6, "topicFilterType": "SINGLE_TAG"})).code == 0
+        create_topic(master.broker_addr, topic, 2)
         slave = ServerProcess(
             tmp_path / "s", namesrv_addr=master.namesrv_addr, broker_name="bk",
             config_text=SECRET_TOML + "ha_config_sync_s = 0.5\n",
             extra_args=("--broker-role", "SLAVE", "--broker-id", "1",
                         "--ha-master-address", f"127.0.0.1:{ha_port}"),
         ).start()
-        wait_until(lambda: _slave_has_topic(slave.broker_addr, topic), 20, what="topic synced")
+        wait_until(lambda: has_topic(slave.broker_addr, topic), 20, what="topic synced")
         # The slave is connected once a send to the master is fully acknowledged.
         wait_until(lambda: sync_invoke(master.broker_addr, send_request(topic, b"probe")).code == 0,
                    20, what="slave connected")
@@ -68,7 +49,7 @@ def test_sync_master_killed_slave_holds_every_acknowledged_message(tmp_path):
                 acked.append(body)
         assert len(acked) > 100
         master.kill()
-        held = _pull_all(slave.broker_addr, topic, 0) + _pull_all(slave.broker_addr, topic, 1)
+        held = pull_queue(slave.broker_addr, 0, topic) + pull_queue(slave.broker_addr, 1, topic)
         assert set(acked) <= set(held)
         assert len(held) == len(set(held))
         # A slave refuses writes (RocketMQ: SERVICE_NOT_AVAILABLE from a slave store).

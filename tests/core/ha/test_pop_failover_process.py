@@ -10,10 +10,9 @@ import pytest
 import trio
 
 from core.broker.pop.journal import PopJournal
-from core.client.pop_consumer import PopClient
 from core.remoting.client import RemotingClient
-from tests.core.broker.harness import send_request, wait_until
-from tests.core.ha.test_failover_process import TOPIC, _started
+from tests.core.broker.harness import wait_until
+from tests.core.ha.process_cluster import TOPIC, pop_the_rest, send_and_pop, started
 
 pytestmark = pytest.mark.slow
 
@@ -37,23 +36,13 @@ def _journal_state(data_dir) -> tuple[int, set[int]]:
 
 
 def test_pop_acks_survive_master_kill_9(tmp_path):
-    c = _started(tmp_path)
+    c = started(tmp_path)
     try:
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
 
         async def before():
             async with RemotingClient(request_timeout=10.0) as client:
-                for i in range(N):
-                    r = await client.invoke(old.broker_addr,
-                                            send_request(TOPIC, b"m%02d" % i, queue_id=0))
-                    assert r.code == 0, r.remark
-                pc = PopClient(client, old.broker_addr, "bk", GROUP)
-                got = []
-                while len(got) < POPPED:
-                    res = await pc.pop(TOPIC, queue_id=0, max_nums=POPPED - len(got),
-                                       invisible_ms=600_000)
-                    got += res.messages
+                pc, got = await send_and_pop(client, old.broker_addr, GROUP, N, POPPED)
                 for m in got:
                     if int(m.body[1:]) % 2 == 0:  # even offsets acked, odd ones in flight
                         assert await pc.ack(m)
@@ -65,25 +54,7 @@ def test_pop_acks_survive_master_kill_9(tmp_path):
         old.kill()
         wait_until(lambda: c.master() is slave, 30, what="the slave promoted")
 
-        async def after():
-            async with RemotingClient(request_timeout=10.0) as client:
-                pc = PopClient(client, slave.broker_addr, "bk", GROUP)
-                bodies: list[bytes] = []
-                with trio.move_on_after(8):
-                    while len(bodies) < N - POPPED:
-                        res = await pc.pop(TOPIC, queue_id=0, max_nums=32, invisible_ms=60_000)
-                        bodies += [m.body for m in res.messages]
-                        if not res.messages:
-                            await trio.sleep(0.2)
-                # A little longer: nothing else may come.
-                with trio.move_on_after(1.5):
-                    while True:
-                        res = await pc.pop(TOPIC, queue_id=0, max_nums=32, invisible_ms=60_000)
-                        bodies += [m.body for m in res.messages]
-                        await trio.sleep(0.2)
-                return bodies
-
-        bodies = trio.run(after)
+        bodies = pop_the_rest(slave.broker_addr, GROUP, N - POPPED)
         assert sorted(bodies) == [b"m%02d" % i for i in range(POPPED, N)]
     finally:
         c.close()

@@ -12,10 +12,9 @@ import signal
 import pytest
 import trio
 
-from core.client.pop_consumer import PopClient
 from core.remoting.client import RemotingClient
-from tests.core.broker.harness import send_request, wait_until
-from tests.core.ha.test_failover_process import CONFIG, TOPIC, _started
+from tests.core.broker.harness import wait_until
+from tests.core.ha.process_cluster import CONFIG, pop_the_rest, send_and_pop, started
 
 pytestmark = pytest.mark.slow
 
@@ -24,23 +23,13 @@ N, POPPED = 10, 6
 
 
 def test_sync_ack_waits_for_a_stopped_slave_and_survives_kill_9(tmp_path):
-    c = _started(tmp_path, CONFIG + "sync_slave_timeout_s = 60.0\n")
+    c = started(tmp_path, CONFIG + "sync_slave_timeout_s = 60.0\n")
     try:
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        old, slave = c.master_and_slave()
 
         async def before():
             async with RemotingClient(request_timeout=30.0) as client:
-                for i in range(N):
-                    r = await client.invoke(old.broker_addr,
-                                            send_request(TOPIC, b"m%02d" % i, queue_id=0))
-                    assert r.code == 0, r.remark
-                pc = PopClient(client, old.broker_addr, "bk", GROUP)
-                got = []
-                while len(got) < POPPED:
-                    res = await pc.pop(TOPIC, queue_id=0, max_nums=POPPED - len(got),
-                                       invisible_ms=600_000)
-                    got += res.messages
+                pc, got = await send_and_pop(client, old.broker_addr, GROUP, N, POPPED)
                 for m in got[:-1]:
                     assert await pc.ack(m)
                 answers: list[bool] = []
@@ -66,24 +55,7 @@ def test_sync_ack_waits_for_a_stopped_slave_and_survives_kill_9(tmp_path):
         old.kill()  # -9, right after the last ack was answered
         wait_until(lambda: c.master() is slave, 30, what="the slave promoted")
 
-        async def after():
-            async with RemotingClient(request_timeout=10.0) as client:
-                pc = PopClient(client, slave.broker_addr, "bk", GROUP)
-                bodies: list[bytes] = []
-                with trio.move_on_after(8):
-                    while len(bodies) < N - POPPED:
-                        res = await pc.pop(TOPIC, queue_id=0, max_nums=32, invisible_ms=60_000)
-                        bodies += [m.body for m in res.messages]
-                        if not res.messages:
-                            await trio.sleep(0.2)
-                with trio.move_on_after(1.5):  # a little longer: nothing else may come
-                    while True:
-                        res = await pc.pop(TOPIC, queue_id=0, max_nums=32, invisible_ms=60_000)
-                        bodies += [m.body for m in res.messages]
-                        await trio.sleep(0.2)
-                return bodies
-
-        bodies = trio.run(after)
+        bodies = pop_the_rest(slave.broker_addr, GROUP, N - POPPED)
         assert sorted(bodies) == [b"m%02d" % i for i in range(POPPED, N)]
     finally:
         c.close()

@@ -3,8 +3,6 @@ broker registering over TLS, our native client producing over TLS, plain peers r
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,19 +21,9 @@ from core.remoting import (
     RequestCode,
 )
 from core.remoting.security import client_ssl_context
+from tests.tls_certs import certs
 
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> tuple[str, str]:
-    # The same way the MQTT TLS tests make theirs (tests/gateway/mqtt).
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return str(cert), str(key)
+__all__ = ["certs"]  # fixture used below
 
 
 def topics_request() -> RemotingCommand:

@@ -12,6 +12,15 @@ def _cq(tmp_path, upf=10):
     return ConsumeQueue(str(tmp_path), "T", 3, upf, deque())
 
 
+def _filled(tmp_path, n: int, size: int = 100) -> ConsumeQueue:
+    """A fresh queue holding `n` units: record i at i * size, `size` bytes, tag code 0."""
+    cq = _cq(tmp_path)
+    cq.load(0)
+    for i in range(n):
+        cq.append(i * size, size, 0)
+    return cq
+
+
 def test_append_and_read_units_across_files(tmp_path):
     cq = _cq(tmp_path)
     cq.load(commitlog_end=0)
@@ -28,10 +37,7 @@ def test_append_and_read_units_across_files(tmp_path):
 
 
 def test_load_finds_max_offset_and_cuts_units_past_the_commitlog_end(tmp_path):
-    cq = _cq(tmp_path)
-    cq.load(0)
-    for i in range(23):
-        cq.append(i * 100, 100, 0)
+    cq = _filled(tmp_path, 23)
     cq.close()
     again = _cq(tmp_path)
     again.load(commitlog_end=100_000)
@@ -46,10 +52,7 @@ def test_load_finds_max_offset_and_cuts_units_past_the_commitlog_end(tmp_path):
 
 
 def test_load_of_exactly_full_files(tmp_path):
-    cq = _cq(tmp_path)
-    cq.load(0)
-    for i in range(20):
-        cq.append(i, 1, 0)
+    cq = _filled(tmp_path, 20, size=1)
     cq.close()
     again = _cq(tmp_path)
     again.load(10**9)
@@ -72,10 +75,7 @@ def test_put_at_is_idempotent_and_keeps_existing_tag_codes(tmp_path):
 
 
 def test_min_offset_and_file_deletion_follow_the_commitlog(tmp_path):
-    cq = _cq(tmp_path)
-    cq.load(0)
-    for i in range(35):
-        cq.append(i * 100, 100, 0)
+    cq = _filled(tmp_path, 35)
     assert cq.min_offset(0) == 0
     assert cq.min_offset(1250) == 13  # first unit at or above 1250 is 1300
     assert cq.delete_expired_files(1250) == 1  # file 0 (units 0..9) all below
@@ -88,10 +88,7 @@ def test_min_offset_and_file_deletion_follow_the_commitlog(tmp_path):
 
 
 def test_retention_of_a_queue_that_is_not_loaded(tmp_path):
-    cq = _cq(tmp_path)
-    cq.load(0)
-    for i in range(25):
-        cq.append(i * 100, 100, 0)
+    cq = _filled(tmp_path, 25)
     cq.close()
     qdir = str(tmp_path / "T" / "3")
     assert delete_expired_files_on_disk(qdir, 10 * UNIT_SIZE, 1500) == 1

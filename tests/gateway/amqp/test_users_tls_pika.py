@@ -3,7 +3,6 @@ AMQPS listener, driven by pika over a real broker."""
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import subprocess
 import sys
@@ -17,6 +16,9 @@ from gateway.amqp.users import UserDb, default_db
 from lmq.cli import main as lmq_main
 from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
 from tests.gateway.amqp.test_broker_pika import _closed_with
+from tests.tls_certs import certs
+
+__all__ = ["certs"]  # fixture used below
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -126,18 +128,6 @@ def test_users_vhosts_and_permissions_as_rabbitmq(tmp_path):
     assert in_root == [b"in /", None] and in_app == b"again in /app"
     assert out["bounded match"][0] == 403 and out["match seconds"] < 5
     assert out["carol"]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return str(cert), str(key)
 
 
 def test_amqps_listener_serves_pika_over_tls(tmp_path, certs):

@@ -14,6 +14,7 @@ import trio
 from core.client import ClientInstance
 from tests.core.broker.harness import SMALL_FILES_TOML, free_port
 from tests.gateway.grpc5.harness import drive, wait_port
+from tests.procs import stop_process
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,13 +45,7 @@ class Serve:
         self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
         self.log.close()
 
     def create_topic(self, topic: str) -> None:

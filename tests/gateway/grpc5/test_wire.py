@@ -20,6 +20,7 @@ from gateway.grpc5.config import GrpcConfig
 from gateway.grpc5.proto import messaging_pb2 as pb
 from gateway.grpc5.proto import messaging_pb2_grpc as pbg
 from tests.gateway.grpc5.harness import GrpcCluster
+from tests.tls_certs import self_signed
 
 BODY_LIMIT = 1024
 LITE_QUOTA = 3
@@ -245,16 +246,11 @@ def test_a_cancelled_long_poll_ends_its_broker_side_at_once(cluster, stub):
 
 
 def test_tls(tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    config = GrpcConfig(port=0, tls_certfile=str(cert), tls_keyfile=str(key))
+    cert, key = self_signed(tmp_path)
+    config = GrpcConfig(port=0, tls_certfile=cert, tls_keyfile=key)
     with GrpcCluster(tmp_path, grpc=config) as c:
         c.create_topic("W")
-        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(cert).read_bytes())
         req = pb.QueryRouteRequest(topic=pb.Resource(name="W"))
         with grpc.secure_channel(c.endpoint, creds) as channel:
             resp = pbg.MessagingServiceStub(channel).QueryRoute(req, metadata=META, timeout=10)

@@ -9,17 +9,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.gateway.mqtt.e2e_support import (
     BROKER_TEST_CONFIG,
     DEFAULT_TEST_CONFIG,
     REPO,
+    Client,
     Gateway,
     free_port,
     write_toml,
 )
+from tests.procs import stop_process
 
 
 class _Proc:
@@ -55,13 +60,7 @@ class _Proc:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def log_tail(self, n: int = 3000) -> str:
         try:
@@ -153,3 +152,61 @@ class Cluster:
     def logs(self) -> str:
         parts = [f"--- {gw.root.name}\n{gw.log_tail()}" for gw in self.gateways]
         return "\n".join(parts)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two brokers and two gateways, shared by the tests of a module."""
+    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
+    try:
+        c.gateway()
+        c.gateway()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    """The paho clients a test made (`new_client`), closed at its end."""
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def new_client(made: list[Client], port: int, **kw: Any) -> Client:
+    """A paho client on `port`, kept in `made` (the `clients` fixture) to be closed."""
+    c = Client(port, **kw)
+    made.append(c)
+    return c
+
+
+def connected(made: list[Client], port: int, **kw: Any) -> Client:
+    """new_client(), connected (clean session, no properties)."""
+    c = new_client(made, port, **kw)
+    c.connect()
+    return c
+
+
+def publish_unacked(pub: Client, receiver: Client, topic: str, n: int = 3) -> list:
+    """`pub` publishes u0, u1, ... at QoS 1 and `receiver` (manual acks, none sent) gets
+    them, none a DUP: the messages it holds unacknowledged."""
+    for i in range(n):
+        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
+    held = receiver.receive(n)
+    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(n)]
+    assert not any(m.dup for m in held)
+    return held
+
+
+def resumed_with_dups(made: list[Client], port: int, client_id: str, held: list) -> Client:
+    """The v3.1.1 session `client_id` resumed on `port`: it gets exactly `held` again, with
+    DUP and their packet ids, and nothing more for now."""
+    y = new_client(made, port, client_id=client_id, version=4)
+    assert y.connect(clean_start=False)[1] is True
+    again = y.receive(len(held))
+    assert [(m.payload, m.mid, m.dup) for m in again] == [
+        (m.payload, m.mid, True) for m in held]
+    y.nothing()
+    return y

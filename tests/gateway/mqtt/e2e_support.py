@@ -56,6 +56,7 @@ from gateway.mqtt.packets import (
     Subscribe,
     Subscription,
 )
+from tests.procs import stop_process
 
 REPO = Path(__file__).resolve().parents[3]
 PAHO_VERSION = {3: mqtt.MQTTv31, 4: mqtt.MQTTv311, 5: mqtt.MQTTv5}
@@ -192,13 +193,7 @@ class Gateway:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def restart(self, *, hard: bool = True) -> None:
         """kill -9 (hard) or SIGTERM, then start again on the same ports and data."""

@@ -12,8 +12,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from core.cluster import EmbeddedServer
 from core.namesrv import NamesrvConfig
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.embedded import MqttService
+from tests.trio_thread import TrioThread
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL_STORE = dict(commitlog_file_size=8 * 1024 * 1024, consume_queue_units_per_file=20_000,
@@ -38,11 +40,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class GatewayServer:
+class GatewayServer(TrioThread):
     """Embedded broker + MQTT gateway in a thread. `port` is the MQTT TCP port."""
 
     def __init__(self, data_dir: str | None = None, extra_brokers: int = 0,
                  **mqtt_kw: Any) -> None:
+        super().__init__()
         self.extra_brokers = extra_brokers
         self.own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="lmq-mqtt-test-")
@@ -52,10 +55,6 @@ class GatewayServer:
         self.mqtt_config = MqttConfig(**kw)
         self.service: MqttService | None = None
         self.server: EmbeddedServer | None = None
-        self._token = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
 
     @property
     def gateway(self):
@@ -66,22 +65,10 @@ class GatewayServer:
         return self.gateway.ports["tcp"]
 
     def start(self) -> GatewayServer:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(60), "gateway did not start"
-        if self._error is not None:
-            raise self._error
+        self.start_thread("gateway")
         return self
 
-    def _run(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
-            self._error = exc
-            self._ready.set()
-
     async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
         bc = BrokerConfig(host="127.0.0.1", port=free_port(),
                           data_dir=os.path.join(self.data_dir, "broker"), **SMALL_STORE,
                           apache_strict=os.environ.get("LMQ_TEST_APACHE_STRICT") == "1")
@@ -102,10 +89,6 @@ class GatewayServer:
                 await nursery.start(other.serve)
                 self.others.append(other)
             self._ready.set()
-
-    def call(self, fn, *args):
-        """Run `fn(*args)` in the server's trio thread (sync functions only)."""
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
 
     def stop(self) -> None:
         if self._thread is None:
@@ -260,6 +243,19 @@ class ServeProcess:
                 time.sleep(0.2)
         raise RuntimeError("lmq serve did not open its MQTT port")
 
+    @contextmanager
+    def restarted(self) -> Iterator[ServeProcess]:
+        """Another `lmq serve` on the same data directory, options and ports, started (once
+        this one has ended); stopped at the end of the block."""
+        other = ServeProcess(self.data_dir, self.extra)
+        other.mqtt_port, other.namesrv_port, other.broker_port = (
+            self.mqtt_port, self.namesrv_port, self.broker_port)
+        try:
+            other.start()
+            yield other
+        finally:
+            other.stop()
+
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -272,6 +268,20 @@ class ServeProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+@contextmanager
+def serve_process(extra: list[str] | None = None) -> Iterator[ServeProcess]:
+    """A started `lmq serve` (ServeProcess) in a fresh temporary directory; killed (-9) and
+    its directory removed at the end of the block."""
+    d = tempfile.mkdtemp(prefix="lmq-mqtt-test-")
+    proc = ServeProcess(d, extra)
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.kill9()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class RawClient:

@@ -16,8 +16,8 @@ from gateway.mqtt import cluster_sessions
 from gateway.mqtt.cluster_sessions import ClusterSessions, will_record
 from gateway.mqtt.packets import Properties, Will
 from gateway.routing.route_table import Route
-from tests.gateway.routing.test_route_log import cfg, run, start
-from tests.gateway.routing.test_route_sweep import skewed
+from tests.gateway.routing.test_route_log import run
+from tests.gateway.routing.test_route_sweep import start_skewed
 
 
 def _session(cid: str, exp: int | None, gone: int | None) -> SimpleNamespace:
@@ -26,27 +26,29 @@ def _session(cid: str, exp: int | None, gone: int | None) -> SimpleNamespace:
         "gone": gone})
 
 
+async def _sessions(nursery, on, name: str, swept_by=None) -> ClusterSessions:
+    """The ClusterSessions of gateway `name`, running over the client and broker of the
+    route log `on`; with `swept_by` (a route log), swept in that log's rounds."""
+    link = SimpleNamespace(client=on.client, brokers={on.broker_name: on.addr},
+                           addr=lambda _b: on.addr)
+    cs = ClusterSessions(link, on.addr, on.broker_name, name)
+    await nursery.start(cs.run)
+    if swept_by is not None:
+        swept_by.sweepers.append(partial(cs.sweep_sessions, swept_by))
+    return cs
+
+
 def test_sessions_of_a_vanished_gateway_expire_without_a_client(tmp_path):
     timeout = 60.0
 
     async def fn(gateway):
         skew = [0.0]
-        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", conf))
-            b = await start(nursery, gateway("mqtt-b", conf))
-            skewed(a, skew)
-            skewed(b, skew)
-            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
-                                   addr=lambda _b: a.addr)
-            sessions = {}
-            for gw in ("mqtt-x", "mqtt-a", "mqtt-b"):
-                cs = sessions[gw] = ClusterSessions(link, a.addr, a.broker_name, gw)
-                await nursery.start(cs.run)
-            for name in ("mqtt-a", "mqtt-b"):
-                cs = sessions[name]
-                rl = a if name == "mqtt-a" else b
-                rl.sweepers.append(partial(cs.sweep_sessions, rl))
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
+            b = await start_skewed(nursery, gateway, "mqtt-b", timeout, skew)
+            sweeper = {"mqtt-x": None, "mqtt-a": a, "mqtt-b": b}
+            sessions = {gw: await _sessions(nursery, a, gw, swept_by)
+                        for gw, swept_by in sweeper.items()}
             long_ago = int(time.time() * 1000) - 3_600_000
             written = {  # client id -> (writer, expiry, gone)
                 "dev-exp": ("mqtt-x", 2, long_ago),      # disconnected long ago: expires
@@ -94,15 +96,9 @@ def test_delayed_will_of_a_vanished_gateway_is_published_once(tmp_path):
 
     async def fn(gateway):
         skew = [0.0]
-        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", conf))
-            skewed(a, skew)
-            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
-                                   addr=lambda _b: a.addr)
-            cs = ClusterSessions(link, a.addr, a.broker_name, "mqtt-a")
-            await nursery.start(cs.run)
-            a.sweepers.append(partial(cs.sweep_sessions, a))
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
+            cs = await _sessions(nursery, a, "mqtt-a", swept_by=a)
             sent = []
             cs.on_will = lambda cid, will: sent.append((cid, will))
             now = int(time.time() * 1000)
@@ -115,8 +111,7 @@ def test_delayed_will_of_a_vanished_gateway_is_published_once(tmp_path):
                 cs.post_raw({"c": cid, "g": "mqtt-x", "r": rec, "w": will_record(will, due)})
                 await a.add_route(Route("mqtt", f"{cid}/#", f"L-{cid}", owner=f"p:{cid}"))
             # What a gateway writes on a disconnect with a delayed will (trio clock due).
-            x = ClusterSessions(link, a.addr, a.broker_name, "mqtt-x")
-            await nursery.start(x.run)
+            x = await _sessions(nursery, a, "mqtt-x")
             sess = _session("dev-w", 10**6, now - 5000)
             sess.will, sess.will_due = will, trio.current_time() - 1.0
             sess.offsets_record, sess.inflight_record = dict, list
@@ -157,16 +152,9 @@ def test_sessions_that_never_expire_do_not_starve_the_read_budget(tmp_path, monk
     async def fn(gateway):
         skew = [0.0]
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("mqtt-a", cfg(orphan_timeout_s=timeout,
-                                                            sweep_interval_s=3600.0)))
-            skewed(a, skew)
-            link = SimpleNamespace(client=a.client, brokers={a.broker_name: a.addr},
-                                   addr=lambda _b: a.addr)
-            cs = ClusterSessions(link, a.addr, a.broker_name, "mqtt-a")
-            x = ClusterSessions(link, a.addr, a.broker_name, "mqtt-x")
-            await nursery.start(cs.run)
-            await nursery.start(x.run)
-            a.sweepers.append(partial(cs.sweep_sessions, a))
+            a = await start_skewed(nursery, gateway, "mqtt-a", timeout, skew)
+            await _sessions(nursery, a, "mqtt-a", swept_by=a)
+            x = await _sessions(nursery, a, "mqtt-x")
             gone = int(time.time() * 1000) - 3_600_000
             cids = ["n0", "n1", "n2", "last"]
             for cid in cids:

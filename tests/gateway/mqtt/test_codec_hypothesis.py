@@ -39,24 +39,30 @@ def test_connect_round_trip(version: int, data: Any) -> None:
     assert MqttCodec().feed(wire) == [packet]
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@given(data=st.data())
-@settings(max_examples=300, deadline=None)
-def test_client_to_server_round_trip(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(client_packets(version), min_size=1, max_size=4))
-    sender = _client(version)
-    wire = b"".join(sender.encode(p) for p in packets)
-    assert _server(version).feed(wire) == packets
+def _sent(data: Any, version: int, to_server: bool, max_size: int) -> tuple[list, bytes]:
+    """Packets one side sends (1 to `max_size`, client ones when `to_server`) and their
+    bytes as that side's codec encodes them."""
+    sent_by, sender = ((client_packets, _client) if to_server else (server_packets, _server))
+    packets = data.draw(st.lists(sent_by(version), min_size=1, max_size=max_size))
+    codec = sender(version)
+    return packets, b"".join(codec.encode(p) for p in packets)
+
+
+def _receiver(version: int, to_server: bool) -> MqttCodec:
+    return _server(version) if to_server else _client(version)
+
+
+DIRECTIONS = pytest.mark.parametrize("to_server", [True, False],
+                                     ids=["client-to-server", "server-to-client"])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@DIRECTIONS
 @given(data=st.data())
 @settings(max_examples=300, deadline=None)
-def test_server_to_client_round_trip(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(server_packets(version), min_size=1, max_size=4))
-    sender = _server(version)
-    wire = b"".join(sender.encode(p) for p in packets)
-    assert _client(version).feed(wire) == packets
+def test_round_trip(version: int, to_server: bool, data: Any) -> None:
+    packets, wire = _sent(data, version, to_server, 4)
+    assert _receiver(version, to_server).feed(wire) == packets
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -120,21 +126,13 @@ def mutated(draw: Any, wire: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@DIRECTIONS
 @given(data=st.data())
 @FUZZ
-def test_mutated_client_packets_only_raise_protocol_errors(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(client_packets(version), min_size=1, max_size=3))
-    wire = b"".join(_client(version).encode(p) for p in packets)
-    _feed_safely(_server(version), [data.draw(mutated(wire))])
-
-
-@pytest.mark.parametrize("version", VERSIONS)
-@given(data=st.data())
-@FUZZ
-def test_mutated_server_packets_only_raise_protocol_errors(version: int, data: Any) -> None:
-    packets = data.draw(st.lists(server_packets(version), min_size=1, max_size=3))
-    wire = b"".join(_server(version).encode(p) for p in packets)
-    _feed_safely(_client(version), [data.draw(mutated(wire))])
+def test_mutated_packets_only_raise_protocol_errors(version: int, to_server: bool,
+                                                   data: Any) -> None:
+    _packets, wire = _sent(data, version, to_server, 3)
+    _feed_safely(_receiver(version, to_server), [data.draw(mutated(wire))])
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -117,6 +119,19 @@ def _login(gw, user: str, version: int) -> RawClient:
     return c
 
 
+@contextmanager
+def _logins(gw, *who: tuple[str, int]) -> Iterator[list[RawClient]]:
+    """One logged-in raw client per (user, MQTT version), in order; all closed at the end."""
+    made: list[RawClient] = []
+    try:
+        for user, version in who:
+            made.append(_login(gw, user, version))
+        yield made
+    finally:
+        for c in made:
+            c.close()
+
+
 @pytest.mark.parametrize("version,denied", [(5, 0x87), (4, 0x80)], ids=["v5", "v3.1.1"])
 def test_subscribe_denied_per_filter(secured, version, denied):
     c = _login(secured, "alice", version)
@@ -133,9 +148,7 @@ def test_subscribe_denied_per_filter(secured, version, denied):
 
 
 def test_publish_denied_v5_puback_0x87_and_not_delivered(secured):
-    bob = _login(secured, "bob", 5)
-    alice = _login(secured, "alice", 5)
-    try:
+    with _logins(secured, ("bob", 5), ("alice", 5)) as (bob, alice):
         bob.subscribe(Subscription("bob/#", qos=1))
         ack = alice.publish_qos1("bob/door", b"open", packet_id=1)
         assert ack.reason_code == 0x87
@@ -144,15 +157,10 @@ def test_publish_denied_v5_puback_0x87_and_not_delivered(secured):
         assert bob.publish_qos1("bob/door", b"mine", packet_id=2).reason_code == 0
         got = bob.expect(Publish)
         assert (got.topic, got.payload) == ("bob/door", b"mine")
-    finally:
-        bob.close()
-        alice.close()
 
 
 def test_publish_denied_v311_not_delivered(secured):
-    bob = _login(secured, "bob", 5)
-    alice = _login(secured, "alice", 4)
-    try:
+    with _logins(secured, ("bob", 5), ("alice", 4)) as (bob, alice):
         bob.subscribe(Subscription("bob/#", qos=1))
         alice.send(Publish("bob/door", b"open", qos=1, packet_id=1))
         # 3.1.1 has no negative PUBACK: the server acknowledges or closes; never delivers.
@@ -162,43 +170,28 @@ def test_publish_denied_v311_not_delivered(secured):
         except Exception:  # noqa: BLE001 - closed is also allowed
             pass
         bob.nothing()
-    finally:
-        bob.close()
-        alice.close()
 
 
 def test_acl_allows_what_it_allows(secured):
-    alice = _login(secured, "alice", 5)
-    bob = _login(secured, "bob", 5)
-    try:
+    with _logins(secured, ("alice", 5), ("bob", 5)) as (alice, bob):
         alice.subscribe(Subscription("public/#", qos=1))
         assert bob.publish_qos1("public/news", b"hello", packet_id=1).reason_code == 0
         got = alice.expect(Publish)
         assert (got.topic, got.payload) == ("public/news", b"hello")
         # alice may only read public/#, not write it
         assert alice.publish_qos1("public/news", b"nope", packet_id=1).reason_code == 0x87
-    finally:
-        alice.close()
-        bob.close()
 
 
 def test_acl_user_substitution(secured):
-    alice = _login(secured, "alice", 5)
     # A second connection of alice's publishes: the subscriber's own PUBLISH could
     # otherwise arrive before the PUBACK its publish_qos1 reads.
-    alice_pub = _login(secured, "alice", 5)
-    bob = _login(secured, "bob", 5)
-    try:
+    with _logins(secured, ("alice", 5), ("alice", 5), ("bob", 5)) as (alice, alice_pub, bob):
         ack = alice.subscribe(Subscription("devices/alice/#", qos=1),
                               Subscription("devices/bob/#", qos=1))
         assert list(ack.reason_codes) == [1, 0x87]
         assert bob.publish_qos1("devices/alice/x", b"no", packet_id=1).reason_code == 0x87
         assert alice_pub.publish_qos1("devices/alice/x", b"yes", packet_id=2).reason_code == 0
         assert alice.expect(Publish).payload == b"yes"
-    finally:
-        alice.close()
-        alice_pub.close()
-        bob.close()
 
 
 def test_will_to_a_denied_topic_refused_at_connect(secured):

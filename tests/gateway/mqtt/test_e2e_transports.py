@@ -25,25 +25,16 @@ from tests.gateway.mqtt.e2e_support import (
     uid,
     write_toml,
 )
+from tests.procs import stop_process
+from tests.tls_certs import self_signed
 
 pytestmark = gateway_only
-
-
-def _self_signed(root) -> tuple[str, str]:
-    cert, key = root / "cert.pem", root / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )
-    return str(cert), str(key)
 
 
 @pytest.fixture(scope="module")
 def listeners(tmp_path_factory):
     root = tmp_path_factory.mktemp("gw-listeners")
-    cert, key = _self_signed(root)
+    cert, key = self_signed(root)
     ws_port, tls_port = free_port(), free_port()
     gw = make_gateway(root / "srv", {**DEFAULT_TEST_CONFIG, "ws_port": ws_port,
                                      "tls_port": tls_port, "certfile": cert, "keyfile": key})
@@ -126,13 +117,7 @@ class _Proc:
                                      stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def _wait_port(port: int, proc: _Proc, timeout: float = 60.0, mqtt: bool = False) -> None:

@@ -256,13 +256,20 @@ def test_receive_maximum_exceeded_disconnect_0x93(limited):
         c.close()
 
 
-def test_server_respects_client_receive_maximum(raw, clients):
-    topic = f"e2e/crm/{uid()}"
+def _v5_subscriber_and_publisher(raw, clients, name: str, **connect_properties):
+    """(topic e2e/<name>/..., a raw v5 client connected with `connect_properties` and
+    subscribed to it at QoS 1, a connected paho publisher)."""
+    topic = f"e2e/{name}/{uid()}"
     c = raw(version=5)
-    c.connect("crm-" + uid(), properties=Properties(receive_maximum=2))
+    c.connect(f"{name}-" + uid(), properties=Properties(**connect_properties))
     c.subscribe(Subscription(topic, qos=1))
     pub = clients()
     pub.connect()
+    return topic, c, pub
+
+
+def test_server_respects_client_receive_maximum(raw, clients):
+    topic, c, pub = _v5_subscriber_and_publisher(raw, clients, "crm", receive_maximum=2)
     for i in range(6):
         pub.publish(topic, b"%d" % i, qos=1)
     first = [c.expect(Publish), c.expect(Publish)]
@@ -282,12 +289,7 @@ def test_server_respects_client_receive_maximum(raw, clients):
 
 
 def test_qos0_not_limited_by_receive_maximum(raw, clients):
-    topic = f"e2e/crm0/{uid()}"
-    c = raw(version=5)
-    c.connect("crm0-" + uid(), properties=Properties(receive_maximum=1))
-    c.subscribe(Subscription(topic, qos=1))
-    pub = clients()
-    pub.connect()
+    topic, c, pub = _v5_subscriber_and_publisher(raw, clients, "crm0", receive_maximum=1)
     pub.publish(topic, b"q1", qos=1)
     pub.publish(topic, b"q0-a", qos=0)
     pub.publish(topic, b"q0-b", qos=0)
@@ -323,12 +325,7 @@ def test_packet_too_large_disconnect_0x95(limited):
 
 
 def test_server_respects_client_maximum_packet_size(raw, clients):
-    topic = f"e2e/cmax/{uid()}"
-    c = raw(version=5)
-    c.connect("cmax-" + uid(), properties=Properties(maximum_packet_size=200))
-    c.subscribe(Subscription(topic, qos=1))
-    pub = clients()
-    pub.connect()
+    topic, c, pub = _v5_subscriber_and_publisher(raw, clients, "cmax", maximum_packet_size=200)
     pub.publish(topic, b"L" * 500, qos=1)  # too large for this client: discarded for it
     pub.publish(topic, b"small", qos=1)
     p = c.expect(Publish)

@@ -7,52 +7,25 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from tests.gateway.mqtt.cluster_support import Cluster
-from tests.gateway.mqtt.e2e_support import Client, uid
+from tests.gateway.mqtt.cluster_support import Cluster, clients, cluster, connected, new_client
+from tests.gateway.mqtt.e2e_support import uid
+
+__all__ = ["clients", "cluster"]  # fixtures used below
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
-    try:
-        c.gateway()
-        c.gateway()
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def _client(made: list[Client], port: int, **kw) -> Client:
-    c = Client(port, **kw)
-    made.append(c)
-    return c
 
 
 def test_publish_on_a_reaches_subscribers_on_a_and_b(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"multi/{uid()}/t"
-    sub_a = _client(clients, a.port)
-    sub_a.connect()
+    sub_a = connected(clients, a.port)
     sub_a.subscribe(topic, qos=1)
-    sub_b = _client(clients, b.port)
-    sub_b.connect()
+    sub_b = connected(clients, b.port)
     sub_b.subscribe("multi/+/t", qos=1)
-    pub = _client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     for i in range(20):
         assert pub.publish(topic, f"m{i}".encode(), qos=1) == 0
     want = [f"m{i}".encode() for i in range(20)]
@@ -66,10 +39,8 @@ def test_subscribe_on_b_then_publish_on_a_at_once(cluster: Cluster, clients) -> 
     """The SUBACK on B means the route is live on A: each publish sent on A right after
     it is delivered on B."""
     a, b = cluster.gateways
-    pub = _client(clients, a.port, version=5)
-    pub.connect()
-    sub = _client(clients, b.port)
-    sub.connect()
+    pub = connected(clients, a.port, version=5)
+    sub = connected(clients, b.port)
     for i in range(15):
         topic = f"race/{uid()}/{i}"
         sub.subscribe(topic, qos=1)
@@ -82,8 +53,7 @@ def test_measure_subscribe_time(cluster: Cluster, clients) -> None:
     """SUBSCRIBE to SUBACK on one gateway of two (printed for docs/stateless-gateways.md;
     no publishes on that connection meanwhile: a client's delayed ACKs would show)."""
     _, b = cluster.gateways
-    sub = _client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     took = []
     for i in range(30):
         t0 = time.perf_counter()
@@ -94,39 +64,38 @@ def test_measure_subscribe_time(cluster: Cluster, clients) -> None:
           f"({len(took)} subscribes)")
 
 
+def _until_unrouted(pub, topic: str, what: str) -> None:
+    """Publishes (v5, QoS 1) until PUBACK 0x10, no matching subscribers: the publisher's
+    gateway lost the route (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while pub.publish(topic, b"2", qos=1) != 0x10:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def test_unsubscribe_removes_the_route_everywhere(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"unsub/{uid()}"
-    sub = _client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     sub.subscribe(topic, qos=1)
-    pub = _client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"1", qos=1) == 0
     assert sub.receive_one().payload == b"1"
     sub.unsubscribe(topic)
-    # v5 PUBACK 0x10 (no matching subscribers) once A's table lost the route.
-    deadline = time.monotonic() + 10
-    while pub.publish(topic, b"2", qos=1) != 0x10:
-        assert time.monotonic() < deadline, "route still live on A"
-        time.sleep(0.05)
+    _until_unrouted(pub, topic, "route still live on A")
     sub.nothing()
 
 
 def test_clean_session_end_removes_its_routes(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"clean/{uid()}"
-    sub = _client(clients, b.port)
+    sub = new_client(clients, b.port)
     sub.connect(clean_start=True)
     sub.subscribe(topic, qos=1)
-    pub = _client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"1", qos=1) == 0
     sub.disconnect()
-    deadline = time.monotonic() + 10
-    while pub.publish(topic, b"2", qos=1) != 0x10:
-        assert time.monotonic() < deadline, "route of the ended session still live on A"
-        time.sleep(0.05)
+    _until_unrouted(pub, topic, "route of the ended session still live on A")
 
 
 def test_persistent_session_routes_stay_when_its_gateway_dies(
@@ -140,26 +109,22 @@ def test_persistent_session_routes_stay_when_its_gateway_dies(
         a = c.gateway()
         b = c.gateway()
         topic = f"persist/{uid()}"
-        sub = _client(clients, b.port, client_id="p-" + uid(), version=4)
+        sub = new_client(clients, b.port, client_id="p-" + uid(), version=4)
         sub.connect(clean_start=False)
         sub.subscribe(topic, qos=1)
         clean_topic = f"clean/{uid()}"
-        brief = _client(clients, b.port, version=4)
+        brief = new_client(clients, b.port, version=4)
         brief.connect(clean_start=True)
         brief.subscribe(clean_topic, qos=1)
         b.kill9()
-        pub = _client(clients, a.port, version=5)
-        pub.connect()
+        pub = connected(clients, a.port, version=5)
         for i in range(5):
             assert pub.publish(topic, f"o{i}".encode(), qos=1) == 0
         assert pub.publish(clean_topic, b"x", qos=1) == 0  # left behind by the kill
         b.start()
         sub.connect(clean_start=False)
         assert [m.payload for m in sub.receive(5)] == [f"o{i}".encode() for i in range(5)]
-        deadline = time.monotonic() + 10
-        while pub.publish(clean_topic, b"y", qos=1) != 0x10:
-            assert time.monotonic() < deadline, "clean session's route outlived the restart"
-            time.sleep(0.05)
+        _until_unrouted(pub, clean_topic, "clean session's route outlived the restart")
         assert pub.publish(topic, b"still", qos=1) == 0
     finally:
         c.stop()
@@ -170,16 +135,13 @@ def test_takeover_across_gateways(cluster: Cluster, clients) -> None:
     0x8E (session taken over, MQTT-3.1.4-3); the new one on B stays."""
     a, b = cluster.gateways
     cid = "take-" + uid()
-    old = _client(clients, a.port, client_id=cid)
-    old.connect()
-    new = _client(clients, b.port, client_id=cid)
-    new.connect()
+    old = connected(clients, a.port, client_id=cid)
+    new = connected(clients, b.port, client_id=cid)
     assert old.wait_closed() == 0x8E
     new.nothing()  # (QUIET seconds) and still connected: B is not kicked in turn
     assert new.is_connected()
     # Back to A: now B's connection goes.
-    again = _client(clients, a.port, client_id=cid)
-    again.connect()
+    again = connected(clients, a.port, client_id=cid)
     assert new.wait_closed() == 0x8E
     assert again.is_connected()
 
@@ -194,18 +156,17 @@ def test_persistent_session_taken_over_keeps_its_routes(cluster: Cluster, client
     a, b = cluster.gateways
     cid = "move-" + uid()
     topic = f"move/{uid()}"
-    old = _client(clients, a.port, client_id=cid)
+    old = new_client(clients, a.port, client_id=cid)
     old.connect(clean_start=False, properties=props(PacketTypes.CONNECT,
                                                     SessionExpiryInterval=1))
     old.subscribe(topic, qos=1)
-    new = _client(clients, b.port, client_id=cid)
+    new = new_client(clients, b.port, client_id=cid)
     new.connect(clean_start=False, properties=props(PacketTypes.CONNECT,
                                                     SessionExpiryInterval=300))
     new.subscribe(topic, qos=1)
     assert old.wait_closed() == 0x8E
     time.sleep(2.0)  # > A's session expiry (1 s) and its expiry checks (0.2 s)
-    pub = _client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     assert pub.publish(topic, b"still", qos=1) == 0
     assert new.receive_one().payload == b"still"
 
@@ -214,8 +175,7 @@ def _retained_on(port: int, clients, topic: str, timeout: float = 10.0):
     """The retained message a new subscription to `topic` gets on `port` (None: none),
     asked again until `timeout` while none comes (gateways learn others' retained
     messages by a long poll: shortly after the PUBACK)."""
-    c = _client(clients, port)
-    c.connect()
+    c = connected(clients, port)
     deadline = time.monotonic() + timeout
     while True:
         c.subscribe(topic, qos=1)
@@ -229,14 +189,12 @@ def _retained_on(port: int, clients, topic: str, timeout: float = 10.0):
 def test_retained_message_across_gateways(cluster: Cluster, clients) -> None:
     a, b = cluster.gateways
     topic = f"ret/{uid()}"
-    pub = _client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     pub.publish(topic, b"kept", qos=1, retain=True)
     got = _retained_on(b.port, clients, topic)
     assert got is not None and (got.payload, got.retain) == (b"kept", True)
     # Cleared on B: gone on A too (the delete is newer than the message A holds).
-    other = _client(clients, b.port)
-    other.connect()
+    other = connected(clients, b.port)
     other.publish(topic, b"", qos=1, retain=True)
     deadline = time.monotonic() + 10
     while _retained_on(a.port, clients, topic, timeout=0) is not None:
@@ -263,11 +221,10 @@ def test_persistent_session_resumes_on_b_after_a_is_killed(
         b = c.gateway({"state_flush_interval_s": 0.1})
         topic = f"resume/{uid()}"
         cid = "r-" + uid()
-        sub = _client(clients, a.port, client_id=cid, version=4)
+        sub = new_client(clients, a.port, client_id=cid, version=4)
         assert sub.connect(clean_start=False)[1] is False
         sub.subscribe(topic, qos=1)
-        pub = _client(clients, b.port, version=5)
-        pub.connect()
+        pub = connected(clients, b.port, version=5)
         for i in range(5):
             assert pub.publish(topic, f"seen{i}".encode(), qos=1) == 0
         assert [m.payload for m in sub.receive(5)] == [f"seen{i}".encode() for i in range(5)]
@@ -278,7 +235,7 @@ def test_persistent_session_resumes_on_b_after_a_is_killed(
         a.kill9()
         for i in range(5, 10):
             assert pub.publish(topic, f"missed{i}".encode(), qos=1) == 0
-        sub2 = _client(clients, b.port, client_id=cid, version=4)
+        sub2 = new_client(clients, b.port, client_id=cid, version=4)
         assert sub2.connect(clean_start=False)[1] is True  # session present
         want = [f"missed{i}".encode() for i in range(10)]
         assert [m.payload for m in sub2.receive(10)] == want
@@ -295,10 +252,9 @@ def test_will_across_gateways(cluster: Cluster, clients) -> None:
     later subscriber on B gets it as the retained message."""
     a, b = cluster.gateways
     topic = f"will/{uid()}"
-    watcher = _client(clients, b.port)
-    watcher.connect()
+    watcher = connected(clients, b.port)
     watcher.subscribe(topic, qos=1)
-    dev = _client(clients, a.port)
+    dev = new_client(clients, a.port)
     dev.connect(will=(topic, b"gone", 1, True))
     dev.drop()
     got = watcher.receive_one()
@@ -332,16 +288,13 @@ def test_lmq_serve_gateway_and_a_joining_lmq_mqtt(
     b = MqttGatewayProcess(root / "gw", a.namesrv_addr, DEFAULT_TEST_CONFIG)
     try:
         topic = f"mixed/{uid()}"
-        sub = _client(clients, a.port)
-        sub.connect()
+        sub = connected(clients, a.port)
         sub.subscribe(topic, qos=1)
-        pub_a = _client(clients, a.port)
-        pub_a.connect()
+        pub_a = connected(clients, a.port)
         assert pub_a.publish(topic, b"a-first", qos=1) == 0  # a tail learnt while alone
         assert sub.receive_one().payload == b"a-first"
         b.start()
-        pub_b = _client(clients, b.port)
-        pub_b.connect()
+        pub_b = connected(clients, b.port)
         for i in range(20):
             assert pub_b.publish(topic, f"b{i}".encode(), qos=1) == 0
             assert pub_a.publish(topic, f"a{i}".encode(), qos=1) == 0
@@ -362,16 +315,15 @@ def test_resumed_session_with_a_shared_subscription_does_not_replay(cluster: Clu
     a, b = cluster.gateways
     topic = f"share/{uid()}"
     cid = "sh-" + uid()
-    x = _client(clients, a.port, client_id=cid, version=4)
+    x = new_client(clients, a.port, client_id=cid, version=4)
     x.connect(clean_start=False)
     x.subscribe(f"$share/g{uid()}/{topic}", qos=1)
-    pub = _client(clients, a.port, version=5)
-    pub.connect()
+    pub = connected(clients, a.port, version=5)
     for i in range(5):
         assert pub.publish(topic, f"old{i}".encode(), qos=1) == 0
     assert len(x.receive(5)) == 5
     x.disconnect()
-    x2 = _client(clients, b.port, client_id=cid, version=4)
+    x2 = new_client(clients, b.port, client_id=cid, version=4)
     assert x2.connect(clean_start=False)[1] is True
     assert pub.publish(topic, b"new", qos=1) == 0
     assert [m.payload for m in x2.drain()] == [b"new"]

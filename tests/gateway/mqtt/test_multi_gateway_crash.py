@@ -7,29 +7,23 @@ their packet ids, and knows the QoS 2 ids. Real processes: a name server, a brok
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
-from tests.gateway.mqtt.cluster_support import Cluster
-from tests.gateway.mqtt.e2e_support import Client, RawClient, uid
+from tests.gateway.mqtt.cluster_support import (
+    Cluster,
+    clients,
+    connected,
+    new_client,
+    publish_unacked,
+    resumed_with_dups,
+)
+from tests.gateway.mqtt.e2e_support import RawClient, uid
+
+__all__ = ["clients"]  # fixtures used below
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def _client(made: list[Client], port: int, **kw) -> Client:
-    c = Client(port, **kw)
-    made.append(c)
-    return c
 
 
 def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
@@ -42,13 +36,12 @@ def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
         topic, q2_topic = f"crash/{uid()}", f"crash-q2/{uid()}"
         cid, q2_cid = "cr-" + uid(), "cq-" + uid()
         # QoS 1 receiver on A that never acknowledges.
-        x = _client(clients, a.port, client_id=cid, version=4)
+        x = new_client(clients, a.port, client_id=cid, version=4)
         x.connect(clean_start=False)
         x.paho.manual_ack_set(True)
         x.subscribe(topic, qos=1)
         # QoS 2 sender on A whose PUBREL never comes before the crash.
-        sub = _client(clients, b.port)
-        sub.connect()
+        sub = connected(clients, b.port)
         sub.subscribe(q2_topic, qos=2)
         keep = Properties(session_expiry_interval=300)
         first = RawClient(a.port)
@@ -56,23 +49,13 @@ def test_inflight_and_inbound_qos2_ids_move_to_the_other_gateway_after_kill9(
         assert first.connect(q2_cid, clean_start=False, properties=keep).reason_code == 0
         first.send(Publish(q2_topic, b"once", qos=2, packet_id=7))
         assert first.expect(Pubrec).packet_id == 7
-        pub = _client(clients, b.port)
-        pub.connect()
-        for i in range(3):
-            assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
-        held = x.receive(3)
-        assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
-        assert not any(m.dup for m in held)
+        pub = connected(clients, b.port)
+        held = publish_unacked(pub, x, topic)
         assert [m.payload for m in sub.receive(1)] == [b"once"]
         time.sleep(1.0)  # A's state flush (0.1 s) and its record write reached the cluster
         a.kill9()
         # The QoS 1 session on B: exactly the unacknowledged ones again, DUP, same ids.
-        y = _client(clients, b.port, client_id=cid, version=4)
-        assert y.connect(clean_start=False)[1] is True
-        again = y.receive(3)
-        assert [(m.payload, m.mid, m.dup) for m in again] == [
-            (m.payload, m.mid, True) for m in held]
-        y.nothing()
+        y = resumed_with_dups(clients, b.port, cid, held)
         assert pub.publish(topic, b"after", qos=1) == 0
         after = y.receive_one()
         assert (after.payload, after.dup) == (b"after", False)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from tests.gateway.mqtt.cluster_support import Cluster
+from tests.gateway.mqtt.cluster_support import Cluster, clients
 from tests.gateway.mqtt.e2e_support import Client, props, uid
+
+__all__ = ["clients"]  # fixtures used below
 
 pytestmark = pytest.mark.slow
 
@@ -56,14 +57,6 @@ class _Publisher(threading.Thread):
             else:
                 self.refused += 1
                 time.sleep(0.05)
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
 
 
 def _missing(sub: Client, want: set[bytes], seen: set[bytes], timeout: float) -> set[bytes]:

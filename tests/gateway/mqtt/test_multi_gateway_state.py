@@ -7,40 +7,24 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from gateway.mqtt.packets import Properties, Pubcomp, Publish, Pubrec, Pubrel
-from tests.gateway.mqtt.cluster_support import Cluster
-from tests.gateway.mqtt.e2e_support import Client, RawClient, collect, uid
+from tests.gateway.mqtt.cluster_support import (
+    Cluster,
+    clients,
+    cluster,
+    connected,
+    new_client,
+    publish_unacked,
+    resumed_with_dups,
+)
+from tests.gateway.mqtt.e2e_support import RawClient, collect, uid
+
+__all__ = ["clients", "cluster"]  # fixtures used below
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"), brokers=2).start()
-    try:
-        c.gateway()
-        c.gateway()
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Client]]:
-    made: list[Client] = []
-    yield made
-    for c in made:
-        c.close()
-
-
-def _client(made: list[Client], port: int, **kw) -> Client:
-    c = Client(port, **kw)
-    made.append(c)
-    return c
 
 
 def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clients) -> None:
@@ -49,14 +33,12 @@ def test_share_members_on_two_gateways_split_the_messages(cluster: Cluster, clie
     group = f"g{uid()}"
     members = []
     for gw in (a, b):
-        m = _client(clients, gw.port)
-        m.connect()
+        m = connected(clients, gw.port)
         m.subscribe(f"$share/{group}/{topic}", qos=1)
         members.append(m)
     pubs = []
     for gw in (a, b):
-        p = _client(clients, gw.port)
-        p.connect()
+        p = connected(clients, gw.port)
         pubs.append(p)
     n = 40
     for i in range(n):
@@ -77,18 +59,15 @@ def test_member_that_leaves_hands_its_messages_to_the_other_gateway(
     topic = f"shared/{uid()}"
     group = f"g{uid()}"
     filt = f"$share/{group}/{topic}"
-    lazy = _client(clients, a.port)
-    lazy.connect()
+    lazy = connected(clients, a.port)
     lazy.paho.manual_ack_set(True)  # receives, never PUBACKs
     lazy.subscribe(filt, qos=1)
-    pub = _client(clients, a.port)
-    pub.connect()
+    pub = connected(clients, a.port)
     for i in range(5):
         assert pub.publish(topic, f"x{i}".encode(), qos=1) == 0
     held = lazy.receive(5)
     assert sorted(m.payload for m in held) == [f"x{i}".encode() for i in range(5)]
-    other = _client(clients, b.port)
-    other.connect()
+    other = connected(clients, b.port)
     other.subscribe(filt, qos=1)
     other.nothing()  # A's member holds them
     lazy.close()
@@ -104,25 +83,15 @@ def test_unacknowledged_messages_are_resent_with_dup_on_the_other_gateway(
     a, b = cluster.gateways
     topic = f"inflight/{uid()}"
     cid = "inf-" + uid()
-    x = _client(clients, a.port, client_id=cid, version=4)
+    x = new_client(clients, a.port, client_id=cid, version=4)
     x.connect(clean_start=False)
     x.paho.manual_ack_set(True)  # receives, never PUBACKs
     x.subscribe(topic, qos=1)
-    pub = _client(clients, b.port)
-    pub.connect()
-    for i in range(3):
-        assert pub.publish(topic, f"u{i}".encode(), qos=1) == 0
-    held = x.receive(3)
-    assert [m.payload for m in held] == [f"u{i}".encode() for i in range(3)]
-    assert not any(m.dup for m in held)
+    pub = connected(clients, b.port)
+    held = publish_unacked(pub, x, topic)
     x.disconnect()
     time.sleep(0.5)  # A's disconnect record reached the cluster
-    y = _client(clients, b.port, client_id=cid, version=4)
-    assert y.connect(clean_start=False)[1] is True
-    again = y.receive(3)
-    assert [(m.payload, m.mid, m.dup) for m in again] == [
-        (m.payload, m.mid, True) for m in held]
-    y.nothing()  # not delivered a second time as new messages
+    y = resumed_with_dups(clients, b.port, cid, held)  # not delivered again as new ones
     assert pub.publish(topic, b"after", qos=1) == 0
     after = y.receive_one()
     assert (after.payload, after.dup) == (b"after", False)
@@ -135,8 +104,7 @@ def test_inbound_qos2_id_moves_with_the_session(cluster: Cluster, clients) -> No
     a, b = cluster.gateways
     topic = f"q2/{uid()}"
     cid = "q2-" + uid()
-    sub = _client(clients, b.port)
-    sub.connect()
+    sub = connected(clients, b.port)
     sub.subscribe(topic, qos=2)
     keep = Properties(session_expiry_interval=300)
     first = RawClient(a.port)

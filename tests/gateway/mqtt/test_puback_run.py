@@ -11,61 +11,26 @@ import socket
 import pytest
 
 from gateway.mqtt import publish_run
-from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
-from gateway.mqtt.packets import Connect, MqttProtocolError, Puback, Publish
-from gateway.mqtt.properties import encode_varint
+from gateway.mqtt.codec import MqttCodec, PubackRun
+from gateway.mqtt.packets import Connect, Puback, Publish
+from tests.gateway.mqtt.run_support import feed_chunks, flatten, raw, run_codec
 from tests.gateway.mqtt.server_harness import GatewayServer
 
 needs_c = pytest.mark.skipif(publish_run.scan_pubacks is None, reason="core._speedups not built")
 
 
-def _raw(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + encode_varint(len(body)) + body
-
-
 def _puback(pid: int) -> bytes:
-    return _raw(0x40, pid.to_bytes(2, "big"))
-
-
-def _codec(version: int, runs: bool) -> MqttCodec:
-    codec = MqttCodec(4096)
-    codec.publish_runs = runs
-    hello = MqttCodec(protocol_version=version, role="client").encode(Connect("c", version))
-    assert len(codec.feed(hello)) == 1
-    return codec
-
-
-def _flat(packets: list) -> list:
-    out: list = []
-    for p in packets:
-        if type(p) is PubackRun:
-            out += [Puback(pid) for pid in p]
-        elif type(p) is PublishRun:
-            out += [Publish(t, pl, (f >> 1) & 3, bool(f & 1), bool(f & 8), pid)
-                    for t, pl, f, pid in p]
-        else:
-            out.append(p)
-    return out
-
-
-def _feed(codec: MqttCodec, chunks: list[bytes]):
-    packets: list = []
-    try:
-        for chunk in chunks:
-            packets += codec.feed(chunk)
-    except MqttProtocolError as exc:
-        return packets + list(exc.packets), (exc.reason_code, str(exc))
-    return packets, None
+    return raw(0x40, pid.to_bytes(2, "big"))
 
 
 _OTHER = [
-    _raw(0x40, b"\x00\x07\x10"),  # v5: with a reason code (3.x: malformed)
-    _raw(0x40, b"\x00\x07\x00\x00"),  # v5: reason code and empty properties
-    _raw(0x40, b"\x00\x00"),  # packet id 0
-    _raw(0x41, b"\x00\x07"),  # reserved flags set
-    _raw(0x40, b"\x00"),  # too short
-    _raw(0xC0, b""),  # PINGREQ
-    _raw(0x32, b"\x00\x01a\x00\x09pay"),  # a PUBLISH between
+    raw(0x40, b"\x00\x07\x10"),  # v5: with a reason code (3.x: malformed)
+    raw(0x40, b"\x00\x07\x00\x00"),  # v5: reason code and empty properties
+    raw(0x40, b"\x00\x00"),  # packet id 0
+    raw(0x41, b"\x00\x07"),  # reserved flags set
+    raw(0x40, b"\x00"),  # too short
+    raw(0xC0, b""),  # PINGREQ
+    raw(0x32, b"\x00\x01a\x00\x09pay"),  # a PUBLISH between
 ]
 
 
@@ -80,15 +45,15 @@ def test_pubacks_decode_as_the_python_decoder_does(version: int) -> None:
         )
         cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randrange(4))))
         chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
-        fast, fast_err = _feed(_codec(version, True), chunks)
-        slow, slow_err = _feed(_codec(version, False), chunks)
-        assert _flat(fast) == slow
+        fast, fast_err = feed_chunks(run_codec(version, True), chunks)
+        slow, slow_err = feed_chunks(run_codec(version, False), chunks)
+        assert flatten(fast) == slow
         assert fast_err == slow_err
 
 
 @needs_c
 def test_a_read_of_plain_pubacks_is_one_run() -> None:
-    codec = _codec(4, True)
+    codec = run_codec(4, True)
     out = codec.feed(b"".join(_puback(pid) for pid in (1, 2, 65535, 300)))
     assert [type(p) for p in out] == [PubackRun]
     assert list(out[0]) == [1, 2, 65535, 300]
@@ -102,7 +67,7 @@ def test_a_read_of_plain_pubacks_is_one_run() -> None:
 
 def test_without_the_extension_pubacks_are_packets(monkeypatch) -> None:
     monkeypatch.setattr("gateway.mqtt.codec.scan_pubacks", None)
-    out = _codec(4, True).feed(_puback(3) + _puback(4))
+    out = run_codec(4, True).feed(_puback(3) + _puback(4))
     assert out == [Puback(3), Puback(4)]
 
 
@@ -111,11 +76,11 @@ def test_a_subscriber_acking_in_one_write_gets_the_next_window() -> None:
     # five are acknowledged, here by one write of five PUBACKs (one PubackRun).
     with GatewayServer(max_inflight_out=5) as gw:
         sub = _client(gw.port, "sub")
-        sub.sendall(_raw(0x82, b"\x00\x01\x00\x03a/b\x01"))  # SUBSCRIBE a/b QoS 1
+        sub.sendall(raw(0x82, b"\x00\x01\x00\x03a/b\x01"))  # SUBSCRIBE a/b QoS 1
         codec = MqttCodec(protocol_version=4, role="client")
         codec.feed(_read(sub, lambda buf: len(buf) >= 5))  # SUBACK
         pub = _client(gw.port, "pub")
-        pub.sendall(b"".join(_raw(0x32, b"\x00\x03a/b\x00" + bytes([i + 1, i])) for i in range(10)))
+        pub.sendall(b"".join(raw(0x32, b"\x00\x03a/b\x00" + bytes([i + 1, i])) for i in range(10)))
         got: list[Publish] = []
         for want in (5, 10):
             while len(got) < want:

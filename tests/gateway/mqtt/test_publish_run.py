@@ -11,62 +11,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.mqtt import publish_run
-from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
-from gateway.mqtt.packets import Connect, MqttProtocolError, Pingreq, Puback, Publish
+from gateway.mqtt.codec import PublishRun
+from gateway.mqtt.packets import Pingreq, Puback, Publish
 from gateway.mqtt.properties import encode_varint
+from tests.gateway.mqtt.run_support import feed_chunks, flatten, raw, run_codec
 
 pytestmark = pytest.mark.skipif(publish_run.scan_publishes is None,
                                 reason="core._speedups not built")
 
 
-def _raw(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + encode_varint(len(body)) + body
-
-
 def _publish(topic: bytes, payload: bytes, qos: int = 0, pid: int = 1, flags: int = 0) -> bytes:
     body = len(topic).to_bytes(2, "big") + topic + (pid.to_bytes(2, "big") if qos else b"")
-    return _raw(0x30 | (qos << 1) | flags, body + payload)
-
-
-def _codec(version: int, runs: bool, max_packet_size: int = 4096) -> MqttCodec:
-    codec = MqttCodec(max_packet_size)
-    codec.publish_runs = runs
-    hello = MqttCodec(protocol_version=version, role="client").encode(Connect("c", version))
-    assert len(codec.feed(hello)) == 1
-    return codec
-
-
-def _flat(packets: list) -> list:
-    """PublishRun tuples as the Publish the Python decoder gives."""
-    out = []
-    for p in packets:
-        if type(p) is PublishRun:
-            for topic, payload, flags, pid in p:
-                out.append(Publish(topic, payload, (flags >> 1) & 3, bool(flags & 1),
-                                   bool(flags & 8), pid))
-        elif type(p) is PubackRun:  # (s4-perf2: scan_pubacks, tests/gateway/mqtt/test_puback_run.py)
-            out += [Puback(pid) for pid in p]
-        else:
-            out.append(p)
-    return out
-
-
-def _feed(codec: MqttCodec, chunks: list[bytes]):
-    packets: list = []
-    try:
-        for chunk in chunks:
-            packets += codec.feed(chunk)
-    except MqttProtocolError as exc:
-        return packets + list(exc.packets), (exc.reason_code, str(exc))
-    return packets, None
+    return raw(0x30 | (qos << 1) | flags, body + payload)
 
 
 _GOOD = [
     lambda r: _publish(b"dev/" + str(r.randrange(3)).encode(), r.randbytes(r.randrange(0, 300)),
                        r.randrange(3), r.randrange(1, 65536), r.choice((0, 1))),
     lambda r: _publish("töpic/ü".encode(), b"p", 1, 7, 8),  # DUP on QoS 1, UTF-8 topic
-    lambda r: _raw(0xC0, b""),  # PINGREQ
-    lambda r: _raw(0x40, b"\x00\x05"),  # PUBACK
+    lambda r: raw(0xC0, b""),  # PINGREQ
+    lambda r: raw(0x40, b"\x00\x05"),  # PUBACK
     lambda r: _publish(b"big", bytes(5000)),  # over max_packet_size: 0x95
 ]
 _BAD = [
@@ -92,15 +56,15 @@ def test_runs_decode_what_the_python_decoder_decodes(version: int) -> None:
         chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
         if rng.random() < 0.3:
             chunks = [bytearray(c) for c in chunks]
-        fast, fast_err = _feed(_codec(version, True), chunks)
-        slow, slow_err = _feed(_codec(version, False), chunks)
-        assert _flat(fast) == slow
+        fast, fast_err = feed_chunks(run_codec(version, True), chunks)
+        slow, slow_err = feed_chunks(run_codec(version, False), chunks)
+        assert flatten(fast) == slow
         assert fast_err == slow_err
         assert all(type(p) in (Publish, Pingreq, Puback) for p in slow)
 
 
 def test_a_read_of_publishes_is_one_run_sharing_its_topic() -> None:
-    codec = _codec(4, True)
+    codec = run_codec(4, True)
     packets = codec.feed(b"".join(_publish(b"s/1", b"%d" % i, 1, i + 1) for i in range(50)))
     assert [type(p) for p in packets] == [PublishRun]
     [run] = packets
@@ -109,9 +73,9 @@ def test_a_read_of_publishes_is_one_run_sharing_its_topic() -> None:
 
 
 def test_v5_and_plain_codecs_give_publish_objects() -> None:
-    codec = _codec(5, True)
-    assert [type(p) for p in codec.feed(_raw(0x30, b"\x00\x01a\x00x") * 2)] == [Publish] * 2
-    codec = _codec(4, False)
+    codec = run_codec(5, True)
+    assert [type(p) for p in codec.feed(raw(0x30, b"\x00\x01a\x00x") * 2)] == [Publish] * 2
+    codec = run_codec(4, False)
     assert [type(p) for p in codec.feed(_publish(b"a", b"x") * 2)] == [Publish] * 2
 
 
@@ -136,6 +100,6 @@ def test_scan_publishes_refuses_bad_arguments() -> None:
 ), max_size=12), st.integers(3, 4))
 def test_any_bytes_decode_as_the_python_decoder_decodes(parts: list[bytes], version: int) -> None:
     data = b"".join(parts)
-    fast, fast_err = _feed(_codec(version, True, 64), [data])
-    slow, slow_err = _feed(_codec(version, False, 64), [data])
-    assert _flat(fast) == slow and fast_err == slow_err
+    fast, fast_err = feed_chunks(run_codec(version, True, 64), [data])
+    slow, slow_err = feed_chunks(run_codec(version, False, 64), [data])
+    assert flatten(fast) == slow and fast_err == slow_err

@@ -14,7 +14,13 @@ import pytest
 import trio
 
 from core.client import ClientInstance, MessageQueue, PullConsumer
-from tests.gateway.mqtt.server_harness import Client, GatewayServer, ServeProcess, free_port
+from tests.gateway.mqtt.server_harness import (
+    Client,
+    GatewayServer,
+    ServeProcess,
+    free_port,
+    serve_process,
+)
 
 
 def test_sys_topics_published_and_not_matched_by_hash():
@@ -72,10 +78,7 @@ def test_native_consumer_reads_mqtt_traffic_on_the_regular_topic():
 
 @pytest.mark.slow
 def test_persistent_session_survives_kill_9_of_lmq_serve():
-    d = tempfile.mkdtemp(prefix="lmq-mqtt-test-")
-    first = ServeProcess(d)
-    try:
-        first.start()
+    with serve_process() as first:
         s = Client(first.mqtt_port, "restart-1", 4, clean=False)
         s.subscribe("restart/#", 1)
         s.disconnect()
@@ -85,21 +88,12 @@ def test_persistent_session_survives_kill_9_of_lmq_serve():
         pub.drop()
         time.sleep(0.5)  # > state_flush_interval_s
         first.kill9()
-        second = ServeProcess(d)
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
-        try:
-            second.start()
+        with first.restarted() as second:
             s = Client(second.mqtt_port, "restart-1", 4, clean=False)
             assert s.flags.session_present is True
             assert [m.payload for m in s.get_all(20)] == [b"%d" % i for i in range(20)]
             assert s.none()
             s.disconnect()
-        finally:
-            second.stop()
-    finally:
-        first.kill9()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -107,10 +101,7 @@ def test_inflight_qos1_retransmitted_after_kill_9():
     from gateway.mqtt.packets import Puback, Publish, Suback, Subscribe, Subscription
     from tests.gateway.mqtt.server_harness import RawClient
 
-    d = tempfile.mkdtemp(prefix="lmq-mqtt-test-")
-    first = ServeProcess(d)
-    try:
-        first.start()
+    with serve_process() as first:
         raw = RawClient(first.mqtt_port, 4)
         raw.connect("restart-inflight", clean=False)
         raw.send(Subscribe(1, (Subscription("rif/t", 1),)))
@@ -121,11 +112,7 @@ def test_inflight_qos1_retransmitted_after_kill_9():
         time.sleep(0.5)
         first.kill9()
         raw.close()
-        second = ServeProcess(d)
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
-        try:
-            second.start()
+        with first.restarted() as second:
             raw = RawClient(second.mqtt_port, 4)
             assert raw.connect("restart-inflight", clean=False).session_present
             again = raw.recv_type(Publish)
@@ -133,11 +120,6 @@ def test_inflight_qos1_retransmitted_after_kill_9():
             assert again.payload == b"unacked"
             raw.send(Puback(again.packet_id))
             raw.close()
-        finally:
-            second.stop()
-    finally:
-        first.kill9()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -294,18 +294,12 @@ def test_retained_publish_survives_kill_9_right_after_puback():
         pub = Client(first.mqtt_port, "rkill-pub", 5)
         pub.publish("rkill/t", b"acknowledged", 1, retain=True)
         first.kill9()
-        second = ServeProcess(d, ["--mqtt-config", cfg])
-        second.mqtt_port, second.namesrv_port, second.broker_port = (
-            first.mqtt_port, first.namesrv_port, first.broker_port)
-        try:
-            second.start()
+        with first.restarted() as second:
             sub = Client(second.mqtt_port, "rkill-sub", 5)
             sub.subscribe("rkill/t", 1)
             got = sub.get()
             assert got.payload == b"acknowledged" and got.retain
             sub.disconnect()
-        finally:
-            second.stop()
     finally:
         first.kill9()
         shutil.rmtree(d, ignore_errors=True)

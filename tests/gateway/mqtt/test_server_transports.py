@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 
 import pytest
 
 from tests.gateway.mqtt.server_harness import Client, GatewayServer
+from tests.tls_certs import certs
 
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return str(cert), str(key)
+__all__ = ["certs"]  # fixture used below
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from gateway.routing.client_log import ClientLog
 from gateway.routing.route_log import RouteLog, RouteLogConfig
 from gateway.routing.route_table import Route
 from tests.core.broker.harness import sync_invoke, wait_until
-from tests.core.ha.test_failover_process import Cluster
+from tests.core.ha.process_cluster import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +40,8 @@ def _topics(addr: str) -> set[str]:
 def test_route_log_and_client_registry_follow_the_new_master(tmp_path):
     c = Cluster(tmp_path)
     try:
-        c.broker(1)
-        wait_until(lambda: c.master() is not None, 20, what="a master")
-        c.broker(2 if c.state()["masterId"] == 1 else 1)
-        wait_until(lambda: c.in_sync(2), 30, what="in-sync slave")
-        old = c.master()
-        slave = next(b for b in c.brokers.values() if b is not old)
+        c.start_pair()
+        old, slave = c.master_and_slave()
         cfg = RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=1.0,
                              ack_timeout_s=10.0, retry_delay_s=0.3)
         taken: list[str] = []

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
@@ -53,6 +54,19 @@ async def until_live(rl: RouteLog, names: set[str]) -> None:
     while not names <= set(rl.live_gateways()):
         await trio.sleep(0.05)
         await rl.refresh_members()
+
+
+@asynccontextmanager
+async def stuck_member(gateway, seen_by: RouteLog, name: str) -> AsyncIterator[RouteLog]:
+    """A gateway `name` on a connection of its own that joins the group and never applies
+    anything, once `seen_by` counts it live. (A connection holds one member of the group:
+    the broker keys it by channel.) Leaving the block closes its connection."""
+    async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
+        member = gateway(name, on=other)
+        await member.ensure_topics()
+        await member.join()
+        await until_live(seen_by, {name})
+        yield member
 
 
 def test_route_added_on_a_is_applied_by_b_before_add_returns(tmp_path, capsys):
@@ -146,11 +160,8 @@ def test_dead_gateway_stops_blocking_at_once(tmp_path):
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
             a = await start(nursery, gateway("gw-a", cfg(ack_timeout_s=30.0)))
-            async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
-                ghost = gateway("gw-ghost", on=other)
-                await ghost.ensure_topics()
-                await ghost.join()  # a member that will never apply anything
-                await until_live(a, {"gw-ghost"})
+            async with stuck_member(gateway, a, "gw-ghost"):
+                pass  # a member that will never apply anything, live until the block ends
             # Its connection is closed now: the broker dropped the member.
             t0 = trio.current_time()
             version, complete = await a.add_route(Route("mqtt", "x/#", "LX"))
@@ -165,13 +176,8 @@ def test_ack_wait_is_bounded_when_a_live_gateway_lags(tmp_path):
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
             a = await start(nursery, gateway("gw-a", cfg(ack_timeout_s=0.5)))
-            # A member stuck at version 0: its connection is up, it never applies. (A
-            # connection holds one member of the group: the broker keys it by channel.)
-            async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
-                stuck = gateway("gw-stuck", on=other)
-                await stuck.ensure_topics()
-                await stuck.join()
-                await until_live(a, {"gw-stuck"})
+            # A member stuck at version 0: its connection is up, it never applies.
+            async with stuck_member(gateway, a, "gw-stuck"):
                 version, complete = await a.add_route(Route("mqtt", "y/#", "LY"))
                 assert not complete and a.table.mqtt_lmqs("y/1") == {"LY"}
                 assert a.lagging(version) == ["gw-stuck"]

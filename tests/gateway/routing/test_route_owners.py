@@ -82,17 +82,12 @@ def test_wait_only_for_the_gateways_a_route_matters_to(tmp_path):
     """An MQTT route waits for the MQTT gateways only: a stuck AMQP gateway (a member that
     never applies) holds an add for all gateways until ack_timeout_s, not one for
     `mqtt-` gateways."""
-    from core.client import ClientInstance
-    from tests.gateway.routing.test_route_log import until_live
+    from tests.gateway.routing.test_route_log import stuck_member
 
     async def fn(gateway):
         async with trio.open_nursery() as nursery:
             a = await start(nursery, gateway("mqtt-a", cfg(ack_timeout_s=1.0)))
-            async with ClientInstance(namesrv_addr=gateway.namesrv_addr) as other:
-                stuck = gateway("amqp-stuck", on=other)
-                await stuck.ensure_topics()
-                await stuck.join()
-                await until_live(a, {"amqp-stuck"})
+            async with stuck_member(gateway, a, "amqp-stuck"):
                 _, complete = await a.add_route(Route("mqtt", "m/1", "L1"), wait_for="mqtt-")
                 assert complete
                 _, complete = await a.add_route(Route("mqtt", "m/2", "L2"))

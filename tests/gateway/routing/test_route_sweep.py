@@ -15,9 +15,15 @@ from gateway.routing.route_table import Route, clean_owner_gateway
 from tests.gateway.routing.test_route_log import cfg, run, start, until_live
 
 
-def skewed(rl, skew: list[float]) -> None:
-    """Let the test move `rl`'s clock forward (instead of sleeping out the timeout)."""
+async def start_skewed(nursery, gateway, name: str, orphan_timeout_s: float,
+                       skew: list[float]):
+    """Gateway `name` started with `orphan_timeout_s` and no sweep of its own (the test
+    calls sweep()), its clock moved forward by the test through `skew` (instead of
+    sleeping out the timeout)."""
+    rl = await start(nursery, gateway(name, cfg(orphan_timeout_s=orphan_timeout_s,
+                                                sweep_interval_s=3600.0)))
     rl.clock = lambda: time.monotonic() + skew[0]
+    return rl
 
 
 def test_clean_routes_of_a_vanished_gateway_are_swept_by_one_survivor(tmp_path):
@@ -25,12 +31,9 @@ def test_clean_routes_of_a_vanished_gateway_are_swept_by_one_survivor(tmp_path):
 
     async def fn(gateway):
         skew = [0.0]
-        conf = cfg(orphan_timeout_s=timeout, sweep_interval_s=3600.0)
         async with trio.open_nursery() as nursery:
-            a = await start(nursery, gateway("gw-a", conf))
-            b = await start(nursery, gateway("gw-b", conf))
-            skewed(a, skew)
-            skewed(b, skew)
+            a = await start_skewed(nursery, gateway, "gw-a", timeout, skew)
+            b = await start_skewed(nursery, gateway, "gw-b", timeout, skew)
             gone = Route("mqtt", "dev/1/#", "L1", owner="c:gw-c:dev1")
             kept = [Route("mqtt", "dev/2/#", "L2", owner="p:dev2"),
                     Route("mqtt", "dev/3/#", "L3", owner="c:gw-b:dev3")]

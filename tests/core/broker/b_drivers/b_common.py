@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 import threading
-import time
 
-_lock = threading.Lock()
+# emit() and text() are those of the other driver scripts (tests/core/broker/cpp_drivers).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "cpp_drivers"))
+from common import client_parser, emit, pull_every_queue, text  # noqa: E402
+
+__all__ = ["client_parser", "describe", "emit", "pull_every_queue", "stop_on_stdin_close"]
 
 # Properties the tests look at on received messages.
 WATCHED_PROPERTIES = (
@@ -23,16 +27,6 @@ WATCHED_PROPERTIES = (
 )
 
 
-def emit(event: str, **fields) -> None:
-    """Print one JSON line and flush (callbacks run on native threads: serialised)."""
-    fields["event"] = event
-    fields.setdefault("t_ms", int(time.time() * 1000))
-    line = json.dumps(fields)
-    with _lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
 def stop_on_stdin_close(stop: threading.Event) -> None:
     """Set `stop` when the parent closes our stdin (or writes a line)."""
 
@@ -46,26 +40,18 @@ def stop_on_stdin_close(stop: threading.Event) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _text(value) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
 def describe(msg) -> dict:
     """The fields of a received `rocketmq.client.RecvMessage` as plain JSON values."""
     props = {}
     for name in WATCHED_PROPERTIES:
-        value = _text(msg.get_property(name))
+        value = text(msg.get_property(name))
         if value:
             props[name] = value
     return {
-        "id": _text(msg.id),
-        "topic": _text(msg.topic),
-        "tags": _text(msg.tags),
-        "body": _text(msg.body),
+        "id": text(msg.id),
+        "topic": text(msg.topic),
+        "tags": text(msg.tags),
+        "body": text(msg.body),
         "queue_id": msg.queue_id,
         "queue_offset": msg.queue_offset,
         "commit_log_offset": msg.commit_log_offset,

@@ -9,21 +9,17 @@ Prints {"event": "sent", "i", "body", "msg_id", "offset", "status"} per message,
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from b_common import emit  # noqa: E402
+from b_common import client_parser, emit  # noqa: E402
 from rocketmq.client import Message, Producer  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--topic", required=True)
+    ap = client_parser()
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--delay", type=int, default=0)
     ap.add_argument("--tag", default="TagA")

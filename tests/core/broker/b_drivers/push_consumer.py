@@ -14,7 +14,6 @@ is closed, or after --max-seconds.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -23,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from b_common import describe, emit, stop_on_stdin_close  # noqa: E402
+from b_common import client_parser, describe, emit, stop_on_stdin_close  # noqa: E402
 from rocketmq.client import PushConsumer, RecvMessage  # noqa: E402
 from rocketmq.exceptions import ffi_check  # noqa: E402
 from rocketmq.ffi import _CConsumeStatus, dll  # noqa: E402
@@ -33,10 +32,7 @@ RECONSUME_LATER = int(_CConsumeStatus.RECONSUME_LATER.value)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--topic", required=True)
+    ap = client_parser()
     ap.add_argument("--orderly", action="store_true")
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--fail-always", action="store_true")

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import threading
 import time
 
 _lock = threading.Lock()
+
+
+def client_parser(group_default: str | None = None) -> argparse.ArgumentParser:
+    """The options every driver takes: --namesrv, --group (required unless a default is
+    given) and --topic."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--namesrv", required=True)
+    if group_default is None:
+        ap.add_argument("--group", required=True)
+    else:
+        ap.add_argument("--group", default=group_default)
+    ap.add_argument("--topic", required=True)
+    return ap
 
 
 def emit(event: str, **fields) -> None:
@@ -44,6 +58,26 @@ def describe(msg) -> dict:
         "store_size": msg.store_size,
         "cluster": text(msg.get_property("CLUSTER")),
     }
+
+
+def pull_every_queue(args: argparse.Namespace, describe_msg, expression: str = "*") -> int:
+    """Read every queue of args.topic once with the C++ PullConsumer (group args.group):
+    one {"event": "msg"} line per message (`describe_msg` of it), then {"event": "done",
+    "count": n}."""
+    from rocketmq.client import PullConsumer
+
+    consumer = PullConsumer(args.group)
+    consumer.set_namesrv_addr(args.namesrv)
+    consumer.start()
+    count = 0
+    try:
+        for msg in consumer.pull(args.topic, expression):
+            count += 1
+            emit("msg", **describe_msg(msg))
+    finally:
+        consumer.shutdown()
+    emit("done", count=count)
+    return 0
 
 
 def wait_for_stdin_close() -> None:

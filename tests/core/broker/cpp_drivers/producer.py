@@ -10,14 +10,13 @@ no result fields), {"event": "error", "i", "error"} per failed send, then {"even
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import emit  # noqa: E402
+from common import client_parser, emit  # noqa: E402
 from rocketmq.client import Message, Producer  # noqa: E402
 
 
@@ -40,10 +39,7 @@ def make(topic: str, args, i: int) -> Message:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", default="PID_LMQ_TEST")
-    ap.add_argument("--topic", required=True)
+    ap = client_parser("PID_LMQ_TEST")
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--mode", default="sync", choices=("sync", "oneway", "orderly", "batch"))
     ap.add_argument("--tag", default=None)

@@ -7,36 +7,19 @@ Prints {"event": "msg", ...} per message and {"event": "done", "count": n}.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import describe, emit  # noqa: E402
-from rocketmq.client import PullConsumer  # noqa: E402
+from common import client_parser, describe, pull_every_queue  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--topic", required=True)
+    ap = client_parser()
     ap.add_argument("--expression", default="*")
     args = ap.parse_args()
-
-    consumer = PullConsumer(args.group)
-    consumer.set_namesrv_addr(args.namesrv)
-    consumer.start()
-    count = 0
-    try:
-        for msg in consumer.pull(args.topic, args.expression):
-            count += 1
-            emit("msg", **describe(msg))
-    finally:
-        consumer.shutdown()
-    emit("done", count=count)
-    return 0
+    return pull_every_queue(args, describe, args.expression)
 
 
 if __name__ == "__main__":

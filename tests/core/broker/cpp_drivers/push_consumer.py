@@ -9,21 +9,17 @@ Prints {"event": "started"}, then {"event": "msg", ...describe(msg)} per deliver
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import describe, emit, wait_for_stdin_close  # noqa: E402
+from common import client_parser, describe, emit, wait_for_stdin_close  # noqa: E402
 from rocketmq.client import MessageModel, PushConsumer  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--namesrv", required=True)
-    ap.add_argument("--group", required=True)
-    ap.add_argument("--topic", required=True)
+    ap = client_parser()
     ap.add_argument("--expression", default="*")
     ap.add_argument("--orderly", action="store_true")
     ap.add_argument("--broadcast", action="store_true")
