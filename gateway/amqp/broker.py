@@ -425,8 +425,9 @@ class AmqpBroker:
             self.limited[lmq] = queue
         self._touch(queue)
         if self.decl is not None:  # exclusive ones too: 405 on the others (presence.py)
+            extra = {"m": self.routes.gateway_id} if exclusive else {}
             self.decl.append(EXCLUSIVE_QUEUE_OP if exclusive else "q+", self.vhost, name,
-                             d=durable, ad=auto_delete, a=dict(arguments))
+                             d=durable, ad=auto_delete, a=dict(arguments), **extra)
         return queue
 
     def _touch(self, queue: Queue) -> None:

@@ -83,6 +83,11 @@ class Presence:
         self._absent: dict[str, float] = {}  # gateway -> trio time first seen out
         self.reaped: list[str] = []  # gateways found gone
 
+    @property
+    def member(self) -> str:
+        """This gateway's id in the gateways' group (the route log's)."""
+        return self.broker.routes.gateway_id
+
     # ------------------------------------------------------------------ reading
     def count(self, broker: AmqpBroker, queue: Queue) -> int:
         """The queue's consumers on every gateway."""
@@ -113,7 +118,7 @@ class Presence:
                 return None
             self._queues[key] = (broker, queue)
             offset = await decl.write(CONSUMERS_OP, broker.vhost, queue.name, c=state[0],
-                                      x=state[1])
+                                      x=state[1], m=self.member)
             if offset is None:  # not written (logged): tried again by the writer
                 self.changed(broker, queue)
             else:
@@ -222,7 +227,7 @@ class Presence:
     def records(self) -> list[dict[str, Any]]:
         """This module's part of a declaration-log snapshot."""
         out: list[dict[str, Any]] = []
-        gateway = self.broker.routes.gateway_id
+        gateway = self.member
         for b in (self.broker, *self.broker._vhosts.values()):
             for q in b.queues.values():
                 if q.exclusive:
@@ -230,15 +235,15 @@ class Presence:
                         (b.vhost, q.name))
                     if owner is not None:
                         out.append({"o": EXCLUSIVE_QUEUE_OP, "v": b.vhost, "n": q.name,
-                                    "g": owner, "d": q.durable, "ad": q.auto_delete,
-                                    "a": q.arguments})
+                                    "g": owner, "m": owner, "d": q.durable,
+                                    "ad": q.auto_delete, "a": q.arguments})
         for (vhost, name), state in self.announced.items():
             out.append({"o": CONSUMERS_OP, "v": vhost, "n": name, "g": gateway,
-                        "c": state[0], "x": state[1]})
+                        "m": gateway, "c": state[0], "x": state[1]})
         for (vhost, name), others in self.remote.items():
             for gw, (count, excl) in others.items():
-                out.append({"o": CONSUMERS_OP, "v": vhost, "n": name, "g": gw, "c": count,
-                            "x": excl})
+                out.append({"o": CONSUMERS_OP, "v": vhost, "n": name, "g": gw, "m": gw,
+                            "c": count, "x": excl})
         return out
 
     def apply(self, broker: AmqpBroker, r: dict[str, Any]) -> None:
@@ -246,7 +251,8 @@ class Presence:
         op = r["o"]
         if op not in (CONSUMERS_OP, EXCLUSIVE_QUEUE_OP):
             return  # written by a later version
-        key, gateway = (broker.vhost, str(r["n"])), str(r["g"])
+        # "m": the writer's id in the gateways' group ("g" is its declaration-log id).
+        key, gateway = (broker.vhost, str(r["n"])), str(r.get("m") or r["g"])
         if op == EXCLUSIVE_QUEUE_OP:
             broker.adopt_queue(key[1], bool(r.get("d")), bool(r.get("ad")), r.get("a") or {},
                                exclusive=True)
