@@ -271,10 +271,16 @@ class Presence:
                     del self.remote[key]
 
     def forget(self, broker: AmqpBroker, queue: Queue) -> None:
-        """The queue is deleted: its consumers everywhere were cancelled with it."""
+        """The queue is deleted: its consumers everywhere are cancelled with it. What the
+        others wrote before the deletion is forgotten; a count this gateway wrote may
+        come after it in the log (a consume that crossed the deletion): written again as
+        0, so nobody keeps counting it."""
         key = (broker.vhost, queue.name)
-        for table in (self.remote, self.owners, self.announced, self._queues):
+        for table in (self.remote, self.owners):
             table.pop(key, None)
+        if self.announced.pop(key, None) is not None or key in self._pending:
+            self.announced[key] = (-1, False)  # differs from anything: written again
+            self.changed(broker, queue)
 
     # ------------------------------------------------------------------ gone gateways
     async def _check_gone(self) -> None:

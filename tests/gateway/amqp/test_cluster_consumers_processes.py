@@ -1,0 +1,78 @@
+"""Consumers and exclusive queues across two `lmq amqp` processes on one cluster (a name
+server and an `apache_strict` broker; gateway/amqp/presence.py): the gateway that owned an
+exclusive queue and was the only consumer of an auto-delete queue is killed with -9; the
+other gateway deletes both once the dead one has been out of the gateways' group for
+`presence_gone_s` (defaults)."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from gateway.amqp.model import AmqpBrokerConfig
+from tests.gateway.amqp.broker_harness import params
+from tests.gateway.amqp.test_cluster_consumers import closed_with
+from tests.gateway.amqp.test_cluster_queues import collect
+from tests.gateway.amqp.test_cluster_queues_processes import _gateway
+from tests.gateway.mqtt.cluster_support import Cluster, _Proc
+from tests.gateway.mqtt.e2e_support import uid
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def _passive(port: int, queue: str) -> int | None:
+    """The reply code of a passive declare of `queue` through the gateway on `port`."""
+    conn = pika.BlockingConnection(params(port))
+    try:
+        return closed_with(lambda: conn.channel().queue_declare(queue, passive=True))
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def _until(port: int, queue: str, code: int | None, timeout_s: float) -> float:
+    """Seconds until the passive declare answers `code` (AssertionError after timeout_s)."""
+    started = time.monotonic()
+    while (got := _passive(port, queue)) != code:
+        assert time.monotonic() - started < timeout_s, f"{queue}: {got}, not {code}"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def test_kill_9_of_the_owner_and_last_consumer_deletes_its_queues(tmp_path):
+    cfg = AmqpBrokerConfig()
+    bound_s = cfg.presence_gone_s + 2 * cfg.presence_check_s + 10  # + start-up, load
+    cluster = Cluster(tmp_path).start()
+    procs: list[_Proc] = []
+    try:
+        gw_a, port_a = _gateway(tmp_path, "amqp-a", cluster.namesrv_addr)
+        procs.append(gw_a)
+        gw_b, port_b = _gateway(tmp_path, "amqp-b", cluster.namesrv_addr)
+        procs.append(gw_b)
+        ad, ex, kept = "ad-" + uid(), "ex-" + uid(), "kept-" + uid()
+        conn_a = pika.BlockingConnection(params(port_a))
+        ch = conn_a.channel()
+        ch.queue_declare(ad, auto_delete=True)
+        ch.basic_consume(ad, collect([]))
+        ch.queue_declare(ex, exclusive=True)
+        ch.queue_declare(kept, auto_delete=True)  # never consumed: stays
+        _until(port_b, ex, 405, 30)  # B knows A's exclusive queue
+        _until(port_b, ad, None, 30)
+        before = (_passive(port_b, ex), _passive(port_b, ad))
+        gw_a.kill9()
+        ex_s = _until(port_b, ex, 404, bound_s)
+        ad_s = _until(port_b, ad, 404, bound_s)
+        print(f"after kill -9: exclusive queue gone in {ex_s:.1f} s, auto-delete queue "
+              f"in {ex_s + ad_s:.1f} s (presence_gone_s {cfg.presence_gone_s})")
+        kept_code = _passive(port_b, kept)
+        conn_b = pika.BlockingConnection(params(port_b))
+        conn_b.channel().queue_declare(ex, exclusive=True)  # the name is free again
+        conn_b.close()
+    finally:
+        for proc in procs:
+            proc.stop()
+        cluster.stop()
+    assert before == (405, None)
+    assert kept_code is None
