@@ -15,8 +15,7 @@ from gateway.amqp.model import AmqpBrokerConfig
 from tests.gateway.amqp.broker_harness import params
 from tests.gateway.amqp.test_cluster_consumers import closed_with
 from tests.gateway.amqp.test_cluster_queues import collect
-from tests.gateway.amqp.test_cluster_queues_processes import _gateway
-from tests.gateway.mqtt.cluster_support import Cluster, _Proc
+from tests.gateway.amqp.test_cluster_queues_processes import two_gateways
 from tests.gateway.mqtt.e2e_support import uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -44,13 +43,7 @@ def _until(port: int, queue: str, code: int | None, timeout_s: float) -> float:
 def test_kill_9_of_the_owner_and_last_consumer_deletes_its_queues(tmp_path):
     cfg = AmqpBrokerConfig()
     bound_s = cfg.presence_gone_s + 2 * cfg.presence_check_s + 10  # + start-up, load
-    cluster = Cluster(tmp_path).start()
-    procs: list[_Proc] = []
-    try:
-        gw_a, port_a = _gateway(tmp_path, "amqp-a", cluster.namesrv_addr)
-        procs.append(gw_a)
-        gw_b, port_b = _gateway(tmp_path, "amqp-b", cluster.namesrv_addr)
-        procs.append(gw_b)
+    with two_gateways(tmp_path) as (gw_a, port_a, _gw_b, port_b):
         ad, ex, kept = "ad-" + uid(), "ex-" + uid(), "kept-" + uid()
         conn_a = pika.BlockingConnection(params(port_a))
         ch = conn_a.channel()
@@ -70,9 +63,5 @@ def test_kill_9_of_the_owner_and_last_consumer_deletes_its_queues(tmp_path):
         conn_b = pika.BlockingConnection(params(port_b))
         conn_b.channel().queue_declare(ex, exclusive=True)  # the name is free again
         conn_b.close()
-    finally:
-        for proc in procs:
-            proc.stop()
-        cluster.stop()
     assert before == (405, None)
     assert kept_code is None
