@@ -56,6 +56,8 @@ EXCLUSIVE_QUEUE_OP = "qe+"
 #: How long a consume (or an auto-delete check) waits for its own record to come back on
 #: the log before it decides on what it knows.
 APPLIED_WAIT_S = 5.0
+#: The writer's pause after a record it could not write (then it writes the state again).
+WRITE_RETRY_S = 1.0
 _ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 Key = tuple[str, str]  # (vhost, queue name)
 
@@ -80,6 +82,7 @@ class Presence:
         self._lock = trio.Lock()
         self._dirty: set[Key] = set()
         self._dirty_ready = trio.Event()
+        self._failed = False  # a write failed: the writer pauses before it tries again
         self._absent: dict[str, float] = {}  # gateway -> trio time first seen out
         self.reaped: list[str] = []  # gateways found gone
 
@@ -120,6 +123,7 @@ class Presence:
             offset = await decl.write(CONSUMERS_OP, broker.vhost, queue.name, c=state[0],
                                       x=state[1], m=self.member)
             if offset is None:  # not written (logged): tried again by the writer
+                self._failed = True
                 self.changed(broker, queue)
             else:
                 self.announced[key] = state
@@ -211,6 +215,9 @@ class Presence:
 
     async def _writer(self) -> None:
         while True:
+            if self._failed:
+                self._failed = False
+                await trio.sleep(WRITE_RETRY_S)
             await self._dirty_ready.wait()
             self._dirty_ready = trio.Event()
             dirty, self._dirty = self._dirty, set()
