@@ -200,3 +200,33 @@ def test_what_a_gone_gateway_consumed_or_owned_is_cleaned_up(tmp_path):
     assert kept and after == 1
     assert deletes == [1, 1]
     assert reaped == [ghost]
+
+
+def test_consumers_cancelled_by_a_deletion_are_written_as_gone(tmp_path):
+    """A queue deleted through A while B consumes it: B's consumer gets Basic.Cancel and
+    B's last count record for the queue on the log says 0, so a count B wrote after the
+    deletion (a consume that crossed it) is not kept by the others."""
+    def client(gws: list[Gateway]):
+        a, b = gws
+        conn_a, conn_b = (pika.BlockingConnection(params(g.port)) for g in (a, b))
+        conn_a.channel().queue_declare("del")
+        eventually(conn_b, lambda: closed_with(
+            lambda: conn_b.channel().queue_declare("del", passive=True)), None)
+        ch_b = conn_b.channel()
+        cancelled: list = []
+        ch_b.add_on_cancel_callback(cancelled.append)
+        ch_b.basic_consume("del", collect([]))
+        wait_count(conn_a, "del", 1)
+        conn_a.channel().queue_delete("del")
+        pump([conn_b], lambda: cancelled)
+
+        def last_count() -> int | None:
+            counts = [r["c"] for r in _decl_records(a, "c", "del")]
+            return counts[-1] if counts else None
+
+        last = eventually(conn_a, last_count, 0)
+        conn_a.close()
+        conn_b.close()
+        return last
+
+    assert run_gateways(tmp_path, client, 2, CFG) == 0
