@@ -260,6 +260,8 @@ class Presence:
             return  # written by a later version
         # "m": the writer's id in the gateways' group ("g" is its declaration-log id).
         key, gateway = (broker.vhost, str(r["n"])), str(r.get("m") or r["g"])
+        if gateway == self.member:
+            return  # an earlier life of this gateway id (a snapshot): what it had went
         if op == EXCLUSIVE_QUEUE_OP:
             broker.adopt_queue(key[1], bool(r.get("d")), bool(r.get("ad")), r.get("a") or {},
                                exclusive=True)
