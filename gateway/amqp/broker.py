@@ -47,6 +47,7 @@ from gateway.amqp.model import (
 )
 from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
 from gateway.amqp.pop_compat import APACHE_MODE_LOG, drain, unsupported
+from gateway.amqp.presence import EXCLUSIVE_QUEUE_OP, Presence
 from gateway.amqp.queue_args import parse_expiration, parse_queue_args
 from gateway.amqp.sac import SingleActive
 from gateway.routing import lmq_names
@@ -115,6 +116,7 @@ class AmqpBroker:
         #: Single active consumer and x-expires across gateways (sac.py, expiry.py).
         self.sac = SingleActive(self)
         self.expiry = SharedExpiry(self, self.sac.locks)
+        self.presence = Presence(self)  # consumers across gateways (presence.py)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
         #: Stored properties of recent publishes (stored_properties).
         self._props_cache: dict[tuple, bytes] = {}
@@ -167,6 +169,7 @@ class AmqpBroker:
             nursery.start_soon(self.policy.expiry_loop)
             nursery.start_soon(self.sac.run)
             nursery.start_soon(self.expiry.run)
+            nursery.start_soon(self.presence.run)
             if self.config.share_declarations:
                 from gateway.amqp.decl_log import DeclLog  # it imports this module
 
@@ -194,7 +197,7 @@ class AmqpBroker:
             child.ack_later = self.ack_later  # type: ignore[method-assign]
             child.nursery = self.nursery
             child.decl = self.decl
-            child.sac, child.expiry = self.sac, self.expiry
+            child.sac, child.expiry, child.presence = self.sac, self.expiry, self.presence
             self.nursery.start_soon(child.policy.expiry_loop)
             self._vhosts[vhost] = child
         return child
@@ -329,17 +332,17 @@ class AmqpBroker:
                                             dict(arguments))
 
     def adopt_queue(self, name: str, durable: bool, auto_delete: bool,
-                    arguments: Mapping[str, Any]) -> None:
-        """Another gateway declared it (decl_log.py)."""
+                    arguments: Mapping[str, Any], exclusive: bool = False) -> None:
+        """Another gateway declared it (decl_log.py); an exclusive one is another's."""
         if name in self.queues:
             return
         try:
-            args = parse_queue_args(name, arguments, durable, False)
+            args = parse_queue_args(name, arguments, durable, exclusive)
             lmq = lmq_names.encode(lmq_names.AMQP, self.qualified(name)).topic
         except (AmqpError, ValueError) as exc:
             log.warning("AMQP shared declaration of queue %r skipped: %s", name, exc)
             return
-        queue = Queue(name, lmq, durable, False, auto_delete, dict(arguments), None,
+        queue = Queue(name, lmq, durable, exclusive, auto_delete, dict(arguments), None,
                       args=args, adopted=True)
         self.queues[name] = queue
         if args.max_length is not None:
@@ -352,7 +355,7 @@ class AmqpBroker:
         """Another gateway deleted it: cancel its consumers here, drop the bindings made
         here (its messages are already gone)."""
         queue = self.queues.get(name)
-        if queue is not None and not queue.exclusive:
+        if queue is not None and (not queue.exclusive or queue.owner is None):
             await self._drop_queue(queue, share=False)
 
     async def exchange_bind(self, destination: str, source: str, routing_key: str,
@@ -421,9 +424,10 @@ class AmqpBroker:
         if args.max_length is not None:
             self.limited[lmq] = queue
         self._touch(queue)
-        if self.decl is not None and not exclusive:
-            self.decl.append("q+", self.vhost, name, d=durable, ad=auto_delete,
-                             a=dict(arguments))
+        if self.decl is not None:  # exclusive ones too: 405 on the others (presence.py)
+            extra = {"m": self.routes.gateway_id} if exclusive else {}
+            self.decl.append(EXCLUSIVE_QUEUE_OP if exclusive else "q+", self.vhost, name,
+                             d=durable, ad=auto_delete, a=dict(arguments), **extra)
         return queue
 
     def _touch(self, queue: Queue) -> None:
@@ -448,7 +452,7 @@ class AmqpBroker:
         if queue.exclusive and queue.owner != owner:
             raise AmqpError(errors.RESOURCE_LOCKED, f"RESOURCE_LOCKED - cannot obtain "
                             f"exclusive access to locked queue '{name}' in vhost '/'")
-        if if_unused and queue.consumers > 0:
+        if if_unused and self.presence.count(self, queue) > 0:
             raise AmqpError(errors.PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue "
                             f"'{name}' in vhost '/' in use")
         if if_empty and await self.message_count(queue) > 0:
@@ -485,6 +489,7 @@ class AmqpBroker:
         self.queues.pop(queue.name, None)
         self.limited.pop(queue.lmq, None)
         self.sac.idle(queue)
+        self.presence.forget(self, queue)
         for consumer in list(queue.subscribers):
             await consumer.deliveries.cancel_by_server(consumer.tag)
         queue.expires_at = None
@@ -493,7 +498,7 @@ class AmqpBroker:
             await self.routes.remove_route(route)
         if not share:
             return 0
-        if self.decl is not None and not queue.exclusive:
+        if self.decl is not None:
             self.decl.append("q-", self.vhost, queue.name)
         try:
             return await self._purge(queue, everything=True)
@@ -519,12 +524,15 @@ class AmqpBroker:
         return max(0, end - done)
 
     async def consumer_gone(self, queue: Queue) -> None:
-        """An auto-delete queue goes with its last consumer (counted on this gateway)."""
-        if queue.consumers > 0 or self.queues.get(queue.name) is not queue:
+        """An auto-delete queue goes with its last consumer on every gateway."""
+        if self.queues.get(queue.name) is not queue:
+            return
+        self.presence.changed(self, queue)  # the other gateways count ours (presence.py)
+        if queue.consumers > 0:
             return
         self.sac.idle(queue)  # another gateway's consumer may take over
         if queue.auto_delete:
-            await self._drop_queue(queue)
+            await self.presence.auto_delete(self, queue)
         else:
             self._touch(queue)  # x-expires counts from the last consumer's going
 

@@ -85,21 +85,33 @@ class DeclLog:
         self.snapshots = 0  # written by this gateway
         self._out: list[bytes] = []
         self._out_ready = trio.Event()
+        #: Set (and replaced) each time the follower moves `offset` (presence.py waits).
+        self.moved = trio.Event()
 
     # ------------------------------------------------------------------ writing
-    def append(self, op: str, vhost: str, name: str, **fields: Any) -> None:
-        """Queue a record for the writer task (in order; not waited for)."""
+    def _encode(self, op: str, vhost: str, name: str, fields: dict[str, Any]) -> bytes | None:
         record = {"o": op, "v": vhost, "n": name, "g": self.gateway_id, **fields}
         try:
             body = json.dumps(record, default=_plain).encode()
         except (TypeError, ValueError) as exc:
             log.warning("AMQP declaration of %r not shared: %s", name, exc)
-            return
+            return None
         if len(body) > MAX_RECORD_BYTES:
             log.warning("AMQP declaration of %r not shared: %d bytes", name, len(body))
-            return
-        self._out.append(body)
-        self._out_ready.set()
+            return None
+        return body
+
+    def append(self, op: str, vhost: str, name: str, **fields: Any) -> None:
+        """Queue a record for the writer task (in order; not waited for)."""
+        body = self._encode(op, vhost, name, fields)
+        if body is not None:
+            self._out.append(body)
+            self._out_ready.set()
+
+    async def write(self, op: str, vhost: str, name: str, **fields: Any) -> int | None:
+        """Append a record now (not behind the writer's queue); its log offset."""
+        body = self._encode(op, vhost, name, fields)
+        return None if body is None else await self._send(body)
 
     async def _send(self, body: bytes) -> int | None:
         """Append one record (three tries); its log offset, None when it failed."""
@@ -151,6 +163,7 @@ class DeclLog:
                 if not q.exclusive:
                     out.append({"o": "q+", "v": b.vhost, "n": q.name, "d": q.durable,
                                 "ad": q.auto_delete, "a": q.arguments})
+        out.extend(root.presence.records())  # consumers and exclusive queues
         return out
 
     async def write_snapshot(self) -> int | None:
@@ -261,6 +274,8 @@ class DeclLog:
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 log.warning("AMQP declaration record skipped: %r", exc)
         self.offset = got.next_begin_offset
+        self.moved.set()
+        self.moved = trio.Event()
         return True
 
     async def _apply(self, r: dict[str, Any]) -> None:
@@ -275,6 +290,8 @@ class DeclLog:
                                   bool(r.get("ad")), bool(r.get("i")), r.get("a") or {})
         elif op == "x-":
             await broker.forget_exchange(name)
+        else:  # consumers, exclusive queues (presence.py); it skips other ops
+            broker.presence.apply(broker, r)
 
     async def replay(self) -> None:
         """Start-up: the latest snapshot (if any), then the log to its end."""

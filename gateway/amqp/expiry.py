@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gateway.amqp.broker import AmqpBroker, Queue
     from gateway.amqp.sac import QueueLocks
 
-__all__ = ["SharedExpiry", "USE_GROUP_PREFIX", "USE_WRITE_GAP_S"]
+__all__ = ["SharedExpiry", "DELETE_LOCK", "USE_GROUP_PREFIX", "USE_WRITE_GAP_S"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ USE_WRITE_GAP_S = 0.05
 #: Bounds of the period at which a gateway with consumers writes a queue's use again.
 MIN_REFRESH_S = 0.1
 MAX_REFRESH_S = 60.0
-_DELETE = 1  # queue id of the deletion lock
+#: Queue id of a queue's deletion lock (`sac.LOCK_GROUP`; also auto-delete, presence.py).
+DELETE_LOCK = 1
 _ERRORS = (MQClientError, RemotingError, OSError, trio.TooSlowError)
 
 
@@ -118,7 +119,7 @@ class SharedExpiry:
         """The queue's timer is due here: True (with its deletion lock held) when it was
         unused everywhere for its x-expires; else its timer is re-armed."""
         expires = queue.args.expires
-        mq = self.locks.mq(queue.lmq, _DELETE)
+        mq = self.locks.mq(queue.lmq, DELETE_LOCK)
         locked = False
         try:
             idle = await self._idle_ms(queue)
@@ -143,7 +144,7 @@ class SharedExpiry:
     async def deleted_by_us(self, queue: Queue) -> None:
         self.deleted += 1
         try:
-            await self.locks.unlock([self.locks.mq(queue.lmq, _DELETE)])
+            await self.locks.unlock([self.locks.mq(queue.lmq, DELETE_LOCK)])
         except _ERRORS as exc:  # it lapses on the broker
             log.warning("AMQP expiry unlock of queue %r failed: %r", queue.name, exc)
 

@@ -62,6 +62,13 @@ class AmqpBrokerConfig:
     sac_lease_s: float = 30.0
     sac_renew_s: float = 10.0
     sac_retry_s: float = 1.0
+    #: Consumers and exclusive queues across gateways (gateway/amqp/presence.py): while
+    #: a gateway knows another's consumers or exclusive queues it reads the gateways'
+    #: group every `presence_check_s`; one out of it for `presence_gone_s` (longer than
+    #: the route log's 20 s heartbeat) is gone: its consumers stop counting, its
+    #: exclusive queues and the auto-delete queues it was the last to consume are deleted.
+    presence_check_s: float = 5.0
+    presence_gone_s: float = 30.0
 
 
 @dataclass

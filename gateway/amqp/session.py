@@ -251,7 +251,8 @@ class AmqpSession:
             state.last_queue = queue.name
             if not method.nowait:
                 count = await broker.message_count(queue)
-                send(channel, QueueDeclareOk(queue.name, count, queue.consumers))
+                send(channel, QueueDeclareOk(queue.name, count,
+                                             broker.presence.count(broker, queue)))
         elif kind is QueueBind:
             allow("write", "queue", self._queue_name(state, method.queue))
             allow("read", "exchange", method.exchange)
@@ -311,9 +312,10 @@ class AmqpSession:
         elif kind is BasicConsume:
             allow("read", "queue", self._queue_name(state, method.queue))
             queue = broker.consumable(self._queue_name(state, method.queue), self.id)
-            tag = state.deliveries.consume(method.consumer_tag, queue,
-                                           broker.queue_pop(queue), method.no_ack,
-                                           self._tag_taken, method.exclusive)
+            async with broker.presence.consuming(broker, queue, method.exclusive):
+                tag = state.deliveries.consume(method.consumer_tag, queue,
+                                               broker.queue_pop(queue), method.no_ack,
+                                               self._tag_taken, method.exclusive)
             if not method.nowait:
                 send(channel, BasicConsumeOk(tag))
         elif kind is BasicCancel:

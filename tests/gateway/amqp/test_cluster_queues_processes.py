@@ -6,7 +6,9 @@ with x-expires that only the killed gateway used is deleted by the other once un
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import pika
 import pytest
@@ -49,7 +51,9 @@ def _known(port: int, queue: str, known: bool = True, timeout_s: float = 30.0) -
         conn.close()
 
 
-def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
+@contextlib.contextmanager
+def two_gateways(tmp_path) -> Iterator[tuple[_Proc, int, _Proc, int]]:
+    """A name server, a strict broker and two `lmq amqp` processes: (proc, port) twice."""
     cluster = Cluster(tmp_path).start()
     procs: list[_Proc] = []
     try:
@@ -57,6 +61,15 @@ def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
         procs.append(gw_a)
         gw_b, port_b = _gateway(tmp_path, "amqp-b", cluster.namesrv_addr)
         procs.append(gw_b)
+        yield gw_a, port_a, gw_b, port_b
+    finally:
+        for proc in procs:
+            proc.stop()
+        cluster.stop()
+
+
+def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
+    with two_gateways(tmp_path) as (gw_a, port_a, gw_b, port_b):
         q = "sac-" + uid()
         conn_a = pika.BlockingConnection(params(port_a))
         conn_b = pika.BlockingConnection(params(port_b))
@@ -106,9 +119,5 @@ def test_kill_9_of_the_active_consumers_gateway_moves_delivery(tmp_path):
         _known(port_b, exp, known=False)  # unused since the kill: B deleted it
         conn_b.close()
         conn_p.close()
-    finally:
-        for proc in procs:
-            proc.stop()
-        cluster.stop()
     assert before == (first, [])
     assert got_b[settled:] == after
