@@ -55,3 +55,21 @@ def find_exception(exc: BaseException, kinds) -> BaseException | None:
             if found is not None:
                 return found
     return None
+
+
+def amqp_configs(path: str | None, **flags):
+    """(AmqpServerConfig, AmqpBrokerConfig): defaults < the TOML file `path` (typed) < the
+    flags given (None: not given). ValueError names a bad key or value."""
+    from gateway.amqp.broker import AmqpBrokerConfig
+    from gateway.amqp.embedded import amqp_config_tables
+    from gateway.amqp.server import AmqpServerConfig
+    from lmq.commands._checks import mapping_type_error
+
+    server_kw, broker_kw = amqp_config_tables(path)
+    server_kw.update({k: v for k, v in flags.items() if v is not None})
+    source = path or "the flags"
+    problem = (mapping_type_error(AmqpServerConfig, server_kw, source)
+               or mapping_type_error(AmqpBrokerConfig, broker_kw, source))
+    if problem:
+        raise ValueError(problem)
+    return AmqpServerConfig(**server_kw), AmqpBrokerConfig(**broker_kw)

@@ -19,11 +19,14 @@ log = logging.getLogger("lmq.amqp")
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("amqp", help="run a stand-alone AMQP 0-9-1 gateway")
     add_gateway_options(parser)
-    parser.add_argument("--amqp-port", type=int, default=5672,
-                        help="AMQP listen port (default %(default)s; 0 picks a free one)")
+    parser.add_argument("--amqp-port", type=int, default=None,
+                        help="AMQP listen port (default 5672; 0 picks a free one)")
+    parser.add_argument("--amqp-config", metavar="FILE",
+                        help="AMQP gateway TOML file (keys = AmqpServerConfig / "
+                             "AmqpBrokerConfig fields, docs/amqp.md); flags win over it")
     parser.add_argument("--log-level", default="INFO", type=log_level,
                         help="logging level (default %(default)s)")
-    parser.add_argument("--users-file", default="",
+    parser.add_argument("--users-file", default=None,
                         help="users, vhosts and permissions (JSON, managed by `lmq amqp "
                              "user ...`; default: vhost / and guest/guest only)")
     parser.add_argument("--amqp-tls-port", type=int, default=None,
@@ -43,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
         return _amqp_users.run(args)
     import trio
 
-    from gateway.amqp.server import AmqpServerConfig
     from gateway.amqp.standalone import CLUSTER_WAIT_S, run_standalone
     from lmq.commands._broker_args import _os_error, setup_logging
     from lmq.commands._checks import busy_listener
@@ -51,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from lmq.metrics import exporter_from_args
 
     setup_logging(args.log_level)
-    config = AmqpServerConfig(host=args.host, port=args.amqp_port, users_file=args.users_file,
-                              tls_port=args.amqp_tls_port, certfile=args.certfile or "",
-                              keyfile=args.keyfile or "")
+    try:
+        config, broker_config = _configs(args)
+    except (OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
 
     wait_s = CLUSTER_WAIT_S if args.cluster_wait is None else args.cluster_wait
     exporter = exporter_from_args(args)
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("waiting for a master broker registered with %s (at most %g s)",
                  args.namesrv_addr, wait_s)
         await nursery.start(functools.partial(
-            run_standalone, args.namesrv_addr, config, cluster_wait_s=wait_s,
+            run_standalone, args.namesrv_addr, config, broker_config, cluster_wait_s=wait_s,
             on_server=lambda s: setattr(exporter, "amqp", s) if exporter else None))
 
     try:
@@ -74,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         if error is not None:
             busy = None
             if error.errno == errno.EADDRINUSE:
-                busy = busy_listener([("AMQP", args.host, args.amqp_port),
-                                      ("AMQPS", args.host, args.amqp_tls_port),
+                busy = busy_listener([("AMQP", config.host, config.port),
+                                      ("AMQPS", config.host, config.tls_port),
                                       ("metrics", args.metrics_host, args.metrics_port)])
             log.error("cannot start: %s", busy or error)
             return 1
@@ -86,3 +90,12 @@ def run(args: argparse.Namespace) -> int:
             return 1
         raise
     return 0
+
+
+def _configs(args: argparse.Namespace):
+    """(AmqpServerConfig, AmqpBrokerConfig) from --amqp-config and the flags."""
+    from lmq.commands._gateway_main import amqp_configs
+
+    return amqp_configs(args.amqp_config, host=args.host, port=args.amqp_port,
+                        users_file=args.users_file, tls_port=args.amqp_tls_port,
+                        certfile=args.certfile, keyfile=args.keyfile)

@@ -24,7 +24,7 @@ from lmq.commands._broker_args import (
     run_server,
     setup_logging,
 )
-from lmq.commands._checks import lock_data_dir, mapping_type_error
+from lmq.commands._checks import lock_data_dir
 from lmq.commands._embedded import embedded_server, load_configs
 from lmq.commands.mqtt import add_mqtt_options, mqtt_services
 from lmq.metrics import add_metrics_options
@@ -115,22 +115,12 @@ def amqp_services(args: argparse.Namespace) -> list:
     (typed) < --host / --amqp-port. ValueError names a bad key or value."""
     if args.no_amqp:
         return []
-    from gateway.amqp.broker import AmqpBrokerConfig
-    from gateway.amqp.embedded import AmqpService, amqp_config_tables
-    from gateway.amqp.server import AmqpServerConfig
+    from gateway.amqp.embedded import AmqpService
+    from lmq.commands._gateway_main import amqp_configs
 
-    server_kw, broker_kw = amqp_config_tables(args.amqp_config)
-    source = args.amqp_config or "the flags"
-    server_kw.update({k: v for k, v in (("host", args.host), ("port", args.amqp_port))
-                      if v is not None})
-    server_kw.update({k: v for k, v in (("tls_port", args.amqp_tls_port),
-                                        ("certfile", args.amqp_certfile),
-                                        ("keyfile", args.amqp_keyfile)) if v is not None})
-    problem = (mapping_type_error(AmqpServerConfig, server_kw, source)
-               or mapping_type_error(AmqpBrokerConfig, broker_kw, source))
-    if problem:
-        raise ValueError(problem)
-    return [AmqpService(AmqpServerConfig(**server_kw), AmqpBrokerConfig(**broker_kw))]
+    return [AmqpService(*amqp_configs(
+        args.amqp_config, host=args.host, port=args.amqp_port, tls_port=args.amqp_tls_port,
+        certfile=args.amqp_certfile, keyfile=args.amqp_keyfile))]
 
 
 def add_grpc_options(parser: argparse.ArgumentParser) -> None:

@@ -44,10 +44,13 @@ def test_lmq_amqp_serves_pika_and_stops_on_sigterm(tmp_path):
     def client(namesrv_addr: str):
         port = _free_port()
         log_path = str(tmp_path / "amqp.log")
+        # The port and a broker setting come from --amqp-config (flags would win over it).
+        config = tmp_path / "amqp.toml"
+        config.write_text(f"[amqp]\nport = {port}\nmax_queues = 1\n")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lmq", "amqp", "--namesrv-addr", namesrv_addr,
-                 "--amqp-port", str(port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                 "--amqp-config", str(config)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_port(proc, port, log_path)
             conn = pika.BlockingConnection(params(port))
@@ -57,6 +60,8 @@ def test_lmq_amqp_serves_pika_and_stops_on_sigterm(tmp_path):
             ch.queue_bind("cmd-q", "amq.topic", "a.#")
             ch.basic_publish("amq.topic", "a.b.c", b"through lmq amqp")
             method, _, body = ch.basic_get("cmd-q", auto_ack=True)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+                ch.queue_declare("cmd-q2")  # max_queues = 1, from the file
             conn.close()
             proc.send_signal(signal.SIGTERM)
             return body, proc.wait(30)
@@ -72,3 +77,12 @@ def test_lmq_amqp_serves_pika_and_stops_on_sigterm(tmp_path):
 
     run_embedded(body, tmp_path, timeout=100.0, allow_inner_properties_without_acl=True)
     assert got == [(b"through lmq amqp", 0)]
+
+
+def test_lmq_amqp_config_file_errors_are_named(tmp_path):
+    config = tmp_path / "amqp.toml"
+    config.write_text("[amqp]\nmax_queues = 'many'\nno_such_key = 1\n")
+    run = subprocess.run([sys.executable, "-m", "lmq", "amqp", "--amqp-config", str(config)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "no_such_key" in run.stderr
