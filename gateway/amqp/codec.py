@@ -58,6 +58,9 @@ __all__ = [
     "encode_method_frame",
     "encode_content",
     "encode_deliver",
+    "deliver_head",
+    "deliver_parts",
+    "deliver_tail",
     "HEARTBEAT_FRAME",
 ]
 
@@ -86,6 +89,10 @@ _METHOD_IDS = struct.Struct(">HH")
 _PUBLISH_IDS = _METHOD_IDS.pack(60, 40)
 _TICKET = struct.Struct(">H")
 _DELIVER_TAG = struct.Struct(">QB")
+# A frame's end octet followed by the next frame's head (and, for a content header, its
+# class, weight and body size): one pack instead of three on the delivery path.
+_END_HEADER_HEAD = struct.Struct(">BBHIHHQ")
+_END_BODY_HEAD = struct.Struct(">BBHI")
 
 
 class ProtocolHeader(NamedTuple):
@@ -370,19 +377,47 @@ def encode_content(channel: int, method: Method, properties: BasicProperties | b
     return b"".join(parts)
 
 
+def deliver_head(consumer_tag: str) -> bytes:
+    """basic.deliver's method ids and consumer tag: the same for every delivery of a
+    consumer (`deliver_parts`)."""
+    return _METHOD_IDS.pack(60, 60) + encode_shortstr(consumer_tag)
+
+
+def deliver_tail(exchange: str, routing_key: str) -> bytes:
+    """basic.deliver's exchange and routing key (`deliver_parts`)."""
+    return encode_shortstr(exchange) + encode_shortstr(routing_key)
+
+
+def deliver_parts(parts: list, channel: int, head: bytes, delivery_tag: int,
+                  redelivered: bool, tail: bytes, raw_properties: bytes, body: bytes,
+                  frame_max: int) -> None:
+    """Append basic.deliver with its content to `parts` (hot path: no method table, the
+    constant pieces pre-encoded, the body not copied until the caller joins the parts of
+    all its deliveries once)."""
+    raw = raw_properties or EMPTY_PROPERTIES
+    size = len(body)
+    parts += (_FRAME_HEAD.pack(FRAME_METHOD, channel, len(head) + 9 + len(tail)), head,
+              _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), tail,
+              _END_HEADER_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(raw), 60, 0,
+                                    size), raw)
+    if 0 < size <= frame_max - FRAME_OVERHEAD:
+        parts += (_END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, b"\xce")
+        return
+    parts.append(b"\xce")
+    chunk = frame_max - FRAME_OVERHEAD
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start:start + chunk]
+        parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+
+
 def encode_deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                    exchange: str, routing_key: str, raw_properties: bytes, body: bytes,
                    frame_max: int) -> bytes:
-    """basic.deliver with its content, built without the generic method table (hot path)."""
-    fields = b"".join((
-        _METHOD_IDS.pack(60, 60),
-        encode_shortstr(consumer_tag),
-        _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0),
-        encode_shortstr(exchange),
-        encode_shortstr(routing_key),
-    ))
-    parts = [_FRAME_HEAD.pack(FRAME_METHOD, channel, len(fields)), fields, b"\xce"]
-    _content_frames(parts, channel, 60, raw_properties or EMPTY_PROPERTIES, body, frame_max)
+    """basic.deliver with its content, built without the generic method table."""
+    parts: list = []
+    deliver_parts(parts, channel, deliver_head(consumer_tag), delivery_tag, redelivered,
+                  deliver_tail(exchange, routing_key), raw_properties, body, frame_max)
     return b"".join(parts)
 
 

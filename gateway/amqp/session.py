@@ -167,7 +167,8 @@ class AmqpSession:
         state = self.channels.get(channel)
         if state is None:
             state = self.channels[channel] = _Channel(Deliveries(
-                self.broker, channel, self.conn.frame_max, self.conn.send_raw, self._flush))
+                self.broker, channel, self.conn.frame_max, self.conn.send_raw, self._flush,
+                self.conn.send_parts))
         try:
             if content is not None:
                 await self._publish(channel, state, content)

@@ -8,6 +8,7 @@ import base64
 from core.client.pop_consumer import PopMessage, PopRecord
 from core.common.properties import decode_properties_bytes, encode_properties
 from gateway.amqp.broker import PROP_EXCHANGE, PROP_PROPERTIES, PROP_ROUTING_KEY, PROP_TTL
+from gateway.amqp.codec import deliver_tail
 from gateway.amqp.consume import _envelope
 from gateway.amqp.dead_letter import envelope
 from gateway.amqp.model import quote_text
@@ -39,6 +40,7 @@ def test_light_envelope_agrees_with_the_full_decode():
         got = _envelope(m)
         m.message._props = None
         assert got[:3] == envelope(m)
+        assert got[4] == deliver_tail(got[0], got[1])  # Basic.Deliver's encoded fields
         assert m.message.properties == decode_properties_bytes(m.message.raw_properties)
     assert _envelope(light({}))[2] == b"\x00\x00"
 
