@@ -222,6 +222,9 @@ class AmqpServer:
                 self.bytes_in += len(data)
                 events = conn.receive_data(data, now)
             for event in events:
+                if type(event) is ContentReceived and session is not None and \
+                        session.publish_now(event.content):
+                    continue  # taken without a coroutine per publish (the common case)
                 await self._event(conn, session, event)
                 if type(event) is ConnectionOpened:
                     handshake_deadline = None
