@@ -22,6 +22,7 @@ import trio
 
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
+from core.common.properties import MessageConst
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.broker import (
@@ -68,6 +69,12 @@ _ENVELOPE_CACHE_MAX_BYTES = 1024  # stored properties + routing key of one entry
 _ENVELOPES: dict[tuple, tuple[str, str, bytes, bytes]] = {}
 #: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
 _OURS = (b"AMQP_", b"MQTT_")
+#: The pair the broker appends to a multi-dispatched record (its offset in each LMQ):
+#: the only part of a stored publish's properties that changes from one message to the
+#: next, so what comes before it keys a second cache, looked up before any split.
+_QUEUE_OFFSET_PAIR = b"\x02" + MessageConst.INNER_MULTI_QUEUE_OFFSET.encode() + b"\x01"
+_STORED_KEY_MAX_BYTES = 4096  # so that cache holds at most about 4 MiB of keys
+_BY_STORED: dict[bytes, tuple[str, str, bytes, bool, bytes]] = {}
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
@@ -103,7 +110,16 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
     if type(rec) is not PopRecord:
         props = rec.properties
         return _full_envelope(m, PROP_TTL in props or K_EXPIRY in props)
-    pairs = _our_pairs(rec.raw_properties)
+    raw_props = rec.raw_properties
+    cut = raw_props.rfind(_QUEUE_OFFSET_PAIR)
+    stored = None
+    if 0 < cut <= _STORED_KEY_MAX_BYTES and \
+            raw_props.find(b"\x02", cut + len(_QUEUE_OFFSET_PAIR)) < 0:
+        stored = raw_props[:cut]  # the offsets pair is the last one: the rest is constant
+        hit = _BY_STORED.get(stored)
+        if hit is not None:
+            return hit
+    pairs = _our_pairs(raw_props)
     own_ttl = _TTL in pairs or _EXPIRY in pairs
     props = pairs.get(_P)
     if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
@@ -118,7 +134,14 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
             if len(_ENVELOPES) >= _ENVELOPE_CACHE_SIZE:
                 _ENVELOPES.clear()
             _ENVELOPES[key] = found
-    return found[0], found[1], found[2], own_ttl, found[3]
+        else:
+            stored = None
+    out = found[0], found[1], found[2], own_ttl, found[3]
+    if stored is not None:
+        if len(_BY_STORED) >= _ENVELOPE_CACHE_SIZE:
+            _BY_STORED.clear()
+        _BY_STORED[stored] = out
+    return out
 
 
 class Consumer:
