@@ -244,6 +244,13 @@ class AmqpDecoder:
                 break  # frame-end octet not here yet
             if buf[stop] != FRAME_END:
                 raise AmqpError(FRAME_ERROR, f"frame-end octet {buf[stop]:#04x}, expected 0xce")
+            if kind == FRAME_METHOD and channel and buf[pos + 7:pos + 11] == _PUBLISH_IDS and \
+                    channel not in self._pending:
+                whole = self._whole_publish(buf, pos + 7, stop, end, channel, limit)
+                if whole is not None:
+                    events.append(whole[0])
+                    pos = whole[1]
+                    continue
             payload = buf[pos + 7:stop]
             pos = stop + 1
             if kind == FRAME_BODY:
@@ -264,6 +271,40 @@ class AmqpDecoder:
             self._buf = bytearray(buf[pos:])
             self._need = 7 if end - pos < 7 else 8 + _FRAME_HEAD.unpack_from(buf, pos)[2]
         return events
+
+    def _whole_publish(self, buf: bytes, start: int, stop: int, end: int, channel: int,
+                       limit: int) -> tuple[Content, int] | None:
+        """A basic.publish whose content header and single body frame follow it in `buf`,
+        decoded in one go (the common case: no `_Pending` state); None for anything else,
+        which the frame-by-frame path then takes (and reports any error of)."""
+        h = stop + 1  # the content header frame
+        if end - h < 7:
+            return None
+        kind, ch, size = _FRAME_HEAD.unpack_from(buf, h)
+        hstop = h + 7 + size
+        if kind != FRAME_HEADER or ch != channel or size < 14 or size > limit or \
+                hstop >= end or buf[hstop] != FRAME_END:
+            return None
+        class_id, _weight, body_size = _CONTENT_HEAD.unpack_from(buf, h + 7)
+        if class_id != 60 or body_size > self.max_message_size:
+            return None
+        if body_size:
+            b = hstop + 1  # the body frame
+            if end - b < 7:
+                return None
+            kind, ch, size = _FRAME_HEAD.unpack_from(buf, b)
+            bstop = b + 7 + body_size
+            if kind != FRAME_BODY or ch != channel or size != body_size or \
+                    size > limit or bstop >= end or buf[bstop] != FRAME_END:
+                return None
+            body = buf[b + 7:bstop]
+            after = bstop + 1
+        else:
+            body = b""
+            after = hstop + 1
+        method = _decode_publish(buf[start:stop])
+        raw = buf[h + 19:hstop]
+        return Content(channel, method, decode_properties(raw), raw, body), after
 
     def _method(self, channel: int, payload: bytes) -> Any:
         if channel in self._pending:
