@@ -4,6 +4,7 @@ order kept when the kernel's buffer is full, reads that stay fair to other tasks
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from gateway.amqp.wire import Wire
 
@@ -119,6 +120,21 @@ async def _test_receive_returns_end_of_stream_and_waits_cancellably() -> None:
     assert await wire.receive() == b""
     for s in (server, listener):
         await s.aclose()
+
+
+async def _test_other_streams_use_their_own_calls() -> None:
+    # TLS (or any stream without a plain socket): the stream's send_all / receive_some.
+    left, right = trio.testing.memory_stream_pair()
+    queued = [b"abc"]
+    wire = Wire(left, lambda: queued.pop() if queued else b"", 1024, _Meter())
+    await wire.flush()
+    assert await right.receive_some(10) == b"abc"
+    await right.send_all(b"xyz")
+    assert await wire.receive() == b"xyz"
+
+
+def test_other_streams_use_their_own_calls() -> None:
+    trio.run(_test_other_streams_use_their_own_calls)
 
 
 def test_flush_writes_what_the_kernel_takes_without_yielding() -> None:
