@@ -58,6 +58,9 @@ __all__ = [
     "encode_method_frame",
     "encode_content",
     "encode_deliver",
+    "deliver_head",
+    "deliver_parts",
+    "deliver_tail",
     "HEARTBEAT_FRAME",
 ]
 
@@ -86,6 +89,10 @@ _METHOD_IDS = struct.Struct(">HH")
 _PUBLISH_IDS = _METHOD_IDS.pack(60, 40)
 _TICKET = struct.Struct(">H")
 _DELIVER_TAG = struct.Struct(">QB")
+# A frame's end octet followed by the next frame's head (and, for a content header, its
+# class, weight and body size): one pack instead of three on the delivery path.
+_END_HEADER_HEAD = struct.Struct(">BBHIHHQ")
+_END_BODY_HEAD = struct.Struct(">BBHI")
 
 
 class ProtocolHeader(NamedTuple):
@@ -237,6 +244,13 @@ class AmqpDecoder:
                 break  # frame-end octet not here yet
             if buf[stop] != FRAME_END:
                 raise AmqpError(FRAME_ERROR, f"frame-end octet {buf[stop]:#04x}, expected 0xce")
+            if kind == FRAME_METHOD and channel and buf[pos + 7:pos + 11] == _PUBLISH_IDS and \
+                    channel not in self._pending:
+                whole = self._whole_publish(buf, pos + 7, stop, end, channel, limit)
+                if whole is not None:
+                    events.append(whole[0])
+                    pos = whole[1]
+                    continue
             payload = buf[pos + 7:stop]
             pos = stop + 1
             if kind == FRAME_BODY:
@@ -257,6 +271,40 @@ class AmqpDecoder:
             self._buf = bytearray(buf[pos:])
             self._need = 7 if end - pos < 7 else 8 + _FRAME_HEAD.unpack_from(buf, pos)[2]
         return events
+
+    def _whole_publish(self, buf: bytes, start: int, stop: int, end: int, channel: int,
+                       limit: int) -> tuple[Content, int] | None:
+        """A basic.publish whose content header and single body frame follow it in `buf`,
+        decoded in one go (the common case: no `_Pending` state); None for anything else,
+        which the frame-by-frame path then takes (and reports any error of)."""
+        h = stop + 1  # the content header frame
+        if end - h < 7:
+            return None
+        kind, ch, size = _FRAME_HEAD.unpack_from(buf, h)
+        hstop = h + 7 + size
+        if kind != FRAME_HEADER or ch != channel or size < 14 or size > limit or \
+                hstop >= end or buf[hstop] != FRAME_END:
+            return None
+        class_id, _weight, body_size = _CONTENT_HEAD.unpack_from(buf, h + 7)
+        if class_id != 60 or body_size > self.max_message_size:
+            return None
+        if body_size:
+            b = hstop + 1  # the body frame
+            if end - b < 7:
+                return None
+            kind, ch, size = _FRAME_HEAD.unpack_from(buf, b)
+            bstop = b + 7 + body_size
+            if kind != FRAME_BODY or ch != channel or size != body_size or \
+                    size > limit or bstop >= end or buf[bstop] != FRAME_END:
+                return None
+            body = buf[b + 7:bstop]
+            after = bstop + 1
+        else:
+            body = b""
+            after = hstop + 1
+        method = _decode_publish(buf[start:stop])
+        raw = buf[h + 19:hstop]
+        return Content(channel, method, decode_properties(raw), raw, body), after
 
     def _method(self, channel: int, payload: bytes) -> Any:
         if channel in self._pending:
@@ -370,19 +418,47 @@ def encode_content(channel: int, method: Method, properties: BasicProperties | b
     return b"".join(parts)
 
 
+def deliver_head(consumer_tag: str) -> bytes:
+    """basic.deliver's method ids and consumer tag: the same for every delivery of a
+    consumer (`deliver_parts`)."""
+    return _METHOD_IDS.pack(60, 60) + encode_shortstr(consumer_tag)
+
+
+def deliver_tail(exchange: str, routing_key: str) -> bytes:
+    """basic.deliver's exchange and routing key (`deliver_parts`)."""
+    return encode_shortstr(exchange) + encode_shortstr(routing_key)
+
+
+def deliver_parts(parts: list, channel: int, head: bytes, delivery_tag: int,
+                  redelivered: bool, tail: bytes, raw_properties: bytes, body: bytes,
+                  frame_max: int) -> None:
+    """Append basic.deliver with its content to `parts` (hot path: no method table, the
+    constant pieces pre-encoded, the body not copied until the caller joins the parts of
+    all its deliveries once)."""
+    raw = raw_properties or EMPTY_PROPERTIES
+    size = len(body)
+    parts += (_FRAME_HEAD.pack(FRAME_METHOD, channel, len(head) + 9 + len(tail)), head,
+              _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0), tail,
+              _END_HEADER_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(raw), 60, 0,
+                                    size), raw)
+    if 0 < size <= frame_max - FRAME_OVERHEAD:
+        parts += (_END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, b"\xce")
+        return
+    parts.append(b"\xce")
+    chunk = frame_max - FRAME_OVERHEAD
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start:start + chunk]
+        parts += (_FRAME_HEAD.pack(FRAME_BODY, channel, len(piece)), piece, b"\xce")
+
+
 def encode_deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                    exchange: str, routing_key: str, raw_properties: bytes, body: bytes,
                    frame_max: int) -> bytes:
-    """basic.deliver with its content, built without the generic method table (hot path)."""
-    fields = b"".join((
-        _METHOD_IDS.pack(60, 60),
-        encode_shortstr(consumer_tag),
-        _DELIVER_TAG.pack(delivery_tag, 1 if redelivered else 0),
-        encode_shortstr(exchange),
-        encode_shortstr(routing_key),
-    ))
-    parts = [_FRAME_HEAD.pack(FRAME_METHOD, channel, len(fields)), fields, b"\xce"]
-    _content_frames(parts, channel, 60, raw_properties or EMPTY_PROPERTIES, body, frame_max)
+    """basic.deliver with its content, built without the generic method table."""
+    parts: list = []
+    deliver_parts(parts, channel, deliver_head(consumer_tag), delivery_tag, redelivered,
+                  deliver_tail(exchange, routing_key), raw_properties, body, frame_max)
     return b"".join(parts)
 
 

@@ -253,6 +253,11 @@ class ServerConnection:
         self._out.append(data)
         self._last_send = self._now
 
+    def send_parts(self, parts: list) -> None:
+        """Queue already-encoded frames given in pieces (joined once, when written)."""
+        self._out += parts
+        self._last_send = self._now
+
     def close(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         """Start a connection-level close (Connection.Close, then wait for Close-Ok)."""
         if self._state in (_State.CLOSING, _State.ENDED):

@@ -22,6 +22,7 @@ import trio
 
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
+from core.common.properties import MessageConst
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
 from gateway.amqp.broker import (
@@ -32,7 +33,13 @@ from gateway.amqp.broker import (
     AmqpBroker,
     Queue,
 )
-from gateway.amqp.codec import encode_content, encode_deliver, encode_method_frame
+from gateway.amqp.codec import (
+    deliver_head,
+    deliver_parts,
+    deliver_tail,
+    encode_content,
+    encode_method_frame,
+)
 from gateway.amqp.dead_letter import delivery_fault, envelope, now_ms
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.methods import BasicCancel, BasicGetEmpty, BasicGetOk
@@ -59,9 +66,15 @@ _MQTT_TOPIC64 = _MQTT_TOPIC + b"64"
 #: deliveries repeat those of earlier ones. Bounded; the memory starts over when full.
 _ENVELOPE_CACHE_SIZE = 1024
 _ENVELOPE_CACHE_MAX_BYTES = 1024  # stored properties + routing key of one entry
-_ENVELOPES: dict[tuple, tuple[str, str, bytes]] = {}
+_ENVELOPES: dict[tuple, tuple[str, str, bytes, bytes]] = {}
 #: The names a delivery reads: ours, and those of MQTT publishes (the amq.topic bridge).
 _OURS = (b"AMQP_", b"MQTT_")
+#: The pair the broker appends to a multi-dispatched record (its offset in each LMQ):
+#: the only part of a stored publish's properties that changes from one message to the
+#: next, so what comes before it keys a second cache, looked up before any split.
+_QUEUE_OFFSET_PAIR = b"\x02" + MessageConst.INNER_MULTI_QUEUE_OFFSET.encode() + b"\x01"
+_STORED_KEY_MAX_BYTES = 4096  # so that cache holds at most about 4 MiB of keys
+_BY_STORED: dict[bytes, tuple[str, str, bytes, bool, bytes]] = {}
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
@@ -83,33 +96,57 @@ def _text(raw: bytes | None) -> str:
     return unquote(raw.decode("utf-8", "replace"), errors="surrogateescape") if raw else ""
 
 
-def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool]:
-    """`dead_letter.envelope` plus whether the message may carry its own expiration
-    (AMQP expiration or MQTT message expiry), read out of a light record's encoded
-    properties instead of decoding them all."""
+def _full_envelope(m: PopMessage, own_ttl: bool) -> tuple[str, str, bytes, bool, bytes]:
+    exchange, key, raw = envelope(m)
+    return exchange, key, raw, own_ttl, deliver_tail(exchange, key)
+
+
+def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
+    """`dead_letter.envelope`, whether the message may carry its own expiration (AMQP
+    expiration or MQTT message expiry), and Basic.Deliver's encoded exchange and routing
+    key (`deliver_tail`), read out of a light record's encoded properties instead of
+    decoding them all."""
     rec = m.message
     if type(rec) is not PopRecord:
         props = rec.properties
-        return (*envelope(m), PROP_TTL in props or K_EXPIRY in props)
-    pairs = _our_pairs(rec.raw_properties)
+        return _full_envelope(m, PROP_TTL in props or K_EXPIRY in props)
+    raw_props = rec.raw_properties
+    cut = raw_props.rfind(_QUEUE_OFFSET_PAIR)
+    stored = None
+    if 0 < cut <= _STORED_KEY_MAX_BYTES and \
+            raw_props.find(b"\x02", cut + len(_QUEUE_OFFSET_PAIR)) < 0:
+        stored = raw_props[:cut]  # the offsets pair is the last one: the rest is constant
+        hit = _BY_STORED.get(stored)
+        if hit is not None:
+            return hit
+    pairs = _our_pairs(raw_props)
     own_ttl = _TTL in pairs or _EXPIRY in pairs
     props = pairs.get(_P)
     if props is None and (_MQTT_TOPIC in pairs or _MQTT_TOPIC64 in pairs):
-        return (*envelope(m), own_ttl)  # an MQTT publish: its properties mapped there
+        return _full_envelope(m, own_ttl)  # an MQTT publish: its properties mapped there
     key = (pairs.get(_EX), pairs.get(_RK), props)
     found = _ENVELOPES.get(key)
     if found is None:
-        found = (_text(key[0]), _text(key[1]),
-                 base64.b64decode(props) if props else EMPTY_PROPERTIES)
+        exchange, routing_key = _text(key[0]), _text(key[1])
+        found = (exchange, routing_key, base64.b64decode(props) if props else EMPTY_PROPERTIES,
+                 deliver_tail(exchange, routing_key))
         if len(props or b"") + len(key[1] or b"") <= _ENVELOPE_CACHE_MAX_BYTES:
             if len(_ENVELOPES) >= _ENVELOPE_CACHE_SIZE:
                 _ENVELOPES.clear()
             _ENVELOPES[key] = found
-    return (*found, own_ttl)
+        else:
+            stored = None
+    out = found[0], found[1], found[2], own_ttl, found[3]
+    if stored is not None:
+        if len(_BY_STORED) >= _ENVELOPE_CACHE_SIZE:
+            _BY_STORED.clear()
+        _BY_STORED[stored] = out
+    return out
 
 
 class Consumer:
-    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries")
+    __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries",
+                 "head")
 
     def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
                  deliveries: Deliveries) -> None:
@@ -120,20 +157,24 @@ class Consumer:
         self.pop = pop
         self.no_ack = no_ack
         self.cancelled = False
+        self.head = deliver_head(tag)  # Basic.Deliver's first fields, encoded once
 
 
 class Deliveries:
     """The deliveries of one channel: tags, unacknowledged messages, prefetch, consumers.
 
-    `send(frames)` queues octets on the connection; `flush()` writes them to the socket.
+    `send(frames)` queues octets on the connection (`send_parts` a list of pieces, joined
+    when written); `flush()` writes them to the socket.
     """
 
     def __init__(self, broker: AmqpBroker, channel: int, frame_max: int,
-                 send: Callable[[bytes], None], flush: Callable[[], Awaitable[None]]) -> None:
+                 send: Callable[[bytes], None], flush: Callable[[], Awaitable[None]],
+                 send_parts: Callable[[list], None] | None = None) -> None:
         self.broker = broker
         self.channel = channel
         self.frame_max = frame_max
         self.send = send
+        self.send_parts = send_parts or (lambda parts: send(b"".join(parts)))
         self.flush = flush
         self.prefetch = 0  # 0 = unlimited
         self.next_tag = 1
@@ -258,19 +299,25 @@ class Deliveries:
                     continue
                 return
             now = now_ms()
+            parts: list = []
+            channel, frame_max, head = self.channel, self.frame_max, consumer.head
             for m in result.messages:
-                exchange, key, raw, own_ttl = _envelope(m)
+                _, _, raw, own_ttl, tail = _envelope(m)
                 if checks or own_ttl:
                     fault = delivery_fault(queue, m, now)
                     if fault is not None:
+                        if parts:  # out before anything else can take a tag
+                            self.send_parts(parts)
+                            parts = []
                         await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
                         continue
                 tag = self.next_tag
                 self.next_tag += 1
                 if not consumer.no_ack:
                     self.unacked[tag] = (consumer.pop, m, queue)
-                self.send(encode_deliver(self.channel, consumer.tag, tag, m.redelivered,
-                                         exchange, key, raw, m.body, self.frame_max))
+                deliver_parts(parts, channel, head, tag, m.redelivered, tail, raw, m.body,
+                              frame_max)
+            self.send_parts(parts)
             try:
                 await self.flush()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -292,7 +339,7 @@ class Deliveries:
             if result.status is not PopStatus.FOUND or not result.messages:
                 break
             m = result.messages[0]
-            exchange, key, raw, own_ttl = _envelope(m)
+            exchange, key, raw, own_ttl, _ = _envelope(m)
             if checks or own_ttl:
                 fault = delivery_fault(queue, m, now_ms())
                 if fault is not None:  # expired: the next one (bounded)

@@ -32,6 +32,7 @@ from gateway.amqp.connection import (
 )
 from gateway.amqp.session import AmqpSession
 from gateway.amqp.users import UserFile
+from gateway.amqp.wire import Wire
 from gateway.mqtt.logtext import shown
 from gateway.mqtt.transport import server_ssl_context
 
@@ -179,20 +180,15 @@ class AmqpServer:
         conn.peer_loopback = _is_loopback(stream)
         conn.peer = _peer(stream)
         session = AmqpSession(conn, self.broker) if self.broker is not None else None
-        send_lock = trio.Lock()  # consumer loops write deliveries from their own tasks
-
-        async def flush() -> None:
-            async with send_lock:
-                out = conn.data_to_send()
-                if out:
-                    self.bytes_out += len(out)
-                    await stream.send_all(out)
+        # Consumer loops and the store loop write from their own tasks too.
+        wire = Wire(stream, conn.data_to_send, cfg.read_size, self)
+        flush = wire.flush
 
         if session is not None:
             session.flush = flush
             self.sessions.add(session)
         try:
-            await self._loop(stream, conn, session, flush)
+            await self._loop(wire, conn, session, flush)
         finally:
             if session is not None:
                 self.sessions.discard(session)
@@ -201,7 +197,7 @@ class AmqpServer:
                     scope.deadline = trio.current_time() + cfg.cleanup_timeout_s
                     await session.ended()
 
-    async def _loop(self, stream: trio.SocketStream, conn: ServerConnection,
+    async def _loop(self, wire: Wire, conn: ServerConnection,
                     session: AmqpSession | None,
                     flush: Callable[[], Awaitable[None]]) -> None:
         cfg = self.config
@@ -213,7 +209,7 @@ class AmqpServer:
                          if d is not None]
             data = None
             with trio.move_on_at(min(deadlines) if deadlines else float("inf")):
-                data = await stream.receive_some(cfg.read_size)
+                data = await wire.receive()
             now = trio.current_time()
             # Checked whether or not octets came, so trickling input cannot stretch them.
             if close_deadline is not None and now >= close_deadline:
@@ -226,6 +222,9 @@ class AmqpServer:
                 self.bytes_in += len(data)
                 events = conn.receive_data(data, now)
             for event in events:
+                if type(event) is ContentReceived and session is not None and \
+                        session.publish_now(event.content):
+                    continue  # taken without a coroutine per publish (the common case)
                 await self._event(conn, session, event)
                 if type(event) is ConnectionOpened:
                     handshake_deadline = None
