@@ -27,6 +27,7 @@ from core.store.speedups import stage_batch_lmqs, stage_units, write_units
 # Unit value: phys int64 | size int32 | tag code int64 | store timestamp int64 (28 bytes,
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
 LMQ_UNIT = struct.Struct(">qiqq")
+_PHYS_SIZE = struct.Struct(">qi")  # the first two fields of a unit
 _EMPTY_UNIT = (0, 0, 0)
 _PREFIX_CACHE = 8192  # unit key prefixes kept between commits (hot queues)
 
@@ -48,6 +49,10 @@ class LmqIndex:
         # commit cheap: keys are built once per queue prefix, and only the names need
         # sorting (a queue's units arrive in offset order), not every key.
         self._staged: dict[str, list] = {}
+        # The units of the last commit, kept until the next one (same layout): with
+        # `_staged` they let `recent_units` serve a reader close behind the writer from
+        # memory (no commit, no RocksDB read). Bounded like `_staged`.
+        self._recent: dict[str, list] = {}
         self._prefixes: dict[str, bytes] = {}  # name -> b"u" name b"\x00" (bounded)
         self._cap = cache_size
         self.count = kv.get_int(LMQ_COUNT_KEY)
@@ -172,6 +177,7 @@ class LmqIndex:
         if not staged:
             return None
         self._staged = {}
+        self._recent = staged
         return staged
 
     def write_staged(self, snapshot: dict[str, list], put) -> None:
@@ -234,6 +240,27 @@ class LmqIndex:
         unpack = LMQ_UNIT.unpack
         return [unpack(r)[:3] if r else _EMPTY_UNIT for r in raws]
 
+    def recent_units(self, name: str, offset: int, count: int) -> list[tuple[int, int]] | None:
+        """(phys, size) of units `offset`, `offset + 1`, ... (at most `count`) of `name`
+        taken from memory: staged since the last commit, or written by it. Stops at the
+        first offset not held there; None when `offset` itself is not (read RocksDB)."""
+        out: list[tuple[int, int]] = []
+        unpack = _PHYS_SIZE.unpack_from
+        for gen in (self._recent, self._staged):
+            units = gen.get(name)
+            if not units:
+                continue
+            want = offset + len(out)
+            i = (want - units[0]) * 2  # a queue's units are staged in offset order
+            n = len(units)
+            if i < 0 or i >= n or units[i] != want:
+                continue
+            while i < n and len(out) < count and units[i] == want:
+                out.append(unpack(units[i + 1]))
+                want += 1
+                i += 2
+        return out or None
+
     # ------------------------------------------------------------------ admin
     def delete(self, name: str) -> bool:
         """Drop an LMQ's units and offsets (DELETE_TOPIC on an LMQ). Returns False when it
@@ -241,6 +268,7 @@ class LmqIndex:
         existed = self.next_offset(name) > 0
         nb = name.encode()
         self.cache.pop(name, None)
+        self._recent.pop(name, None)
         units = self._staged.pop(name, None)
         if units:
             self._kv.staged_ops -= len(units) // 2
@@ -257,6 +285,7 @@ class LmqIndex:
         CommitLog (power loss lost CommitLog pages RocksDB had already persisted); it scans
         every unit, which is acceptable for that rare case."""
         dropped = 0
+        self._recent = {}
         lowest: dict[str, int] = {}
         for key, value in self._kv.scan(b"u", b"v"):
             phys, size, _tag, _ts = LMQ_UNIT.unpack(value)
