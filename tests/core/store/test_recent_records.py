@@ -5,6 +5,7 @@ without reading RocksDB — what a POP woken by a dispatch takes (docs/pop.md "H
 from __future__ import annotations
 
 from core.common.codec import decode_record
+from core.store import lmq_index
 from tests.core.store.conftest import lmq_msg, msg
 
 BIG = 1 << 20
@@ -42,19 +43,25 @@ def test_served_from_memory_without_commit_or_read(open_store):
     assert commits and reads
 
 
-def test_one_commit_back_then_rocksdb(open_store):
+def test_latest_commits_kept_then_rocksdb(open_store, monkeypatch):
     store = open_store()
     for i in range(3):
         store.put(lmq_msg(["%LMQ%a"], body=f"m{i}".encode()))
-    store._commit_kv()  # units of m0..m2 written: still held until the next commit
+    store._commit_kv()  # units of m0..m2 written to RocksDB, and still held
     assert bodies(store.recent_records("%LMQ%a", 1, 32, BIG)[0]) == [b"m1", b"m2"]
     store.put(lmq_msg(["%LMQ%a"], body=b"m3"))
-    # Across the two generations (written by the last commit, staged since).
-    assert bodies(store.recent_records("%LMQ%a", 2, 32, BIG)[0]) == [b"m2", b"m3"]
+    # Across generations (written by a commit, staged since).
+    assert bodies(store.recent_records("%LMQ%a", 0, 32, BIG)[0]) == [b"m0", b"m1", b"m2",
+                                                                      b"m3"]
+    # Bounded: past the limit the oldest commits' units are let go (read RocksDB).
+    monkeypatch.setattr(lmq_index, "RECENT_UNITS_MAX", 2)
     store._commit_kv()
-    assert store.recent_records("%LMQ%a", 0, 32, BIG) is None  # behind: read the store
-    assert bodies(store.recent_records("%LMQ%a", 3, 32, BIG)[0]) == [b"m3"]
-    assert store.recent_records("%LMQ%a", 4, 32, BIG) is None  # nothing there yet
+    store.put(lmq_msg(["%LMQ%a"], body=b"m4"))
+    store._commit_kv()
+    assert store.recent_records("%LMQ%a", 0, 32, BIG) is None
+    assert bodies(store.recent_records("%LMQ%a", 4, 32, BIG)[0]) == [b"m4"]
+    assert store.recent_records("%LMQ%a", 5, 32, BIG) is None  # nothing there yet
+    assert bodies(store.get("%LMQ%a", 0, 0, 32).buffers) == [f"m{i}".encode() for i in range(5)]
 
 
 def test_bounds_and_refusals(open_store):
