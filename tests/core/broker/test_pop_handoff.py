@@ -150,3 +150,44 @@ def test_handed_off_delivery_survives_kill_9(tmp_path):
         trio.run(run, after, again)
     finally:
         again.kill()
+
+
+def test_pops_of_a_fanned_out_message_share_one_decoded_copy(tmp_path, monkeypatch):
+    from core.client import pop_consumer
+
+    monkeypatch.setattr(pop_consumer, "_shared", {})
+    fan = [f"%LMQ%fan{i}" for i in range(3)]
+
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        resp = await client.invoke(addr, send_request(
+            "Telemetry", b"x" * 300, properties={"INNER_MULTI_DISPATCH": ",".join(fan)}))
+        assert resp.code == 0, resp.remark
+        got = []
+        for name in fan:
+            r = await popper(server, client, "%LMQ%g" + name[5:]).pop(
+                name, invisible_ms=60_000, light=True)
+            got += r.messages
+        recs = [m.message for m in got]
+        assert [(m.topic, m.body) for m in got] == [(n, b"x" * 300) for n in fan]
+        assert all(r.body is recs[0].body and r.raw_properties is recs[0].raw_properties
+                   for r in recs)  # decoded once
+        # A redelivery carries its own receipt handle: decoded for itself.
+        pc = popper(server, client, "%LMQ%gfan1")
+        assert await pc.nack(got[1])
+        again = (await pc.pop(fan[1], invisible_ms=60_000, light=True)).messages
+        assert [(m.body, m.delivery_count) for m in again] == [(b"x" * 300, 2)]
+        assert again[0].message.raw_properties is not recs[0].raw_properties
+        assert await pc.ack(again[0]) and not await pc.ack(got[1])
+        # Bounded: nothing past SHARED_RECORDS_MAX_BYTES is kept.
+        monkeypatch.setattr(pop_consumer, "SHARED_RECORDS_MAX_BYTES", 100)
+        monkeypatch.setattr(pop_consumer, "_shared", {})
+        monkeypatch.setattr(pop_consumer, "_shared_bytes", 0)
+        await client.invoke(addr, send_request(
+            "Telemetry", b"y", properties={"INNER_MULTI_DISPATCH": ",".join(fan)}))
+        ys = [(await popper(server, client, "%LMQ%g" + n[5:]).pop(
+            n, invisible_ms=60_000, light=True)).messages[0].message for n in fan[:2]]
+        assert ys[0].body == ys[1].body == b"y"
+        assert ys[0].raw_properties is not ys[1].raw_properties
+
+    run_embedded(body, tmp_path, allow_inner_properties_without_acl=True)
