@@ -63,15 +63,18 @@ class PopRecord:
     `MessageExt` it uses); `properties` is decoded on first access."""
 
     __slots__ = ("body", "raw_properties", "store_timestamp", "reconsume_times", "sys_flag",
-                 "_props")
+                 "has_pop_ck", "_props")
 
     def __init__(self, body: bytes, raw_properties: bytes, store_timestamp: int,
-                 reconsume_times: int, sys_flag: int) -> None:
+                 reconsume_times: int, sys_flag: int, has_pop_ck: bool | None = None) -> None:
         self.body = body
         self.raw_properties = raw_properties
         self.store_timestamp = store_timestamp
         self.reconsume_times = reconsume_times
         self.sys_flag = sys_flag
+        #: Whether the properties hold a POP_CK (a receipt handle set by the broker).
+        self.has_pop_ck = (_POP_CK_MARK in raw_properties if has_pop_ck is None
+                           else has_pop_ck)
         self._props: dict[str, str] | None = None
 
     @property
@@ -128,7 +131,7 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
         hit = shared.get(key) if key is not None else None
         if hit is not None and pos + hit[4] <= end:
             body, raw, store_ts, sys_flag, total = hit
-            out.append(PopRecord(body, raw, store_ts, 0, sys_flag))
+            out.append(PopRecord(body, raw, store_ts, 0, sys_flag, False))
             pos += total
             continue
         lay = parse_layout(mv, pos)
@@ -144,12 +147,13 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
                 sys_flag &= ~compressed
         props = lay.properties_start
         raw = bytes(mv[props:props + lay.properties_length])
-        out.append(PopRecord(body, raw, store_ts, reconsume, sys_flag))
+        has_ck = _POP_CK_MARK in raw
+        out.append(PopRecord(body, raw, store_ts, reconsume, sys_flag, has_ck))
         total = lay.total_size
         # Only stored records as they are (a redelivery is re-encoded with its own
         # receipt handle: never shared).
-        if (key is not None and not reconsume and total <= _SHARED_MAX_RECORD
-                and total <= SHARED_RECORDS_MAX_BYTES and _POP_CK_MARK not in raw):
+        if (key is not None and not reconsume and not has_ck and total <= _SHARED_MAX_RECORD
+                and total <= SHARED_RECORDS_MAX_BYTES):
             if _shared_bytes + total > SHARED_RECORDS_MAX_BYTES:
                 shared.clear()
                 _shared_bytes = 0
@@ -276,8 +280,7 @@ class PopClient:
                 # one queue, then the offset.
                 prefix_of: dict[int, str] = {}
                 for msg, (qid, offset) in zip(records, placed, strict=True):
-                    raw = msg.raw_properties
-                    handle = msg.properties.get(POP_CK) if _POP_CK_MARK in raw else None
+                    handle = msg.properties.get(POP_CK) if msg.has_pop_ck else None
                     if handle is None:
                         prefix = prefix_of.get(qid)
                         if prefix is None:
