@@ -413,9 +413,12 @@ class PopService:
                     self._held.setdefault(holder, set()).add((group, topic, qid))
                 deadline = pop_time + invisible_ms
                 self._schedule((group, topic, qid), deadline)
-                for offset, _, deliveries in records:
-                    journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries,
-                                 holder)
+                if all(r[2] == 1 for r in records):  # first deliveries: one record
+                    journal.hand_many(group, topic, qid, offsets, pop_time, deadline, 1, holder)
+                else:
+                    for offset, _, deliveries in records:
+                        journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries,
+                                     holder)
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
@@ -492,8 +495,7 @@ class PopService:
         if qs is None:
             return 0
         inflight = qs.inflight
-        gone = self.journal.gone
-        acked = 0
+        acked: list[int] = []
         for i, byte in enumerate(bits):
             if not byte:
                 continue
@@ -502,14 +504,14 @@ class PopService:
                 if byte >> j & 1:
                     offset = base + j
                     if offset in inflight and qs.ack(offset, pop_time):
-                        gone(group, topic, queue_id, offset)
-                        acked += 1
+                        acked.append(offset)
         if acked:
+            self.journal.gone_many(group, topic, queue_id, acked)
             self._commit(group, topic, queue_id, qs)
             orderly = getattr(self, "orderly", None)  # FIFO message groups, as in ack()
             if orderly is not None and orderly.queues:
                 orderly.freed(group, topic, queue_id)
-        return acked
+        return len(acked)
 
     def commit_acks(self, group: str, topic: str, queue_id: int) -> None:
         """Move the group's committed offset past what `ack(commit=False)` acknowledged."""
