@@ -12,19 +12,22 @@ the RocksDB batch early and without reading the units back from RocksDB. Anythin
 from __future__ import annotations
 
 from core.common.codec import (
+    INT16,
+    INT32,
     INT64,
     OFF_QUEUE_OFFSET,
-    decode_record,
-    encode_host,
-    encode_record,
+    parse_layout,
     record_properties,
 )
-from core.common.message import MessageExt
-from core.common.properties import MessageConst, encode_properties
+from core.common.properties import MessageConst
+from core.common.sysflag import MessageSysFlag
 
 __all__ = ["ADVANCE", "POP_CK", "queue_offset", "read_new", "redelivery_record"]
 
 POP_CK = "POP_CK"
+_CK = POP_CK.encode() + b"\x01"
+#: Properties of a record fit a signed 16-bit length.
+MAX_PROPERTIES_LENGTH = 32767
 
 # Store statuses after which the cursor may move to nextBeginOffset (nothing there to
 # hand out: filtered out, removed, or the cursor was outside the queue).
@@ -68,23 +71,21 @@ def queue_offset(buf, topic: str, is_lmq: bool) -> int:
 
 
 def redelivery_record(buf, handle: str, extra_deliveries: int) -> bytes:
-    """The record with POP_CK set and RECONSUMETIMES raised (a new copy)."""
-    msg: MessageExt = decode_record(buf)
-    props = dict(msg.properties)
-    props[POP_CK] = handle
-    return encode_record(
-        topic=msg.topic.encode("utf-8"),
-        body=msg.body,
-        properties=encode_properties(props).encode("utf-8"),
-        queue_id=msg.queue_id,
-        flag=msg.flag,
-        queue_offset=msg.queue_offset,
-        physical_offset=msg.commitlog_offset,
-        sys_flag=msg.sys_flag,
-        born_timestamp=msg.born_timestamp,
-        born_host=encode_host(msg.born_host),
-        store_timestamp=msg.store_timestamp,
-        store_host=encode_host(msg.store_host),
-        reconsume_times=msg.reconsume_times + extra_deliveries,
-        prepared_transaction_offset=msg.prepared_transaction_offset,
-    )
+    """The record with POP_CK set and RECONSUMETIMES raised: a new copy of the stored
+    octets with those two fields (and the sizes) patched; body, topic and the other
+    properties are left as stored."""
+    lay = parse_layout(buf)
+    start = lay.properties_start
+    raw = bytes(buf[start:start + lay.properties_length])
+    if _CK in raw:  # a POP_CK of its own (set by a producer): replaced
+        raw = b"\x02".join(p for p in raw.split(b"\x02") if p and not p.startswith(_CK))
+    props = (raw + b"\x02" if raw else b"") + _CK + handle.encode()
+    if len(props) > MAX_PROPERTIES_LENGTH:
+        raise ValueError(f"properties of {len(props)} octets with the receipt handle")
+    out = bytearray(buf[:start])
+    out += props
+    INT32.pack_into(out, 0, len(out))
+    INT16.pack_into(out, start - 2, len(props))
+    at = lay.store_timestamp_pos + (28 if lay.sys_flag & MessageSysFlag.STOREHOST_V6 else 16)
+    INT32.pack_into(out, at, INT32.unpack_from(out, at)[0] + extra_deliveries)
+    return bytes(out)
