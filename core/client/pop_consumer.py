@@ -151,9 +151,10 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
         out.append(PopRecord(body, raw, store_ts, reconsume, sys_flag, has_ck))
         total = lay.total_size
         # Only stored records as they are (a redelivery is re-encoded with its own
-        # receipt handle: never shared).
+        # receipt handle: never shared), and only those that may be popped more than once
+        # (a list of queues in INNER_MULTI_DISPATCH has a comma).
         if (key is not None and not reconsume and not has_ck and total <= _SHARED_MAX_RECORD
-                and total <= SHARED_RECORDS_MAX_BYTES):
+                and total <= SHARED_RECORDS_MAX_BYTES and b"," in raw):
             if _shared_bytes + total > SHARED_RECORDS_MAX_BYTES:
                 shared.clear()
                 _shared_bytes = 0

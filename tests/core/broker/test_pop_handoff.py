@@ -169,6 +169,12 @@ def test_pops_of_a_fanned_out_message_share_one_decoded_copy(tmp_path, monkeypat
                 name, invisible_ms=60_000, light=True)
             got += r.messages
         recs = [m.message for m in got]
+        # A record dispatched to one queue only is popped once per group: not kept.
+        await send(client, addr, b"alone")
+        assert pop_consumer._shared and all(b"," in v[1] for v in pop_consumer._shared.values())
+        alone = await popper(server, client).pop(LMQ, invisible_ms=60_000, light=True)
+        assert [m.body for m in alone.messages] == [b"alone"]
+        assert len(pop_consumer._shared) == 1
         assert [(m.topic, m.body) for m in got] == [(n, b"x" * 300) for n in fan]
         assert all(r.body is recs[0].body and r.raw_properties is recs[0].raw_properties
                    for r in recs)  # decoded once
