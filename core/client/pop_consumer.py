@@ -47,7 +47,6 @@ POP_CK = "POP_CK"
 _POP_CK_MARK = b"POP_CK\x01"
 _STORE_TS = struct.Struct(">q")
 _RECONSUME = struct.Struct(">i")
-_SYS_FLAG = struct.Struct(">i")
 INIT_MODE_MIN = 0
 INIT_MODE_MAX = 1
 
@@ -97,6 +96,7 @@ _shared_bytes = 0
 _BORN_V6 = MessageSysFlag.BORNHOST_V6
 _STORE_V6 = MessageSysFlag.STOREHOST_V6
 _HEADER_V4 = OFF_BORN_HOST + 28  # born host, store time and host, reconsume times
+_SYS_FLAG = struct.Struct(">i")
 
 
 def _header_key(mv, pos: int, end: int) -> bytes | None:
