@@ -127,13 +127,15 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
     v6 = MessageSysFlag.STOREHOST_V6
     shared = _shared
     while pos < end:
-        key = _header_key(mv, pos, end)
-        hit = shared.get(key) if key is not None else None
-        if hit is not None and pos + hit[4] <= end:
-            body, raw, store_ts, sys_flag, total = hit
-            out.append(PopRecord(body, raw, store_ts, 0, sys_flag, False))
-            pos += total
-            continue
+        key = None
+        if shared:  # (nothing to look up in a single-queue workload)
+            key = _header_key(mv, pos, end)
+            hit = shared.get(key) if key is not None else None
+            if hit is not None and pos + hit[4] <= end:
+                body, raw, store_ts, sys_flag, total = hit
+                out.append(PopRecord(body, raw, store_ts, 0, sys_flag, False))
+                pos += total
+                continue
         lay = parse_layout(mv, pos)
         ts_pos = lay.store_timestamp_pos
         sys_flag = lay.sys_flag
@@ -153,8 +155,9 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
         # Only stored records as they are (a redelivery is re-encoded with its own
         # receipt handle: never shared), and only those that may be popped more than once
         # (a list of queues in INNER_MULTI_DISPATCH has a comma).
-        if (key is not None and not reconsume and not has_ck and total <= _SHARED_MAX_RECORD
-                and total <= SHARED_RECORDS_MAX_BYTES and b"," in raw):
+        if (not reconsume and not has_ck and total <= _SHARED_MAX_RECORD
+                and total <= SHARED_RECORDS_MAX_BYTES and b"," in raw
+                and (key is not None or (key := _header_key(mv, pos, end)) is not None)):
             if _shared_bytes + total > SHARED_RECORDS_MAX_BYTES:
                 shared.clear()
                 _shared_bytes = 0
