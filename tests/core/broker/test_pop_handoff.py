@@ -53,8 +53,9 @@ def test_woken_pop_takes_the_dispatched_record_without_a_store_read(tmp_path):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(poll)
-            await trio.testing.wait_all_tasks_blocked()
-            assert server.broker.pop_service.polling == 1  # parked on the LMQ
+            with trio.fail_after(10):  # parked on the LMQ (the request crosses TCP first)
+                while server.broker.pop_service.polling != 1:
+                    await trio.testing.wait_all_tasks_blocked(0.01)
             calls: list = []
             spy(store, "get", calls)
             spy(store._kv, "commit", calls)
