@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from core.client.errors import MQBrokerError
 from core.common import names
 from core.common.codec import (
+    OFF_BORN_HOST,
+    OFF_SYS_FLAG,
     _inflate_body,
     decode_records,
     parse_layout,
@@ -104,15 +106,18 @@ class PopRecord:
     `MessageExt` it uses); `properties` is decoded on first access."""
 
     __slots__ = ("body", "raw_properties", "store_timestamp", "reconsume_times", "sys_flag",
-                 "_props")
+                 "has_pop_ck", "_props")
 
     def __init__(self, body: bytes, raw_properties: bytes, store_timestamp: int,
-                 reconsume_times: int, sys_flag: int) -> None:
+                 reconsume_times: int, sys_flag: int, has_pop_ck: bool | None = None) -> None:
         self.body = body
         self.raw_properties = raw_properties
         self.store_timestamp = store_timestamp
         self.reconsume_times = reconsume_times
         self.sys_flag = sys_flag
+        #: Whether the properties hold a POP_CK (a receipt handle set by the broker).
+        self.has_pop_ck = (_POP_CK_MARK in raw_properties if has_pop_ck is None
+                           else has_pop_ck)
         self._props: dict[str, str] | None = None
 
     @property
@@ -123,16 +128,58 @@ class PopRecord:
         return props
 
 
-def _light_records(buf) -> list[PopRecord]:
-    """The records of a POP answer as `PopRecord`s (zlib bodies inflated, as
-    `decode_records(decompress=True)`); raises `RecordError` on a malformed one."""
-    mv = memoryview(buf)
+#: First deliveries decoded lately, by their record header (size, body CRC, queue, queue
+#: and physical offsets, sys flag, born and store time and hosts, reconsume times): a
+#: message fanned out to many queues (an AMQP fan-out, MQTT `$share` groups) is popped
+#: once per queue, and those pops share one decoded body and properties (docs/pop.md
+#: "Hand-off"). Bounded by the bytes held; starts over when full.
+SHARED_RECORDS_MAX_BYTES = 8 << 20
+_SHARED_MAX_RECORD = 64 << 10  # larger records are decoded each time
+_shared: dict[bytes, tuple[bytes, bytes, int, int, int]] = {}
+_shared_bytes = 0
+_BORN_V6 = MessageSysFlag.BORNHOST_V6
+_STORE_V6 = MessageSysFlag.STOREHOST_V6
+_HEADER_V4 = OFF_BORN_HOST + 28  # born host, store time and host, reconsume times
+_SYS_FLAG = struct.Struct(">i")
+
+
+def _header_key(mv, pos: int, end: int) -> bytes | None:
+    """The fixed fields of the record at `pos`, through RECONSUMETIMES."""
+    if pos + OFF_BORN_HOST > end:
+        return None
+    sys_flag = _SYS_FLAG.unpack_from(mv, pos + OFF_SYS_FLAG)[0]
+    stop = (pos + _HEADER_V4 + (12 if sys_flag & _BORN_V6 else 0)
+            + (12 if sys_flag & _STORE_V6 else 0))
+    return bytes(mv[pos:stop]) if stop <= end else None
+
+
+def _light_records(body) -> list[PopRecord]:
+    """The records of a POP answer (bytes, or the list of buffers of an in-process
+    answer) as `PopRecord`s (zlib bodies inflated, as `decode_records(decompress=True)`);
+    raises `RecordError` on a malformed one."""
     out: list[PopRecord] = []
+    for buf in body if type(body) is list else (body,):
+        _decode_into(memoryview(buf), out)
+    return out
+
+
+def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
+    global _shared_bytes
     pos = 0
     end = len(mv)
     compressed = MessageSysFlag.COMPRESSED
     v6 = MessageSysFlag.STOREHOST_V6
+    shared = _shared
     while pos < end:
+        key = None
+        if shared:  # (nothing to look up in a single-queue workload)
+            key = _header_key(mv, pos, end)
+            hit = shared.get(key) if key is not None else None
+            if hit is not None and pos + hit[4] <= end:
+                body, raw, store_ts, sys_flag, total = hit
+                out.append(PopRecord(body, raw, store_ts, 0, sys_flag, False))
+                pos += total
+                continue
         lay = parse_layout(mv, pos)
         ts_pos = lay.store_timestamp_pos
         sys_flag = lay.sys_flag
@@ -145,10 +192,22 @@ def _light_records(buf) -> list[PopRecord]:
                 body = inflated
                 sys_flag &= ~compressed
         props = lay.properties_start
-        out.append(PopRecord(body, bytes(mv[props:props + lay.properties_length]), store_ts,
-                             reconsume, sys_flag))
-        pos += lay.total_size
-    return out
+        raw = bytes(mv[props:props + lay.properties_length])
+        has_ck = _POP_CK_MARK in raw
+        out.append(PopRecord(body, raw, store_ts, reconsume, sys_flag, has_ck))
+        total = lay.total_size
+        # Only stored records as they are (a redelivery is re-encoded with its own
+        # receipt handle: never shared), and only those that may be popped more than once
+        # (a list of queues in INNER_MULTI_DISPATCH has a comma).
+        if (not reconsume and not has_ck and total <= _SHARED_MAX_RECORD
+                and total <= SHARED_RECORDS_MAX_BYTES and b"," in raw
+                and (key is not None or (key := _header_key(mv, pos, end)) is not None)):
+            if _shared_bytes + total > SHARED_RECORDS_MAX_BYTES:
+                shared.clear()
+                _shared_bytes = 0
+            shared[key] = (body, raw, store_ts, sys_flag, total)
+            _shared_bytes += total
+        pos += total
 
 
 def _offset_list(text: str | None) -> list[tuple[int, int]] | None:
@@ -261,15 +320,15 @@ class PopClient:
         is_lmq = names.is_lmq(topic)
         out = []
         if light:
-            records = _light_records(resp.body_bytes())
+            records = _light_records(resp.body if type(resp.body) is list
+                                     else resp.body_bytes())
             placed = _offset_list(h.get("msgOffsetInfo"))
             if placed is not None and len(placed) == len(records):
                 # The handle of a first delivery: fields shared by the pop's messages of
                 # one queue, then the offset.
                 prefix_of: dict[int, str] = {}
                 for msg, (qid, offset) in zip(records, placed, strict=True):
-                    raw = msg.raw_properties
-                    handle = msg.properties.get(POP_CK) if _POP_CK_MARK in raw else None
+                    handle = msg.properties.get(POP_CK) if msg.has_pop_ck else None
                     if handle is None:
                         prefix = prefix_of.get(qid)
                         if prefix is None:

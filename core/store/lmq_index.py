@@ -18,6 +18,7 @@ The read interface mirrors ConsumeQueue: max offset, min offset, units, one unit
 from __future__ import annotations
 
 import struct
+from collections import deque
 from itertools import islice
 
 from core.common.names import validate_lmq
@@ -27,8 +28,16 @@ from core.store.speedups import stage_batch_lmqs, stage_units, write_units
 # Unit value: phys int64 | size int32 | tag code int64 | store timestamp int64 (28 bytes,
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
 LMQ_UNIT = struct.Struct(">qiqq")
+_PHYS_SIZE = struct.Struct(">qi")  # the first two fields of a unit
 _EMPTY_UNIT = (0, 0, 0)
 _PREFIX_CACHE = 8192  # unit key prefixes kept between commits (hot queues)
+#: Most LMQ units kept in memory after their RocksDB commit (those of the latest commits),
+#: so a reader close behind the writer — a POP woken by the dispatch, or one up to about
+#: this many units behind — reads no RocksDB (`recent_units`; docs/pop.md "Hand-off").
+#: A unit costs 50-110 bytes there (its value is shared by the LMQs of one message).
+RECENT_UNITS_MAX = 131_072
+#: Most commits whose units are kept (bounds a look-up).
+RECENT_COMMITS_MAX = 32
 
 
 def unit_prefix(name: str) -> bytes:
@@ -48,6 +57,11 @@ class LmqIndex:
         # commit cheap: keys are built once per queue prefix, and only the names need
         # sorting (a queue's units arrive in offset order), not every key.
         self._staged: dict[str, list] = {}
+        # The units of the latest commits, oldest first, with their count (same layout
+        # as `_staged`): with `_staged` they let `recent_units` serve a reader close
+        # behind the writer from memory. Bounded by RECENT_UNITS_MAX / _COMMITS_MAX.
+        self._recent: deque[tuple[dict[str, list], int]] = deque()
+        self._recent_units = 0
         self._prefixes: dict[str, bytes] = {}  # name -> b"u" name b"\x00" (bounded)
         self._cap = cache_size
         self.count = kv.get_int(LMQ_COUNT_KEY)
@@ -172,6 +186,13 @@ class LmqIndex:
         if not staged:
             return None
         self._staged = {}
+        n = sum(map(len, staged.values())) // 2
+        recent = self._recent
+        recent.append((staged, n))
+        self._recent_units += n
+        while recent and (len(recent) > RECENT_COMMITS_MAX
+                          or self._recent_units > RECENT_UNITS_MAX):
+            self._recent_units -= recent.popleft()[1]
         return staged
 
     def write_staged(self, snapshot: dict[str, list], put) -> None:
@@ -234,6 +255,40 @@ class LmqIndex:
         unpack = LMQ_UNIT.unpack
         return [unpack(r)[:3] if r else _EMPTY_UNIT for r in raws]
 
+    def recent_units(self, name: str, offset: int, count: int) -> list[tuple[int, int]] | None:
+        """(phys, size) of units `offset`, `offset + 1`, ... (at most `count`) of `name`
+        taken from memory: staged since the last commit, or written by one of the latest
+        (RECENT_UNITS_MAX). Stops at the first offset not held there; None when `offset`
+        itself is not (read RocksDB)."""
+        # The generations holding `name`, newest first, back to one starting at or
+        # before `offset` (a queue's units are staged in offset order).
+        chain: list[list] = []
+        units = self._staged.get(name)
+        if units:
+            chain.append(units)
+        if not units or units[0] > offset:
+            for gen, _ in reversed(self._recent):
+                units = gen.get(name)
+                if units:
+                    chain.append(units)
+                    if units[0] <= offset:
+                        break
+            else:
+                return None
+        out: list[tuple[int, int]] = []
+        unpack = _PHYS_SIZE.unpack_from
+        want = offset
+        for units in reversed(chain):
+            i = (want - units[0]) * 2
+            n = len(units)
+            if i < 0 or i >= n or units[i] != want:
+                continue
+            while i < n and len(out) < count and units[i] == want:
+                out.append(unpack(units[i + 1]))
+                want += 1
+                i += 2
+        return out or None
+
     # ------------------------------------------------------------------ admin
     def delete(self, name: str) -> bool:
         """Drop an LMQ's units and offsets (DELETE_TOPIC on an LMQ). Returns False when it
@@ -241,6 +296,8 @@ class LmqIndex:
         existed = self.next_offset(name) > 0
         nb = name.encode()
         self.cache.pop(name, None)
+        for gen, _ in self._recent:
+            gen.pop(name, None)
         units = self._staged.pop(name, None)
         if units:
             self._kv.staged_ops -= len(units) // 2
@@ -257,6 +314,8 @@ class LmqIndex:
         CommitLog (power loss lost CommitLog pages RocksDB had already persisted); it scans
         every unit, which is acceptable for that rare case."""
         dropped = 0
+        self._recent.clear()
+        self._recent_units = 0
         lowest: dict[str, int] = {}
         for key, value in self._kv.scan(b"u", b"v"):
             phys, size, _tag, _ts = LMQ_UNIT.unpack(value)

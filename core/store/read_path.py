@@ -142,6 +142,45 @@ class ReadPath:
             status = GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, offset + scanned, mino, maxo, bufs, n, total)
 
+    def recent_records(self, topic: str, offset: int, max_count: int,
+                       max_bytes: int) -> tuple[list[memoryview], int] | None:
+        """The records of LMQ `topic` from `offset` while their units are still in memory
+        (dispatched since the last RocksDB commit or by it: a reader close behind the
+        writer, such as a POP woken by the dispatch), with the LMQ's max offset; zero-copy
+        slices, consecutive offsets, at most `max_count` and about `max_bytes`. None when
+        `offset` is not held in memory (use `get`). No RocksDB commit, no RocksDB read."""
+        if not self._running or not self._lmq_on or not topic.startswith(LMQ_PREFIX):
+            return None
+        cfg = self._cfg
+        max_count = min(max_count, cfg.max_transfer_count)
+        max_bytes = min(max_bytes, cfg.max_transfer_bytes)
+        lmq = self._lmq
+        units = lmq.recent_units(topic, offset, max_count)
+        if units is None:
+            return None
+        cl = self.commitlog
+        clmin = cl.min_offset
+        wrote = self._wrote
+        slice_ = cl.slice
+        bufs: list[memoryview] = []
+        total = 0
+        for phys, size in units:
+            if phys < clmin or size <= 0 or phys + size > wrote:
+                break  # gone (retention): `get` says what to do
+            if bufs and total + size > max_bytes:
+                break
+            buf = slice_(phys, size)
+            if buf is None:
+                break
+            bufs.append(buf)
+            total += size
+        if not bufs:
+            return None
+        st = self._stats
+        st.get_msgs += len(bufs)
+        st.get_bytes += total
+        return bufs, lmq.next_offset(topic)
+
     def units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[tuple[int, int, int]]:
         """Raw units (physical offset, size, tag code) from `offset`."""
         q = self._reader(topic, queue_id)

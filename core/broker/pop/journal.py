@@ -5,10 +5,14 @@ An append-only text file, one record per line, each ending in its CRC32:
     C <group> <topic> <queueId> <cursor>                                   <crc>
     H <group> <topic> <queueId> <offset> <popTime> <deadline> <deliveries> <holder> <crc>
     A <group> <topic> <queueId> <offset>                                   <crc>
+    P <group> <topic> <queueId> <popTime> <deadline> <deliveries> <holder> <offset>,... <crc>
+    B <group> <topic> <queueId> <offset>,<offset>,...                      <crc>
 
 C: the queue's pop cursor (first offset never handed out); H: a message handed out (or
-its handle/deadline changed; `holder` is `@<holder id>` or `-`); A: a message gone from flight (acknowledged or
-dead-lettered). Group and topic names cannot hold spaces (validated names). Records of a
+its handle/deadline changed; `holder` is `@<holder id>` or `-`); A: a message gone from
+flight (acknowledged or dead-lettered). P and B are H and A for several offsets of one
+queue at once (the messages of one pop, the acks of one BATCH_ACK entry): one line, one
+CRC, instead of one per message; replay expands them. Group and topic names cannot hold spaces (validated names). Records of a
 request are written with one `os.write` before the response is sent: a broker killed
 with -9 loses nothing the kernel got (the page cache survives the process). There is no
 fsync per write: a power loss can lose the last changes (acked messages may then come
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 POP_JOURNAL_COMPACT_BYTES = 8 * 1024 * 1024
 
 
-_FIELDS = {"C": 5, "H": 9, "A": 5}
+_FIELDS = {"C": 5, "H": 9, "A": 5, "P": 9, "B": 5}
 
 
 def _line(payload: str) -> bytes:
@@ -78,6 +82,18 @@ class PopJournal:
                     if holder is None and parts[8] != "-":
                         break
                     yield (kind, parts[1], parts[2], *(int(x) for x in parts[3:8]), holder)
+                elif kind == "P":
+                    holder = parts[7][1:] if parts[7].startswith("@") else None
+                    if holder is None and parts[7] != "-":
+                        break
+                    qid, pop_time, deadline, deliveries = (int(x) for x in parts[3:7])
+                    for off in [int(x) for x in parts[8].split(",")]:
+                        yield ("H", parts[1], parts[2], qid, off, pop_time, deadline,
+                               deliveries, holder)
+                elif kind == "B":
+                    qid = int(parts[3])
+                    for off in [int(x) for x in parts[4].split(",")]:
+                        yield ("A", parts[1], parts[2], qid, off)
                 else:
                     yield (kind, parts[1], parts[2], *(int(x) for x in parts[3:]))
             except (ValueError, UnicodeDecodeError):
@@ -100,6 +116,17 @@ class PopJournal:
 
     def gone(self, group: str, topic: str, qid: int, offset: int) -> None:
         self._pending.append(_line(f"A {group} {topic} {qid} {offset}"))
+
+    def hand_many(self, group: str, topic: str, qid: int, offsets: list[int], pop_time: int,
+                  deadline: int, deliveries: int, holder: str | None = None) -> None:
+        """`hand` for several offsets with the same fields (one P line)."""
+        h = "-" if holder is None else "@" + holder
+        self._pending.append(_line(f"P {group} {topic} {qid} {pop_time} {deadline} "
+                                   f"{deliveries} {h} " + ",".join(map(str, offsets))))
+
+    def gone_many(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
+        """`gone` for several offsets (one B line)."""
+        self._pending.append(_line(f"B {group} {topic} {qid} " + ",".join(map(str, offsets))))
 
     def flush(self) -> None:
         """Write the records staged by the current request (one write)."""

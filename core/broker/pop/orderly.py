@@ -88,7 +88,10 @@ class OrderlyPop:
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
             invisible_ms: int, init_mode: int, filt, holder: str | None, now: int):
-        from core.broker.pop.service import _ADVANCE, PopBatch, _queue_offset, _redelivery_record
+        from core.broker.pop.reading import ADVANCE as _ADVANCE
+        from core.broker.pop.reading import queue_offset as _queue_offset
+        from core.broker.pop.reading import redelivery_record as _redelivery_record
+        from core.broker.pop.service import PopBatch
 
         service = self.service
         store = service.broker.store

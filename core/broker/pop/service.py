@@ -28,18 +28,11 @@ from core.broker.message_util import clear_property, inner_from_record, put_prop
 from core.broker.pop.handle import build_extra_info
 from core.broker.pop.journal import PopJournal, snapshot_line
 from core.broker.pop.orderly import OrderlyPop
+from core.broker.pop.reading import POP_CK, read_new
+from core.broker.pop.reading import redelivery_record as _redelivery_record
 from core.broker.pop.state import DEAD_LETTERING, PopState, QueueState
 from core.common import names
-from core.common.codec import (
-    INT64,
-    OFF_QUEUE_OFFSET,
-    decode_record,
-    encode_host,
-    encode_record,
-    record_properties,
-)
-from core.common.message import MessageExt
-from core.common.properties import MessageConst, encode_properties
+from core.common.properties import MessageConst
 from core.common.sysflag import PermName
 
 log = logging.getLogger(__name__)
@@ -47,7 +40,6 @@ log = logging.getLogger(__name__)
 __all__ = ["PopService", "PopBatch", "PopStateFull", "POP_CK", "INIT_MODE_MIN",
            "INIT_MODE_MAX"]
 
-POP_CK = "POP_CK"
 INIT_MODE_MIN = 0
 INIT_MODE_MAX = 1
 
@@ -403,23 +395,17 @@ class PopService:
                 need = max_nums - batch.count - len(records)
                 if need > 0 and len(qs.inflight) < POP_MAX_INFLIGHT_PER_QUEUE:
                     need = min(need, POP_MAX_INFLIGHT_PER_QUEUE - len(qs.inflight))
-                    start = qs.next_offset
-                    got = store.get(topic, qid, start, need, config.max_pull_bytes, filt)
-                    status = got.status.name
-                    if status == "FOUND":
-                        # Unfiltered and as many records as offsets read: they are the
-                        # consecutive offsets from `start` (no need to parse an LMQ
-                        # record's properties for its offset).
-                        dense = filt is None and got.next_begin_offset - start == len(got.buffers)
-                        for i, buf in enumerate(got.buffers):
-                            offset = start + i if dense else _queue_offset(buf, topic, is_lmq)
-                            entry = qs.hand_out(offset, pop_time, invisible_ms)
-                            entry.holder = holder
-                            records.append((offset, buf, 1))
-                            offsets.append(offset)
-                    if got.next_begin_offset > qs.next_offset and status in _ADVANCE:
-                        qs.next_offset = got.next_begin_offset
-                    batch.rest_num += max(got.max_offset - qs.next_offset, 0)
+                    placed, cursor_to, max_offset = read_new(
+                        store, topic, qid, qs.next_offset, need, config.max_pull_bytes, filt,
+                        is_lmq)
+                    for offset, buf in placed:
+                        entry = qs.hand_out(offset, pop_time, invisible_ms)
+                        entry.holder = holder
+                        records.append((offset, buf, 1))
+                        offsets.append(offset)
+                    if cursor_to > qs.next_offset:
+                        qs.next_offset = cursor_to
+                    batch.rest_num += max(max_offset - qs.next_offset, 0)
             if qs.next_offset != cursor:
                 journal.cursor(group, topic, qid, qs.next_offset)
             if records:
@@ -427,9 +413,12 @@ class PopService:
                     self._held.setdefault(holder, set()).add((group, topic, qid))
                 deadline = pop_time + invisible_ms
                 self._schedule((group, topic, qid), deadline)
-                for offset, _, deliveries in records:
-                    journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries,
-                                 holder)
+                if all(r[2] == 1 for r in records):  # first deliveries: one record
+                    journal.hand_many(group, topic, qid, offsets, pop_time, deadline, 1, holder)
+                else:
+                    for offset, _, deliveries in records:
+                        journal.hand(group, topic, qid, offset, pop_time, deadline, deliveries,
+                                     holder)
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
@@ -506,8 +495,7 @@ class PopService:
         if qs is None:
             return 0
         inflight = qs.inflight
-        gone = self.journal.gone
-        acked = 0
+        acked: list[int] = []
         for i, byte in enumerate(bits):
             if not byte:
                 continue
@@ -516,14 +504,14 @@ class PopService:
                 if byte >> j & 1:
                     offset = base + j
                     if offset in inflight and qs.ack(offset, pop_time):
-                        gone(group, topic, queue_id, offset)
-                        acked += 1
+                        acked.append(offset)
         if acked:
+            self.journal.gone_many(group, topic, queue_id, acked)
             self._commit(group, topic, queue_id, qs)
             orderly = getattr(self, "orderly", None)  # FIFO message groups, as in ack()
             if orderly is not None and orderly.queues:
                 orderly.freed(group, topic, queue_id)
-        return acked
+        return len(acked)
 
     def commit_acks(self, group: str, topic: str, queue_id: int) -> None:
         """Move the group's committed offset past what `ack(commit=False)` acknowledged."""
@@ -591,44 +579,3 @@ class PopService:
         else:
             self._schedule((group, topic, queue_id), new_pop_time + invisible_ms)
         return new_pop_time
-
-
-# Store statuses after which the cursor may move to nextBeginOffset (nothing there to
-# hand out: filtered out, removed, or the cursor was outside the queue).
-_ADVANCE = frozenset({
-    "FOUND", "NO_MATCHED_MESSAGE", "MESSAGE_WAS_REMOVING", "OFFSET_TOO_SMALL",
-    "OFFSET_OVERFLOW_BADLY", "OFFSET_FOUND_NULL",
-})
-
-
-def _queue_offset(buf, topic: str, is_lmq: bool) -> int:
-    """The offset of a stored record in `topic` (an LMQ's is in its properties)."""
-    if is_lmq:
-        props = record_properties(buf)
-        names_ = props.get(MessageConst.INNER_MULTI_DISPATCH, "").split(",")
-        offsets = props.get(MessageConst.INNER_MULTI_QUEUE_OFFSET, "").split(",")
-        return int(offsets[names_.index(topic)])
-    return INT64.unpack_from(buf, OFF_QUEUE_OFFSET)[0]
-
-
-def _redelivery_record(buf, handle: str, extra_deliveries: int) -> bytes:
-    """The record with POP_CK set and RECONSUMETIMES raised (a new copy)."""
-    msg: MessageExt = decode_record(buf)
-    props = dict(msg.properties)
-    props[POP_CK] = handle
-    return encode_record(
-        topic=msg.topic.encode("utf-8"),
-        body=msg.body,
-        properties=encode_properties(props).encode("utf-8"),
-        queue_id=msg.queue_id,
-        flag=msg.flag,
-        queue_offset=msg.queue_offset,
-        physical_offset=msg.commitlog_offset,
-        sys_flag=msg.sys_flag,
-        born_timestamp=msg.born_timestamp,
-        born_host=encode_host(msg.born_host),
-        store_timestamp=msg.store_timestamp,
-        store_host=encode_host(msg.store_host),
-        reconsume_times=msg.reconsume_times + extra_deliveries,
-        prepared_transaction_offset=msg.prepared_transaction_offset,
-    )

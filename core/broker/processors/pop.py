@@ -211,10 +211,12 @@ class PopProcessor:
                          f"no in-flight message at offset {offset} with this receipt handle")
         return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
 
-    async def _replicated(self, cmd: RemotingCommand, response: RemotingCommand):
+    async def _replicated(self, cmd: RemotingCommand, response: RemotingCommand,
+                          ext: dict[str, str] | None = None):
         """SYNC_MASTER: `response` once a slave holds the journal flush of this request
         (docs/ha.md, "POP state"), else the send's FLUSH_SLAVE_TIMEOUT or
-        SLAVE_NOT_AVAILABLE (the change is made on this broker all the same)."""
+        SLAVE_NOT_AVAILABLE (the change is made on this broker all the same; `ext`, the
+        response's header fields, goes with that answer too: a new receipt handle)."""
         broker = self.broker
         ha = getattr(broker, "ha_master", None)
         if not broker.sync_master or ha is None:
@@ -222,8 +224,8 @@ class PopProcessor:
         status = await ha.wait_pop_replicated(broker.config.sync_slave_timeout_s)
         if status == "OK":
             return response
-        return error(cmd, getattr(ResponseCode, status),
-                     f"POP state not replicated to a slave: {status}")
+        return cmd.make_response(getattr(ResponseCode, status),
+                                 f"POP state not replicated to a slave: {status}", ext)
 
     async def dead_letter(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         """POP_DEAD_LETTER (900003, ACK_MESSAGE's header): reject without requeue."""
@@ -295,7 +297,8 @@ class PopProcessor:
                          f"no in-flight message at offset {offset} with this receipt handle")
         ext = {"popTime": str(new_pop_time), "invisibleTime": str(invisible_ms),
                "reviveQid": str(handle.revive_qid)}
-        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS, None, ext))
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS, None, ext),
+                                      ext)
 
 
 def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:
