@@ -27,7 +27,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -50,7 +50,7 @@ from gateway.mqtt.packets import NO_PROPERTIES
 from gateway.mqtt.store_request import batch_body, batch_body_py, offset_ids
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
-__all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
+__all__ = ["AckSink", "BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,29 @@ NO_MASTER_LOG_INTERVAL_S = 60.0
 PublishDone = Callable[[int], None]
 
 
+class AckSink(Protocol):
+    """Takes the answers of its publishes in one call per round (`submit` with a packet
+    id): a connection acknowledging a run of QoS 1 PUBLISHes writes one run of PUBACKs
+    and wakes its writer once, instead of a callback per message."""
+
+    def stored_run(self, acks: list[int]) -> None:
+        """[packet id, reason code, packet id, reason code, ...] in submission order."""
+
+
 #: Every retained publish is also indexed here, so that every gateway learns it
 #: (retained.py: RetainedFollower); the message is still stored once.
 RETAINED_LMQ = "%LMQ%mqtt_retained"
 
 
 class _Request:
-    __slots__ = ("msg", "done", "lmqs", "routed", "states")
+    __slots__ = ("msg", "done", "pid", "code", "lmqs", "routed", "states")
 
-    def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
+    def __init__(self, msg: MqttMessage, done: PublishDone | AckSink | None,
+                 pid: int = -1) -> None:
         self.msg = msg
         self.done = done
+        self.pid = pid  # >= 0: `done` is an AckSink, answered with this packet id
+        self.code = SEND_FAILED  # the store's answer, once there is one
         self.lmqs: tuple[str, ...] | list[str] = []
         self.routed = False  # some subscription matched (v5 PUBACK 0x10 otherwise)
         self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
@@ -111,6 +123,8 @@ class BrokerLink:
         router: Callable[[str], Collection[str]],
         on_stored: Callable[[MqttMessage], None] | None = None,
     ) -> None:
+        """`on_stored(msg)` runs for each stored retained message, before its publisher
+        is answered."""
         self.client = client
         self.config = config
         self.router = router
@@ -287,11 +301,14 @@ class BrokerLink:
         return (len(self._queue) >= self.dispatch_bound
                 or self.backlog_bytes >= self.config.max_pending_bytes)
 
-    def submit(self, msg: MqttMessage, done: PublishDone | None = None) -> None:
-        """Queue `msg` for storage; `done(reason)` runs once the broker answered."""
+    def submit(self, msg: MqttMessage, done: PublishDone | AckSink | None = None,
+               pid: int = -1) -> None:
+        """Queue `msg` for storage; `done(reason)` runs once the broker answered, or, with
+        a packet id `pid`, `done` is an AckSink told (pid, reason) with the rest of its
+        round's answers."""
         if msg.retain:
             self.retained_inflight += 1
-        self._queue.append(_Request(msg, done))
+        self._queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
         self._work.set()
 
@@ -368,7 +385,6 @@ class BrokerLink:
                 touched[st] = touched.get(st, 0) + 1
         for st, n in touched.items():
             st.pending += n
-        results: dict[int, int] = {}
         self._in_round = True
         try:
             last_group = len(groups) - 1
@@ -387,7 +403,7 @@ class BrokerLink:
                         self._sending -= 1
                         self._sent_chunks += 1
                     for req in chunk:
-                        results[id(req)] = code
+                        req.code = code
                     self._advance_tails(broker, chunk, code == STORED)
                     start = end
                     if start < len(reqs) or g < last_group:
@@ -402,24 +418,51 @@ class BrokerLink:
                 st.completed(n)
                 if not st.watchers and not st.pending:
                     self.release(st)
+        self._answer(batch)
+
+    def _answer(self, batch: list[_Request]) -> None:
+        """Answer a round's requests (their `code`), in arrival order (PUBACKs go out in
+        the order the PUBLISHes came, MQTT-4.6.0-2/-3); an AckSink once, after the rest."""
         on_stored = self.on_stored
+        stored = 0
+        sinks: dict[AckSink, list[int]] | None = None
         for req in batch:
-            code = results[id(req)]
+            code = req.code
+            msg = req.msg
             if code == STORED:
-                self.stats["stored"] += 1
-                if on_stored is not None:
+                stored += 1
+                if msg.retain and on_stored is not None:
                     try:
-                        on_stored(req.msg)  # retained: written before the PUBACK below
+                        on_stored(msg)  # retained: written before the PUBACK below
                     except Exception:
                         log.exception("handling a stored message failed")
                 if not req.routed:
                     code = NO_MATCHING_SUBSCRIBERS
-            else:
-                self.stats["failed"] += 1
-            self._retained_answered(req)
-            if req.done is not None:
+            if msg.retain:
+                self._retained_answered(req)
+            done = req.done
+            if done is None:
+                continue
+            if req.pid >= 0:
+                if sinks is None:
+                    sinks = {}
+                acks = sinks.get(done)
+                if acks is None:
+                    sinks[done] = [req.pid, code]
+                else:
+                    acks.append(req.pid)
+                    acks.append(code)
+                continue
+            try:
+                done(code)
+            except Exception:
+                log.exception("publish callback failed")
+        self.stats["stored"] += stored
+        self.stats["failed"] += len(batch) - stored
+        if sinks is not None:
+            for sink, acks in sinks.items():
                 try:
-                    req.done(code)
+                    sink.stored_run(acks)
                 except Exception:
                     log.exception("publish callback failed")
 
@@ -450,14 +493,9 @@ class BrokerLink:
     def _fail(self, batch: list[_Request], why: str) -> None:
         """Answer every request of a round that could not be sent at all."""
         log.warning("%d MQTT message(s) not stored: %s", len(batch), why)
-        self.stats["failed"] += len(batch)
         for req in batch:
-            self._retained_answered(req)
-            if req.done is not None:
-                try:
-                    req.done(SEND_FAILED)
-                except Exception:
-                    log.exception("publish callback failed")
+            req.code = SEND_FAILED
+        self._answer(batch)
 
     def _advance_tails(self, broker: str, chunk: list[_Request], stored: bool) -> None:
         """Give each stored message its offset in every read LMQ whose tail is known."""
@@ -478,7 +516,6 @@ class BrokerLink:
                     continue
                 offset = st.tail
                 st.tail = st.top = offset + 1
-                msg.lmq_offsets[st.lmq] = offset
                 got = entries.get(st)
                 if got is None:
                     entries[st] = [offset, msg]

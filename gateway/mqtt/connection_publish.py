@@ -160,7 +160,7 @@ class PublishHandler:
                 link.submit(msg)
             elif qos == 1:
                 self.inbound += 1
-                link.submit(msg, _ack_later(self, pid, 1))
+                link.submit(msg, self, pid)  # answered with the round's others: stored_run
             else:
                 self.inbound += 1
                 self.qos2_pending.add(pid)
@@ -200,6 +200,29 @@ class PublishHandler:
             if code < 0x80:
                 self.session.inbound_qos2.add(pid)  # 3.1.1: PUBREL will follow
             self.send(Pubrec(pid, code))
+
+    def stored_run(self: Connection, acks: list[int]) -> None:
+        """The broker answered a round's QoS 1 publishes of this 3.x connection
+        (BrokerLink AckSink: [packet id, reason code, ...] in order): their PUBACKs are
+        queued at once and the writer is woken once. A publish not stored closes the
+        connection after the PUBACKs of those before it (3.1.1 cannot say "not stored";
+        the client will resend)."""
+        if self.closed:
+            return
+        pids = acks[::2]
+        codes = acks[1::2]
+        bad = max(codes) >= 0x80
+        if bad:
+            pids = pids[:next(i for i, code in enumerate(codes) if code >= 0x80)]
+        self.inbound = max(0, self.inbound - len(pids))
+        if pids:
+            pack = _PUBACK_V3.pack
+            self.queue(b"".join([pack(0x40, 2, pid) for pid in pids]))
+        if bad:
+            log.warning("client %s: publish not stored; closing", shown(self.client_id))
+            self.close()
+            return
+        self.wake()
 
     def _stored(self: Connection, pid: int, qos: int, code: int) -> None:
         """Broker answered for a QoS 1/2 publish (runs in the dispatcher task)."""
