@@ -36,6 +36,7 @@ from core.client.errors import MQClientError
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
+from core.remoting.local import caller_yields
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget, pull_views
@@ -350,10 +351,16 @@ class BrokerLink:
             await self._dispatch()
 
     async def _dispatch(self) -> None:
+        # Every pass waits for work, which yields even when work is there (a set Event is
+        # a checkpoint), and a round yields between its sends but not after its last: so
+        # the store's answer to a lone publish is used, and its readers woken, with no
+        # extra pass of the scheduler (the in-process transport does not yield for us,
+        # core/remoting/local.py), and no round follows another without a yield between.
+        caller_yields()
         while True:
             await self._work.wait()
             self._work = trio.Event()
-            while self._queue:
+            if self._queue:
                 batch, self._queue = self._queue, []
                 self.backlog_bytes = 0
                 self._space.set()

@@ -90,3 +90,23 @@ def test_remember_many_keeps_what_remember_keeps():
         assert list(a.recent) == list(b.recent)
         assert (a.recent_bytes, budget_a.used) == (b.recent_bytes, budget_b.used)
     assert len(a.recent) < offset  # the bounds did cut
+
+
+def test_the_in_process_store_answers_a_lone_publish_without_a_checkpoint():
+    # Through the real in-process broker: the dispatcher (caller_yields) gets the store's
+    # answer in the same turn, so the readers are woken without one more scheduler pass.
+    from core.remoting.local import caller_yields
+    from gateway.mqtt.broker_link import NO_MATCHING_SUBSCRIBERS
+    from tests.gateway.mqtt.server_harness import GatewayServer
+
+    with GatewayServer() as srv:
+        async def lone_round() -> list:
+            caller_yields()  # as BrokerLink._dispatch does
+            acked: list = []
+            req = broker_link._Request(MqttMessage("lone/t", b"x", 1), acked.append)
+            with trio.testing.assert_no_checkpoints():
+                await srv.gateway.link._round([req])
+            return acked
+
+        assert trio.from_thread.run(lone_round, trio_token=srv._token) == [
+            NO_MATCHING_SUBSCRIBERS]
