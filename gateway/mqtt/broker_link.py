@@ -66,6 +66,12 @@ DECODED_CACHE = 4096
 DECODED_CACHE_BYTES = 8 * 1024 * 1024
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
+#: PUBLISHes a reader submits before it lets other tasks run (one socket read can hold
+#: hundreds: PINGREQs and deliveries run between slices of it).
+PUBLISHES_PER_STEP = 64
+#: `submit`'s advice to the publisher's reader: carry on, let other tasks run, or wait
+#: for room (wait_for_space).
+GO_ON, STEP, FULL = 0, 1, 2
 #: Memoized properties strings of simple messages (see BrokerLink._properties).
 PROPERTIES_MEMO = 65536
 SEND_TIMEOUT_S = 5.0
@@ -303,15 +309,21 @@ class BrokerLink:
                 or self.backlog_bytes >= self.config.max_pending_bytes)
 
     def submit(self, msg: MqttMessage, done: PublishDone | AckSink | None = None,
-               pid: int = -1) -> None:
+               pid: int = -1) -> int:
         """Queue `msg` for storage; `done(reason)` runs once the broker answered, or, with
         a packet id `pid`, `done` is an AckSink told (pid, reason) with the rest of its
-        round's answers."""
+        round's answers. Returns what a reader submitting a run should do next: GO_ON,
+        STEP (let other tasks run) or FULL (`wait_for_space` first)."""
         if msg.retain:
             self.retained_inflight += 1
-        self._queue.append(_Request(msg, done, pid))
+        queue = self._queue
+        queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
         self._work.set()
+        n = len(queue)
+        if n >= self.dispatch_bound or self.backlog_bytes >= self.config.max_pending_bytes:
+            return FULL
+        return GO_ON if n % PUBLISHES_PER_STEP else STEP
 
     def _retained_answered(self, req: _Request) -> None:
         if req.msg.retain:
@@ -362,11 +374,12 @@ class BrokerLink:
             self._work = trio.Event()
             if self._queue:
                 batch, self._queue = self._queue, []
-                self.backlog_bytes = 0
+                nbytes, self.backlog_bytes = self.backlog_bytes, 0
                 self._space.set()
-                await self._round(batch)
+                await self._round(batch, nbytes)
 
-    async def _round(self, batch: list[_Request]) -> None:
+    async def _round(self, batch: list[_Request], nbytes: int = -1) -> None:
+        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests."""
         self.stats["rounds"] += 1
         queues = self.queues
         nq = len(queues)
@@ -395,14 +408,19 @@ class BrokerLink:
         self._in_round = True
         try:
             last_group = len(groups) - 1
+            # Groups are cut at MAX_BATCH_BYTES (payloads and 256 bytes each for the rest),
+            # which the round's total usually shows is not needed.
+            whole = 0 <= nbytes and nbytes + 256 * len(batch) < MAX_BATCH_BYTES
             for g, ((broker, qid), reqs) in enumerate(groups.items()):
                 start = 0
                 while start < len(reqs):
                     end, size = start, 0
+                    if whole:
+                        end = len(reqs)
                     while end < len(reqs) and (end == start or size < MAX_BATCH_BYTES):
                         size += len(reqs[end].msg.payload) + 256
                         end += 1
-                    chunk = reqs[start:end]
+                    chunk = reqs[start:end] if start or end < len(reqs) else reqs
                     self._sending += 1
                     try:
                         code = await self._send(broker, qid, chunk)

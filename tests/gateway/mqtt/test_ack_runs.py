@@ -168,3 +168,28 @@ def test_a_write_of_qos1_publishes_gets_every_puback_in_order():
             acks += [p.packet_id for p in codec.feed(chunk) if type(p) is Puback]
         assert acks == pids
         sock.close()
+
+
+def test_a_round_is_cut_into_sends_by_bytes_whether_or_not_its_total_is_known():
+    # One topic (one store queue): 300 payloads of 8 KiB are 2.4 MiB, more than one send
+    # takes; the same round of small payloads goes out in one send.
+    async def main():
+        for size, many in ((8192, True), (10, False)):
+            for counted in (True, False):
+                link = _link()
+                sizes: list[int] = []
+                store = link._send
+
+                async def recorded(broker, qid, reqs, store=store, sizes=sizes):
+                    sizes.append(sum(len(r.msg.payload) for r in reqs))
+                    return await store(broker, qid, reqs)
+
+                link._send = recorded
+                reqs = [broker_link._Request(MqttMessage("t0", bytes(size)), None)
+                        for _ in range(300)]
+                await link._round(reqs, 300 * size if counted else -1)
+                assert sum(sizes) == 300 * size
+                assert (len(sizes) > 1) == many
+                assert all(s <= broker_link.MAX_BATCH_BYTES for s in sizes)
+
+    trio.run(main)
