@@ -27,6 +27,8 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Collection
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, Protocol
 
 import trio
@@ -90,6 +92,7 @@ CLUSTER_REFRESH_S = 30.0
 NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
+_STATES = attrgetter("states")
 
 
 class AckSink(Protocol):
@@ -530,25 +533,30 @@ class BrokerLink:
                 self.advanced[broker] = last
         # (States created since the round began are pending until it ends: their tails
         # are not known yet, so the states found when it began are all there is to do.)
-        entries: dict[LmqState, list] = {}
-        for req in chunk:
-            msg = req.msg
-            for st in req.states:
+        # _send gives every message of a chunk its commitlog offset, or none.
+        known = stored and chunk[0].msg.commitlog_offset >= 0 \
+            and chunk[-1].msg.commitlog_offset >= 0
+        runs: dict[LmqState, list[MqttMessage]] = {}
+        # Requests of one route share their states: a run of them is handled at once.
+        for states, reqs in groupby(chunk, _STATES):
+            msgs = None
+            for st in states:
                 if st.tail is None:
                     continue
-                if not stored or msg.commitlog_offset < 0:
+                if not known:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
-                offset = st.tail
-                st.tail = st.top = offset + 1
-                got = entries.get(st)
+                if msgs is None:
+                    msgs = [req.msg for req in reqs]
+                got = runs.get(st)
                 if got is None:
-                    entries[st] = [offset, msg]
+                    runs[st] = list(msgs)
                 else:
-                    got.append(offset)
-                    got.append(msg)
-        for st, got in entries.items():
-            st.remember_many(got)
+                    got += msgs
+        for st, msgs in runs.items():
+            first = st.tail
+            st.tail = st.top = first + len(msgs)
+            st.remember_run(first, msgs)
 
     def _properties(self, msg: MqttMessage, lmqs) -> bytes:
         """The stored properties of `msg` (to_properties + INNER_MULTI_DISPATCH), UTF-8.

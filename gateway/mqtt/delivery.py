@@ -31,7 +31,7 @@ from core.client import PullStatus
 from gateway.mqtt._encoding import publish_v3
 from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
-from gateway.mqtt.outbound import build_publish, encode_publish
+from gateway.mqtt.outbound import build_publish, encode_publish, qos0_v3
 from gateway.mqtt.packets import PacketTooLarge, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
@@ -503,13 +503,12 @@ class Pump:
             last, msg = buf.popleft()
             if msg.expiry_at is not None and now >= msg.expiry_at:
                 continue  # expired (MQTT-3.3.2-5): consumed unsent
-            retain = msg.retain if keep else False
-            wire = msg.wire
-            if wire is None:
-                wire = msg.wire = [None, None]
-            data = wire[retain]
-            if data is None:
-                data = wire[retain] = publish_v3(msg.topic, msg.payload, 0, retain, False, None)
+            if keep and msg.retain:
+                data = qos0_v3(msg, True)
+            else:
+                data = msg.wire  # qos0_v3(msg, False), inline
+                if data is None:
+                    data = msg.wire = publish_v3(msg.topic, msg.payload, 0, False, False, None)
             out.append(data)
             queued += len(data)
             sent += 1

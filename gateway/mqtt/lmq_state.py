@@ -8,6 +8,7 @@ records read as views, topic, QoS and payload straight from the record bytes.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 from typing import Any
 
 from core.client import ClientInstance, PullResult, PullStatus
@@ -19,6 +20,8 @@ from gateway.mqtt.message import MqttMessage, from_record_view
 
 __all__ = ["LmqState", "MessageCache", "RECENT_BYTES", "RECENT_ENTRIES", "RecentBudget",
            "pull_views"]
+
+_PAYLOAD = attrgetter("payload")
 
 #: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
 RECENT_ENTRIES = 4096
@@ -139,16 +142,25 @@ class LmqState:
             recent[offset] = msg
             self._admitted(len(msg.payload))
 
-    def remember_many(self, entries: list) -> None:
-        """remember() for [offset, msg, offset, msg, ...] (one send's entries of this
-        LMQ, ascending offsets): the bounds are applied once, after all of them."""
+    def remember_run(self, first: int, msgs: list[MqttMessage]) -> None:
+        """remember() for `msgs` at offsets first, first + 1, ... (one send's entries of
+        this LMQ): the bounds are applied once, after all of them."""
         recent = self.recent
-        size = len(recent)
+        if recent.keys().isdisjoint(range(first, first + len(msgs))):  # the usual case
+            offset = first
+            for msg in msgs:
+                recent[offset] = msg
+                offset += 1
+            self._admitted(sum(map(len, map(_PAYLOAD, msgs))))
+            return
+        size = len(recent)  # a pull brought some already (a transport that yields)
         added = 0
-        for offset, msg in zip(entries[::2], entries[1::2], strict=True):
+        offset = first
+        for msg in msgs:
             if offset not in recent:
                 recent[offset] = msg
                 added += len(msg.payload)
+            offset += 1
         if len(recent) != size:
             self._admitted(added)
 

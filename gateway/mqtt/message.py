@@ -98,9 +98,10 @@ class MqttMessage:
     broker: str = ""
     commitlog_offset: int = -1
     lmq_offsets: Mapping[str, int] = NO_OFFSETS
-    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH, [retain off, retain on], once built: every
-    #: session on a filter sends the same bytes (delivery.encode_publish)
-    wire: list | None = field(default=None, compare=False, repr=False)
+    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH without / with RETAIN, once built: every
+    #: session on a filter sends the same bytes (outbound.qos0_v3)
+    wire: bytes | None = field(default=None, compare=False, repr=False)
+    wire_retain: bytes | None = field(default=None, compare=False, repr=False)
 
     def expired(self, now: int) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at

@@ -16,7 +16,21 @@ from gateway.mqtt.packets import Publish
 if TYPE_CHECKING:
     from gateway.mqtt.connection import Connection
 
-__all__ = ["build_publish", "encode_publish"]
+__all__ = ["build_publish", "encode_publish", "qos0_v3"]
+
+
+def qos0_v3(msg: MqttMessage, retain: bool) -> bytes:
+    """The 3.1/3.1.1 QoS 0 PUBLISH of `msg`: the same bytes for every such session, so
+    encoded once per message (and RETAIN flag)."""
+    if retain:
+        data = msg.wire_retain
+        if data is None:
+            data = msg.wire_retain = publish_v3(msg.topic, msg.payload, 0, True, False, None)
+        return data
+    data = msg.wire
+    if data is None:
+        data = msg.wire = publish_v3(msg.topic, msg.payload, 0, False, False, None)
+    return data
 
 
 def build_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
@@ -57,14 +71,7 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
     if conn.version != 5 and conn.codec.peer_max_packet_size is None:
         if qos:
             return publish_v3(msg.topic, msg.payload, qos, retain, dup, pid)
-        # The same bytes for every 3.1/3.1.1 session: encoded once per message.
-        wire = msg.wire
-        if wire is None:
-            wire = msg.wire = [None, None]
-        data = wire[retain]
-        if data is None:
-            data = wire[retain] = publish_v3(msg.topic, msg.payload, 0, retain, False, None)
-        return data
+        return qos0_v3(msg, retain)
     packet = build_publish(conn, msg, qos, retain, sub_ids, pid, dup, now)
     data = conn.codec.encode(packet)
     if packet.topic and packet.properties.topic_alias is not None:
