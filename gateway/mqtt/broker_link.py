@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import trio
 
-from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
+from core.client import ClientInstance, MessageQueue
 from core.client.errors import MQClientError
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
@@ -41,11 +41,11 @@ from core.remoting.errors import RemotingError
 from core.remoting.local import caller_yields
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
-from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget, pull_views
+from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
+from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import (
     MqttMessage,
-    from_message_ext,
     lmq_dispatch_value,
     to_properties,
 )
@@ -63,9 +63,6 @@ NO_MATCHING_SUBSCRIBERS = 0x10
 SEND_FAILED = 0x80
 QUOTA_EXCEEDED = 0x97
 
-#: Decoded messages kept by (broker, commitlog offset): overlapping filters share them.
-DECODED_CACHE = 4096
-DECODED_CACHE_BYTES = 8 * 1024 * 1024
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
 #: PUBLISHes a reader submits before it lets other tasks run (one socket read can hold
@@ -123,7 +120,7 @@ class _Request:
         self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
 
 
-class BrokerLink:
+class BrokerLink(LinkReads):
     """Publishes and pulls for one gateway; run `run()` in the gateway's nursery."""
 
     def __init__(
@@ -647,72 +644,6 @@ class BrokerLink:
         illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL
         return QUOTA_EXCEEDED if illegal else SEND_FAILED
 
-    # -- reading -------------------------------------------------------------------------
-
-    def decode(self, ext: Any, broker: str) -> MqttMessage | None:
-        key = (broker, ext.commitlog_offset)
-        msg = self._decoded.get(key)
-        if msg is None:
-            msg = from_message_ext(ext, broker)
-            if msg is None:
-                return None
-            cache = self._decoded
-            cache[key] = msg
-            if len(cache) > DECODED_CACHE:
-                del cache[next(iter(cache))]
-        return msg
-
-    async def pull(self, st: LmqState, offset: int) -> PullResult:
-        """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`);
-        `messages` of the result are MqttMessages (records of other writers left out)."""
-        ahead = self._watched.get((st.broker, st.lmq)) if self.foreign_writers else None
-        if ahead is not None:
-            got = await ahead.read(st, offset, self.config.pull_batch)
-            if got is not None:
-                return got  # the read-ahead in flight brought it: no second pull
-        v0 = st.version if not st.pending else -1
-        # With no send on the wire before and after, every stored write already went
-        # through _advance_tails: the max offset seen is the tail, writes pending or not
-        # (under steady load some always are, and the tail would never be learnt).
-        quiet = -1 if self._sending else self._sent_chunks
-        st.pulling = offset
-        try:
-            self.stats["pulls"] += 1
-            result = await pull_views(self.client, self.addr(st.broker), self.config.pull_group,
-                                      st, offset, self.config.pull_batch, self._decoded,
-                                      DECODED_CACHE)
-        finally:
-            st.pulling = -1
-            if st.pull_waiters:
-                st.pull_waiters = False
-                for w in st.watchers:
-                    w.wake()
-        if result.status is PullStatus.FOUND:
-            lmq = st.lmq
-            for msg in result.messages:
-                pos = msg.lmq_offsets.get(lmq)
-                if pos is not None:
-                    known = st.recent.get(pos)
-                    if known is not None and known.commitlog_offset != msg.commitlog_offset:
-                        # Someone else writes this LMQ: stop predicting its offsets.
-                        log.warning("LMQ %s@%s has a foreign writer; reading it by pulls",
-                                    lmq, st.broker)
-                        st.forget_recent()
-                        st.tail = None
-                    st.remember(pos, msg)
-        if result.status is not PullStatus.OFFSET_ILLEGAL:
-            if result.max_offset > st.top:
-                st.top = result.max_offset
-            if self.foreign_writers:
-                if st.watchers:
-                    self._watch(st)
-            elif quiet >= 0 and not self._sending and self._sent_chunks == quiet \
-                    and st.tail is None:
-                st.tail = result.max_offset
-            elif st.tail is None:
-                st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
-        return result
-
     # -- several gateways -------------------------------------------------------------
 
     def share_lmqs(self) -> None:
@@ -733,18 +664,3 @@ class BrokerLink:
         if key not in self._watched and self._nursery is not None:
             self._watched[key] = None
             self._nursery.start_soon(watch_lmq, self, st, self._watched)
-
-    async def max_offset(self, broker: str, lmq: str) -> int:
-        return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)
-
-    async def min_offset(self, broker: str, lmq: str) -> int:
-        return await self.client.api.get_min_offset(self.addr(broker), lmq, 0)
-
-    async def view(self, broker: str, commitlog_offset: int) -> MqttMessage | None:
-        """The stored message at `commitlog_offset` (retransmission after a restart)."""
-        key = (broker, commitlog_offset)
-        msg = self._decoded.get(key)
-        if msg is not None:
-            return msg
-        ext = await self.client.api.view_message(self.addr(broker), commitlog_offset)
-        return self.decode(ext, broker)
