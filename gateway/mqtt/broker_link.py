@@ -393,16 +393,25 @@ class BrokerLink(LinkReads):
         touched: dict[LmqState, int] = {}
         # Publishers repeat their topics: the route of a (topic, retain) once per round.
         routes: dict[tuple[str, bool], tuple] = {}
+        # A socket read is one publisher's, which repeats its topic: a run of requests of
+        # one route takes it (and is counted) once.
+        route: tuple = ((), (), False, ())
+        topic = retain = None
+        run = 0
         for req in batch:
             msg = req.msg
-            key = (msg.topic, msg.retain)
-            route = routes.get(key)
-            if route is None:
-                route = routes[key] = self._route(msg.topic, msg.retain, queues, groups)
+            if msg.topic is not topic or msg.retain != retain:
+                for st in route[3]:
+                    touched[st] = touched.get(st, 0) + run
+                topic, retain, run = msg.topic, msg.retain, 0
+                route = routes.get((topic, retain))
+                if route is None:
+                    route = routes[(topic, retain)] = self._route(topic, retain, queues, groups)
             group, req.lmqs, req.routed, req.states = route
             group.append(req)
-            for st in req.states:
-                touched[st] = touched.get(st, 0) + 1
+            run += 1
+        for st in route[3]:
+            touched[st] = touched.get(st, 0) + run
         for st, n in touched.items():
             st.pending += n
         self._in_round = True
