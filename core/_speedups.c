@@ -1183,6 +1183,36 @@ fail:
     return NULL;
 }
 
+/* ==== s5-mqtt: the MQTT read-path scanners' shared argument check ======================
+ * scan_src: the (src: bytes | bytearray, pos: int, ...) head of scan_publishes and
+ * scan_pubacks. Sets *p, *n (the buffer, borrowed from args[0]) and *pos; raises TypeError
+ * with `usage` unless there are `want` arguments and src is exactly bytes or bytearray, and
+ * ValueError (naming `name`) for a pos outside [0, len(src)]. Returns 0, or -1 on error. */
+static int scan_src(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                    const char *name, const char *usage, const unsigned char **p,
+                    Py_ssize_t *n, long long *pos)
+{
+    if (nargs != want || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (as_i64(args[1], pos, "pos") < 0)
+        return -1;
+    if (PyBytes_CheckExact(args[0])) {
+        *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+        *n = PyBytes_GET_SIZE(args[0]);
+    } else {
+        *p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        *n = PyByteArray_GET_SIZE(args[0]);
+    }
+    if (*pos < 0 || *pos > *n) {
+        PyErr_Format(PyExc_ValueError, "%s: pos outside the buffer", name);
+        return -1;
+    }
+    return 0;
+}
+/* ==== end s5-mqtt ==== */
+
 /* ==== s4-perf: the MQTT fan-in's per-message work, a batch per call ==================
  * plan_batch_lmqs / stage_batch_lmqs: the MessageBatch put of the MQTT gateway, where
  * every sub-message carries INNER_MULTI_DISPATCH (split_batch gives its value when the
@@ -1590,26 +1620,13 @@ done:
 static PyObject *sp_scan_publishes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     long long pos, limit;
-    if (nargs != 3 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "scan_publishes(src: bytes | bytearray, pos: int, max_packet_size: int)");
-        return NULL;
-    }
-    if (as_i64(args[1], &pos, "pos") < 0 || as_i64(args[2], &limit, "max packet size") < 0)
-        return NULL;
     const unsigned char *p;
     Py_ssize_t n;
-    if (PyBytes_CheckExact(args[0])) {
-        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-        n = PyBytes_GET_SIZE(args[0]);
-    } else {
-        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
-        n = PyByteArray_GET_SIZE(args[0]);
-    }
-    if (pos < 0 || pos > n) {
-        PyErr_SetString(PyExc_ValueError, "scan_publishes: pos outside the buffer");
+    if (scan_src(args, nargs, 3, "scan_publishes",
+                 "scan_publishes(src: bytes | bytearray, pos: int, max_packet_size: int)",
+                 &p, &n, &pos) < 0 ||
+        as_i64(args[2], &limit, "max packet size") < 0)
         return NULL;
-    }
     PyObject *run = PyList_New(0);
     if (!run)
         return NULL;
@@ -1708,25 +1725,11 @@ fail:
 static PyObject *sp_scan_pubacks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     long long pos;
-    if (nargs != 2 || (!PyBytes_CheckExact(args[0]) && !PyByteArray_CheckExact(args[0]))) {
-        PyErr_SetString(PyExc_TypeError, "scan_pubacks(src: bytes | bytearray, pos: int)");
-        return NULL;
-    }
-    if (as_i64(args[1], &pos, "pos") < 0)
-        return NULL;
     const unsigned char *p;
     Py_ssize_t n;
-    if (PyBytes_CheckExact(args[0])) {
-        p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-        n = PyBytes_GET_SIZE(args[0]);
-    } else {
-        p = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
-        n = PyByteArray_GET_SIZE(args[0]);
-    }
-    if (pos < 0 || pos > n) {
-        PyErr_SetString(PyExc_ValueError, "scan_pubacks: pos outside the buffer");
+    if (scan_src(args, nargs, 2, "scan_pubacks", "scan_pubacks(src: bytes | bytearray, pos: int)",
+                 &p, &n, &pos) < 0)
         return NULL;
-    }
     Py_ssize_t i = (Py_ssize_t)pos, count = 0;
     while (i + 4 <= n && p[i] == 0x40 && p[i + 1] == 2 && (p[i + 2] | p[i + 3])) {
         i += 4;

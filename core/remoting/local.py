@@ -12,11 +12,17 @@ Differences from TCP worth knowing:
   timeout cancels the handler (over TCP the server would finish it and the late answer
   would be dropped). Handlers must be cancellation-safe anyway: server shutdown cancels.
 * Bodies are passed by reference: a receiver must not mutate a body it did not create.
+* A handler that never waits answers without a checkpoint, so `invoke` yields once after
+  it (a task looping over in-process requests would otherwise starve the others), unless
+  the calling task declared with `caller_yields()` that it yields between its requests
+  itself: then the answer is used in the same turn (the MQTT broker link wakes a lone
+  publish's readers without one more pass of the scheduler).
 """
 
 from __future__ import annotations
 
 import itertools
+from contextvars import ContextVar
 
 import trio
 
@@ -26,10 +32,22 @@ from core.remoting.connection import Connection
 from core.remoting.errors import RemotingConnectError
 from core.remoting.processor import ProcessorTable
 
-__all__ = ["LocalConnection", "open_local_pair"]
+__all__ = ["LocalConnection", "caller_yields", "open_local_pair"]
 
 # Pseudo source ports so each in-process peer has a distinct, parseable "ip:port".
 _local_ports = itertools.count()
+
+# True in a task that yields between its requests itself (caller_yields). A context
+# variable: trio gives each task its own copy, so it holds for the declaring task (and
+# tasks it starts afterwards) only.
+_CALLER_YIELDS: ContextVar[bool] = ContextVar("lmq_local_caller_yields", default=False)
+
+
+def caller_yields() -> None:
+    """Declare that the current task lets other tasks run between its in-process requests
+    on its own: its `invoke`s skip the checkpoint after a handler that never waited (see
+    the module doc). A task that loops over requests without yielding must not call it."""
+    _CALLER_YIELDS.set(True)
 
 
 class LocalConnection(Connection):
@@ -82,8 +100,10 @@ class LocalConnection(Connection):
         finally:
             self._pending.pop(opaque, None)
         # A handler that never waited ran without a checkpoint; without this, a task
-        # looping over in-process invokes would starve every other task (timers too).
-        await trio.lowlevel.checkpoint()
+        # looping over in-process invokes would starve every other task (timers too),
+        # unless that task yields between its requests itself (caller_yields).
+        if not _CALLER_YIELDS.get():
+            await trio.lowlevel.checkpoint()
         return response
 
     async def _exchange(self, cmd: RemotingCommand, pending) -> RemotingCommand | None:

@@ -27,22 +27,25 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Collection
-from typing import Any
+from itertools import groupby
+from operator import attrgetter
+from typing import Any, Protocol
 
 import trio
 
-from core.client import ClientInstance, MessageQueue, PullResult, PullStatus
+from core.client import ClientInstance, MessageQueue
 from core.client.errors import MQClientError
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
+from core.remoting.local import caller_yields
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
-from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget, pull_views
+from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
+from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import (
     MqttMessage,
-    from_message_ext,
     lmq_dispatch_value,
     to_properties,
 )
@@ -50,7 +53,7 @@ from gateway.mqtt.packets import NO_PROPERTIES
 from gateway.mqtt.store_request import batch_body, batch_body_py, offset_ids
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
-__all__ = ["BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
+__all__ = ["AckSink", "BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +63,14 @@ NO_MATCHING_SUBSCRIBERS = 0x10
 SEND_FAILED = 0x80
 QUOTA_EXCEEDED = 0x97
 
-#: Decoded messages kept by (broker, commitlog offset): overlapping filters share them.
-DECODED_CACHE = 4096
-DECODED_CACHE_BYTES = 8 * 1024 * 1024
 #: A round's batch per store queue is cut at this many bytes (broker max is 4 MiB).
 MAX_BATCH_BYTES = 1024 * 1024
+#: PUBLISHes a reader submits before it lets other tasks run (one socket read can hold
+#: hundreds: PINGREQs and deliveries run between slices of it).
+PUBLISHES_PER_STEP = 64
+#: `submit`'s advice to the publisher's reader: carry on, let other tasks run, or wait
+#: for room (wait_for_space).
+GO_ON, STEP, FULL = 0, 1, 2
 #: Memoized properties strings of simple messages (see BrokerLink._properties).
 PROPERTIES_MEMO = 65536
 SEND_TIMEOUT_S = 5.0
@@ -83,6 +89,16 @@ CLUSTER_REFRESH_S = 30.0
 NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
+_STATES = attrgetter("states")
+
+
+class AckSink(Protocol):
+    """Takes the answers of its publishes in one call per round (`submit` with a packet
+    id): a connection acknowledging a run of QoS 1 PUBLISHes writes one run of PUBACKs
+    and wakes its writer once, instead of a callback per message."""
+
+    def stored_run(self, acks: list[int]) -> None:
+        """[packet id, reason code, packet id, reason code, ...] in submission order."""
 
 
 #: Every retained publish is also indexed here, so that every gateway learns it
@@ -91,17 +107,20 @@ RETAINED_LMQ = "%LMQ%mqtt_retained"
 
 
 class _Request:
-    __slots__ = ("msg", "done", "lmqs", "routed", "states")
+    __slots__ = ("msg", "done", "pid", "code", "lmqs", "routed", "states")
 
-    def __init__(self, msg: MqttMessage, done: PublishDone | None) -> None:
+    def __init__(self, msg: MqttMessage, done: PublishDone | AckSink | None,
+                 pid: int = -1) -> None:
         self.msg = msg
         self.done = done
+        self.pid = pid  # >= 0: `done` is an AckSink, answered with this packet id
+        self.code = SEND_FAILED  # the store's answer, once there is one
         self.lmqs: tuple[str, ...] | list[str] = []
         self.routed = False  # some subscription matched (v5 PUBACK 0x10 otherwise)
         self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
 
 
-class BrokerLink:
+class BrokerLink(LinkReads):
     """Publishes and pulls for one gateway; run `run()` in the gateway's nursery."""
 
     def __init__(
@@ -111,6 +130,8 @@ class BrokerLink:
         router: Callable[[str], Collection[str]],
         on_stored: Callable[[MqttMessage], None] | None = None,
     ) -> None:
+        """`on_stored(msg)` runs for each stored retained message, before its publisher
+        is answered."""
         self.client = client
         self.config = config
         self.router = router
@@ -287,13 +308,22 @@ class BrokerLink:
         return (len(self._queue) >= self.dispatch_bound
                 or self.backlog_bytes >= self.config.max_pending_bytes)
 
-    def submit(self, msg: MqttMessage, done: PublishDone | None = None) -> None:
-        """Queue `msg` for storage; `done(reason)` runs once the broker answered."""
+    def submit(self, msg: MqttMessage, done: PublishDone | AckSink | None = None,
+               pid: int = -1) -> int:
+        """Queue `msg` for storage; `done(reason)` runs once the broker answered, or, with
+        a packet id `pid`, `done` is an AckSink told (pid, reason) with the rest of its
+        round's answers. Returns what a reader submitting a run should do next: GO_ON,
+        STEP (let other tasks run) or FULL (`wait_for_space` first)."""
         if msg.retain:
             self.retained_inflight += 1
-        self._queue.append(_Request(msg, done))
+        queue = self._queue
+        queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
         self._work.set()
+        n = len(queue)
+        if n >= self.dispatch_bound or self.backlog_bytes >= self.config.max_pending_bytes:
+            return FULL
+        return GO_ON if n % PUBLISHES_PER_STEP else STEP
 
     def _retained_answered(self, req: _Request) -> None:
         if req.msg.retain:
@@ -333,16 +363,23 @@ class BrokerLink:
             await self._dispatch()
 
     async def _dispatch(self) -> None:
+        # Every pass waits for work, which yields even when work is there (a set Event is
+        # a checkpoint), and a round yields between its sends but not after its last: so
+        # the store's answer to a lone publish is used, and its readers woken, with no
+        # extra pass of the scheduler (the in-process transport does not yield for us,
+        # core/remoting/local.py), and no round follows another without a yield between.
+        caller_yields()
         while True:
             await self._work.wait()
             self._work = trio.Event()
-            while self._queue:
+            if self._queue:
                 batch, self._queue = self._queue, []
-                self.backlog_bytes = 0
+                nbytes, self.backlog_bytes = self.backlog_bytes, 0
                 self._space.set()
-                await self._round(batch)
+                await self._round(batch, nbytes)
 
-    async def _round(self, batch: list[_Request]) -> None:
+    async def _round(self, batch: list[_Request], nbytes: int = -1) -> None:
+        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests."""
         self.stats["rounds"] += 1
         queues = self.queues
         nq = len(queues)
@@ -356,30 +393,43 @@ class BrokerLink:
         touched: dict[LmqState, int] = {}
         # Publishers repeat their topics: the route of a (topic, retain) once per round.
         routes: dict[tuple[str, bool], tuple] = {}
+        # A socket read is one publisher's, which repeats its topic: a run of requests of
+        # one route takes it (and is counted) once.
+        route: tuple = ((), (), False, ())
+        topic = retain = None
+        run = 0
         for req in batch:
             msg = req.msg
-            key = (msg.topic, msg.retain)
-            route = routes.get(key)
-            if route is None:
-                route = routes[key] = self._route(msg.topic, msg.retain, queues, groups)
+            if msg.topic is not topic or msg.retain != retain:
+                for st in route[3]:
+                    touched[st] = touched.get(st, 0) + run
+                topic, retain, run = msg.topic, msg.retain, 0
+                route = routes.get((topic, retain))
+                if route is None:
+                    route = routes[(topic, retain)] = self._route(topic, retain, queues, groups)
             group, req.lmqs, req.routed, req.states = route
             group.append(req)
-            for st in req.states:
-                touched[st] = touched.get(st, 0) + 1
+            run += 1
+        for st in route[3]:
+            touched[st] = touched.get(st, 0) + run
         for st, n in touched.items():
             st.pending += n
-        results: dict[int, int] = {}
         self._in_round = True
         try:
             last_group = len(groups) - 1
+            # Groups are cut at MAX_BATCH_BYTES (payloads and 256 bytes each for the rest),
+            # which the round's total usually shows is not needed.
+            whole = 0 <= nbytes and nbytes + 256 * len(batch) < MAX_BATCH_BYTES
             for g, ((broker, qid), reqs) in enumerate(groups.items()):
                 start = 0
                 while start < len(reqs):
                     end, size = start, 0
+                    if whole:
+                        end = len(reqs)
                     while end < len(reqs) and (end == start or size < MAX_BATCH_BYTES):
                         size += len(reqs[end].msg.payload) + 256
                         end += 1
-                    chunk = reqs[start:end]
+                    chunk = reqs[start:end] if start or end < len(reqs) else reqs
                     self._sending += 1
                     try:
                         code = await self._send(broker, qid, chunk)
@@ -387,7 +437,7 @@ class BrokerLink:
                         self._sending -= 1
                         self._sent_chunks += 1
                     for req in chunk:
-                        results[id(req)] = code
+                        req.code = code
                     self._advance_tails(broker, chunk, code == STORED)
                     start = end
                     if start < len(reqs) or g < last_group:
@@ -402,24 +452,51 @@ class BrokerLink:
                 st.completed(n)
                 if not st.watchers and not st.pending:
                     self.release(st)
+        self._answer(batch)
+
+    def _answer(self, batch: list[_Request]) -> None:
+        """Answer a round's requests (their `code`), in arrival order (PUBACKs go out in
+        the order the PUBLISHes came, MQTT-4.6.0-2/-3); an AckSink once, after the rest."""
         on_stored = self.on_stored
+        stored = 0
+        sinks: dict[AckSink, list[int]] | None = None
         for req in batch:
-            code = results[id(req)]
+            code = req.code
+            msg = req.msg
             if code == STORED:
-                self.stats["stored"] += 1
-                if on_stored is not None:
+                stored += 1
+                if msg.retain and on_stored is not None:
                     try:
-                        on_stored(req.msg)  # retained: written before the PUBACK below
+                        on_stored(msg)  # retained: written before the PUBACK below
                     except Exception:
                         log.exception("handling a stored message failed")
                 if not req.routed:
                     code = NO_MATCHING_SUBSCRIBERS
-            else:
-                self.stats["failed"] += 1
-            self._retained_answered(req)
-            if req.done is not None:
+            if msg.retain:
+                self._retained_answered(req)
+            done = req.done
+            if done is None:
+                continue
+            if req.pid >= 0:
+                if sinks is None:
+                    sinks = {}
+                acks = sinks.get(done)
+                if acks is None:
+                    sinks[done] = [req.pid, code]
+                else:
+                    acks.append(req.pid)
+                    acks.append(code)
+                continue
+            try:
+                done(code)
+            except Exception:
+                log.exception("publish callback failed")
+        self.stats["stored"] += stored
+        self.stats["failed"] += len(batch) - stored
+        if sinks is not None:
+            for sink, acks in sinks.items():
                 try:
-                    req.done(code)
+                    sink.stored_run(acks)
                 except Exception:
                     log.exception("publish callback failed")
 
@@ -450,14 +527,9 @@ class BrokerLink:
     def _fail(self, batch: list[_Request], why: str) -> None:
         """Answer every request of a round that could not be sent at all."""
         log.warning("%d MQTT message(s) not stored: %s", len(batch), why)
-        self.stats["failed"] += len(batch)
         for req in batch:
-            self._retained_answered(req)
-            if req.done is not None:
-                try:
-                    req.done(SEND_FAILED)
-                except Exception:
-                    log.exception("publish callback failed")
+            req.code = SEND_FAILED
+        self._answer(batch)
 
     def _advance_tails(self, broker: str, chunk: list[_Request], stored: bool) -> None:
         """Give each stored message its offset in every read LMQ whose tail is known."""
@@ -467,26 +539,30 @@ class BrokerLink:
                 self.advanced[broker] = last
         # (States created since the round began are pending until it ends: their tails
         # are not known yet, so the states found when it began are all there is to do.)
-        entries: dict[LmqState, list] = {}
-        for req in chunk:
-            msg = req.msg
-            for st in req.states:
+        # _send gives every message of a chunk its commitlog offset, or none.
+        known = stored and chunk[0].msg.commitlog_offset >= 0 \
+            and chunk[-1].msg.commitlog_offset >= 0
+        runs: dict[LmqState, list[MqttMessage]] = {}
+        # Requests of one route share their states: a run of them is handled at once.
+        for states, reqs in groupby(chunk, _STATES):
+            msgs = None
+            for st in states:
                 if st.tail is None:
                     continue
-                if not stored or msg.commitlog_offset < 0:
+                if not known:
                     st.tail = None  # unknown outcome: readers pull to find out
                     continue
-                offset = st.tail
-                st.tail = st.top = offset + 1
-                msg.lmq_offsets[st.lmq] = offset
-                got = entries.get(st)
+                if msgs is None:
+                    msgs = [req.msg for req in reqs]
+                got = runs.get(st)
                 if got is None:
-                    entries[st] = [offset, msg]
+                    runs[st] = list(msgs)
                 else:
-                    got.append(offset)
-                    got.append(msg)
-        for st, got in entries.items():
-            st.remember_many(got)
+                    got += msgs
+        for st, msgs in runs.items():
+            first = st.tail
+            st.tail = st.top = first + len(msgs)
+            st.remember_run(first, msgs)
 
     def _properties(self, msg: MqttMessage, lmqs) -> bytes:
         """The stored properties of `msg` (to_properties + INNER_MULTI_DISPATCH), UTF-8.
@@ -577,72 +653,6 @@ class BrokerLink:
         illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL
         return QUOTA_EXCEEDED if illegal else SEND_FAILED
 
-    # -- reading -------------------------------------------------------------------------
-
-    def decode(self, ext: Any, broker: str) -> MqttMessage | None:
-        key = (broker, ext.commitlog_offset)
-        msg = self._decoded.get(key)
-        if msg is None:
-            msg = from_message_ext(ext, broker)
-            if msg is None:
-                return None
-            cache = self._decoded
-            cache[key] = msg
-            if len(cache) > DECODED_CACHE:
-                del cache[next(iter(cache))]
-        return msg
-
-    async def pull(self, st: LmqState, offset: int) -> PullResult:
-        """One non-blocking pull of `st`'s LMQ from `offset` (entries go to `st.recent`);
-        `messages` of the result are MqttMessages (records of other writers left out)."""
-        ahead = self._watched.get((st.broker, st.lmq)) if self.foreign_writers else None
-        if ahead is not None:
-            got = await ahead.read(st, offset, self.config.pull_batch)
-            if got is not None:
-                return got  # the read-ahead in flight brought it: no second pull
-        v0 = st.version if not st.pending else -1
-        # With no send on the wire before and after, every stored write already went
-        # through _advance_tails: the max offset seen is the tail, writes pending or not
-        # (under steady load some always are, and the tail would never be learnt).
-        quiet = -1 if self._sending else self._sent_chunks
-        st.pulling = offset
-        try:
-            self.stats["pulls"] += 1
-            result = await pull_views(self.client, self.addr(st.broker), self.config.pull_group,
-                                      st, offset, self.config.pull_batch, self._decoded,
-                                      DECODED_CACHE)
-        finally:
-            st.pulling = -1
-            if st.pull_waiters:
-                st.pull_waiters = False
-                for w in st.watchers:
-                    w.wake()
-        if result.status is PullStatus.FOUND:
-            lmq = st.lmq
-            for msg in result.messages:
-                pos = msg.lmq_offsets.get(lmq)
-                if pos is not None:
-                    known = st.recent.get(pos)
-                    if known is not None and known.commitlog_offset != msg.commitlog_offset:
-                        # Someone else writes this LMQ: stop predicting its offsets.
-                        log.warning("LMQ %s@%s has a foreign writer; reading it by pulls",
-                                    lmq, st.broker)
-                        st.forget_recent()
-                        st.tail = None
-                    st.remember(pos, msg)
-        if result.status is not PullStatus.OFFSET_ILLEGAL:
-            if result.max_offset > st.top:
-                st.top = result.max_offset
-            if self.foreign_writers:
-                if st.watchers:
-                    self._watch(st)
-            elif quiet >= 0 and not self._sending and self._sent_chunks == quiet \
-                    and st.tail is None:
-                st.tail = result.max_offset
-            elif st.tail is None:
-                st.learn_tail(result.max_offset, v0)  # wherever we read, max is the next write
-        return result
-
     # -- several gateways -------------------------------------------------------------
 
     def share_lmqs(self) -> None:
@@ -663,18 +673,3 @@ class BrokerLink:
         if key not in self._watched and self._nursery is not None:
             self._watched[key] = None
             self._nursery.start_soon(watch_lmq, self, st, self._watched)
-
-    async def max_offset(self, broker: str, lmq: str) -> int:
-        return await self.client.api.get_max_offset(self.addr(broker), lmq, 0)
-
-    async def min_offset(self, broker: str, lmq: str) -> int:
-        return await self.client.api.get_min_offset(self.addr(broker), lmq, 0)
-
-    async def view(self, broker: str, commitlog_offset: int) -> MqttMessage | None:
-        """The stored message at `commitlog_offset` (retransmission after a restart)."""
-        key = (broker, commitlog_offset)
-        msg = self._decoded.get(key)
-        if msg is not None:
-            return msg
-        ext = await self.client.api.view_message(self.addr(broker), commitlog_offset)
-        return self.decode(ext, broker)

@@ -480,12 +480,7 @@ class Connection(ConnectionGuards, PublishHandler):
 
     def _on_pubacks(self, ids: PubackRun) -> None:
         """_on_ack of a run of plain PUBACKs (their packet ids)."""
-        sess = self.session
-        inflight = sess.inflight
-        for pid in ids:
-            entry = inflight.get(pid)
-            if entry is not None and entry.qos == 1:
-                sess.complete(pid)
+        self.session.complete_run(ids)
 
     def _on_pubrec(self, p: Pubrec) -> None:
         sess = self.session

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.mqtt.broker_link import FULL, STEP
 from gateway.mqtt.logtext import shown
 from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import NO_PROPERTIES, MqttProtocolError, Puback, Publish, Pubrec
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["PublishHandler"]
 
 log = logging.getLogger(__name__)
-
-#: PUBLISHes handled in one go before the reader lets other tasks run.
-PUBLISHES_PER_STEP = 64
 
 _PUBACK_V3 = struct.Struct(">BBH")  # type 4, remaining length 2, packet id
 
@@ -106,69 +104,74 @@ class PublishHandler:
         msg = MqttMessage(topic, p.payload, qos, p.retain, props, expiry_at, self.client_id)
         link = gw.link
         if qos == 0:
-            link.submit(msg)
+            step = link.submit(msg)
         elif qos == 1:
             self.inbound += 1
-            link.submit(msg, lambda code: self._stored(pid, 1, code))
+            step = link.submit(msg, lambda code: self._stored(pid, 1, code))
         else:
             self.inbound += 1
             self.qos2_pending.add(pid)
-            link.submit(msg, lambda code: self._stored(pid, 2, code))
-        if link.backlog_full:
+            step = link.submit(msg, lambda code: self._stored(pid, 2, code))
+        if step == FULL:
             await link.wait_for_space()
-        elif not link.backlog % PUBLISHES_PER_STEP:
-            # One socket read can hold hundreds of PUBLISHes: let other tasks (PINGREQs,
-            # deliveries) run between slices of it.
-            await trio.lowlevel.checkpoint()
+        elif step == STEP:
+            await trio.lowlevel.checkpoint()  # PINGREQs, deliveries run between slices
 
     async def on_publish_run(self: Connection, run: PublishRun) -> None:
         """3.1/3.1.1 PUBLISHes decoded in one go by the codec (codec.PublishRun): the
         handling of on_publish for a 3.x client (no properties), without a packet object
-        per message."""
+        per message. Nothing else runs between two of them unless the link says so (STEP,
+        FULL): the connection is checked for a close only after such a wait."""
         self.publishing = True
         gw = self.gw
         cfg = gw.config
-        stats = gw.stats
         link = gw.link
+        submit = link.submit
         client_id = self.client_id
-        for topic, payload, flags, pid in run:
-            if self.closed:
-                return
-            stats.msgs_in += 1
-            qos = (flags >> 1) & 3
-            if qos > cfg.maximum_qos:
-                log.info("client %s: PUBLISH QoS %d above maximum_qos", shown(client_id), qos)
-                self.close(0x9B)
-                return
-            if qos == 2 and (pid in self.qos2_pending or pid in self.session.inbound_qos2):
-                if pid in self.session.inbound_qos2:
-                    self.send(Pubrec(pid))  # a retransmission: acknowledged once (§4.3.3)
-                continue
-            retain = bool(flags & 1)
-            code = 0
-            if topic != self._topic_ok:
-                code, why = self._check_topic(topic)
-            if not code and retain and gw.retained.would_refuse(topic, len(payload)):
-                code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
-            if code:
-                log.info("client %s: PUBLISH to %s refused (0x%02X): %s", shown(client_id),
-                         shown(topic), code, why)
-                self._refuse(qos, pid, code)
-                continue
-            msg = MqttMessage(topic, payload, qos, retain, NO_PROPERTIES, None, client_id)
-            if qos == 0:
-                link.submit(msg)
-            elif qos == 1:
-                self.inbound += 1
-                link.submit(msg, _ack_later(self, pid, 1))
-            else:
-                self.inbound += 1
-                self.qos2_pending.add(pid)
-                link.submit(msg, _ack_later(self, pid, 2))
-            if link.backlog_full:
-                await link.wait_for_space()
-            elif not link.backlog % PUBLISHES_PER_STEP:
-                await trio.lowlevel.checkpoint()
+        max_qos = cfg.maximum_qos
+        handled = 0
+        try:
+            for topic, payload, flags, pid in run:
+                handled += 1
+                qos = (flags >> 1) & 3
+                if qos > max_qos:
+                    log.info("client %s: PUBLISH QoS %d above maximum_qos", shown(client_id),
+                             qos)
+                    self.close(0x9B)
+                    return
+                if qos == 2 and (pid in self.qos2_pending or pid in self.session.inbound_qos2):
+                    if pid in self.session.inbound_qos2:
+                        self.send(Pubrec(pid))  # a retransmission: acknowledged once (§4.3.3)
+                    continue
+                retain = (flags & 1) == 1
+                if topic != self._topic_ok or retain:
+                    code, why = self._check_topic(topic) if topic != self._topic_ok else (0, "")
+                    if not code and retain and gw.retained.would_refuse(topic, len(payload)):
+                        code, why = 0x97, f"max_retained ({cfg.max_retained}) reached"
+                    if code:
+                        log.info("client %s: PUBLISH to %s refused (0x%02X): %s",
+                                 shown(client_id), shown(topic), code, why)
+                        self._refuse(qos, pid, code)
+                        continue
+                msg = MqttMessage(topic, payload, qos, retain, NO_PROPERTIES, None, client_id)
+                if qos == 0:
+                    step = submit(msg)
+                elif qos == 1:
+                    self.inbound += 1
+                    step = submit(msg, self, pid)  # answered with its round: stored_run
+                else:
+                    self.inbound += 1
+                    self.qos2_pending.add(pid)
+                    step = submit(msg, _ack_later(self, pid, 2))
+                if step:
+                    if step == FULL:
+                        await link.wait_for_space()
+                    else:
+                        await trio.lowlevel.checkpoint()
+                    if self.closed:
+                        return
+        finally:
+            gw.stats.msgs_in += handled
 
     def _check_topic(self: Connection, topic: str) -> tuple[int, str]:
         """(0, "") when `topic` may be published to (then it is remembered as
@@ -200,6 +203,29 @@ class PublishHandler:
             if code < 0x80:
                 self.session.inbound_qos2.add(pid)  # 3.1.1: PUBREL will follow
             self.send(Pubrec(pid, code))
+
+    def stored_run(self: Connection, acks: list[int]) -> None:
+        """The broker answered a round's QoS 1 publishes of this 3.x connection
+        (BrokerLink AckSink: [packet id, reason code, ...] in order): their PUBACKs are
+        queued at once and the writer is woken once. A publish not stored closes the
+        connection after the PUBACKs of those before it (3.1.1 cannot say "not stored";
+        the client will resend)."""
+        if self.closed:
+            return
+        pids = acks[::2]
+        codes = acks[1::2]
+        bad = max(codes) >= 0x80
+        if bad:
+            pids = pids[:next(i for i, code in enumerate(codes) if code >= 0x80)]
+        self.inbound = max(0, self.inbound - len(pids))
+        if pids:
+            pack = _PUBACK_V3.pack
+            self.queue(b"".join([pack(0x40, 2, pid) for pid in pids]))
+        if bad:
+            log.warning("client %s: publish not stored; closing", shown(self.client_id))
+            self.close()
+            return
+        self.wake()
 
     def _stored(self: Connection, pid: int, qos: int, code: int) -> None:
         """Broker answered for a QoS 1/2 publish (runs in the dispatcher task)."""

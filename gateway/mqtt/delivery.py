@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from core.client import PullStatus
-from gateway.mqtt._encoding import publish_v3
 from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
-from gateway.mqtt.outbound import build_publish, encode_publish
+from gateway.mqtt.outbound import build_publish, encode_publish, merge_single_v3
 from gateway.mqtt.packets import PacketTooLarge, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
@@ -264,9 +263,11 @@ class Pump:
                 n = c.next
                 buf = c.buf
                 match = c.match
+                ok = None  # a topic matched (publishers repeat theirs: tested once a run)
                 while n in recent and len(buf) < batch:
                     msg = recent[n]
-                    if match(msg.topic):
+                    if msg.topic is ok or match(msg.topic):
+                        ok = msg.topic
                         buf.append((n, msg))
                     else:
                         self._mismatch(c, n, msg)
@@ -428,10 +429,10 @@ class Pump:
         client_id = sess.client_id
         sent = 0
         single = cursors[0] if len(cursors) == 1 else None
-        if single is not None and not single.sub.qos and not single.sub.no_local \
+        if single is not None and single.sub.qos < 2 and not single.sub.no_local \
                 and not conn.acl_checked and conn.version != 5 \
                 and conn.codec.peer_max_packet_size is None:
-            return self._merge_qos0_v3(single, now, limit)
+            return merge_single_v3(self.session, self.conn, self.gw.stats, single, now, limit)
         while conn.out_bytes < limit:
             if single is not None:
                 if not single.buf:
@@ -483,43 +484,6 @@ class Pump:
             if qos < 0 or msg.expired(now):
                 continue  # no-local only, or expired (MQTT-3.3.2-5): consumed unsent
             sent += self._send(msg, qos, retain, tuple(sub_ids), refs, None, now)
-        return sent
-
-    def _merge_qos0_v3(self, c: Cursor, now: int, limit: int) -> int:
-        """`_merge` for the common case of one QoS 0 subscription of a 3.x session, per
-        message only what it needs: no packet id, no in-flight entry, no per-session
-        encoding (the PUBLISH bytes are the message's own, shared by every session)."""
-        buf = c.buf
-        if not buf:
-            return 0
-        conn = self.conn
-        out = conn.out
-        keep = c.sub.retain_as_published
-        room = limit - conn.out_bytes
-        queued = 0
-        sent = 0
-        last = -1
-        while buf and queued < room:
-            last, msg = buf.popleft()
-            if msg.expiry_at is not None and now >= msg.expiry_at:
-                continue  # expired (MQTT-3.3.2-5): consumed unsent
-            retain = msg.retain if keep else False
-            wire = msg.wire
-            if wire is None:
-                wire = msg.wire = [None, None]
-            data = wire[retain]
-            if data is None:
-                data = wire[retain] = publish_v3(msg.topic, msg.payload, 0, retain, False, None)
-            out.append(data)
-            queued += len(data)
-            sent += 1
-        if last >= 0:
-            c.sent = last + 1
-            self.session.dirty = True
-        conn.out_bytes += queued
-        stats = self.gw.stats
-        stats.msgs_out += sent
-        stats.bytes_out += queued
         return sent
 
     def _none_older(self, cursors: list[Cursor], clog: int) -> bool:

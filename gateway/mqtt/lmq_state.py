@@ -8,6 +8,7 @@ records read as views, topic, QoS and payload straight from the record bytes.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 from typing import Any
 
 from core.client import ClientInstance, PullResult, PullStatus
@@ -19,6 +20,8 @@ from gateway.mqtt.message import MqttMessage, from_record_view
 
 __all__ = ["LmqState", "MessageCache", "RECENT_BYTES", "RECENT_ENTRIES", "RecentBudget",
            "pull_views"]
+
+_PAYLOAD = attrgetter("payload")
 
 #: Entries (and payload bytes) of one LMQ kept for the sessions reading it.
 RECENT_ENTRIES = 4096
@@ -135,48 +138,52 @@ class LmqState:
 
     def remember(self, offset: int, msg: MqttMessage) -> None:
         recent = self.recent
-        if offset in recent:
-            return
-        recent[offset] = msg
-        size = len(msg.payload)
-        budget = self.budget
-        own = self._recent_bytes + size
-        used = budget.used + size
-        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES):
-            gone = len(recent.popitem(last=False)[1].payload)
-            own -= gone
-            used -= gone
-        self._recent_bytes = own
-        budget.used = used
-        order = budget.order
-        try:
-            order.move_to_end(self)
-        except KeyError:
-            order[self] = None
-        if used > budget.limit:
-            budget.trim(self)
+        if offset not in recent:
+            recent[offset] = msg
+            self._admitted(len(msg.payload))
 
-    def remember_many(self, entries: list) -> None:
-        """remember() for [offset, msg, offset, msg, ...] (one send's entries of this
-        LMQ, ascending offsets): the bounds are applied once, after all of them."""
+    def remember_run(self, first: int, msgs: list[MqttMessage]) -> None:
+        """remember() for `msgs` at offsets first, first + 1, ... (one send's entries of
+        this LMQ): the bounds are applied once, after all of them."""
         recent = self.recent
-        size = len(recent)
+        if recent.keys().isdisjoint(range(first, first + len(msgs))):  # the usual case
+            offset = first
+            for msg in msgs:
+                recent[offset] = msg
+                offset += 1
+            self._admitted(sum(map(len, map(_PAYLOAD, msgs))))
+            return
+        size = len(recent)  # a pull brought some already (a transport that yields)
         added = 0
-        for i in range(0, len(entries), 2):
-            offset = entries[i]
+        offset = first
+        for msg in msgs:
             if offset not in recent:
-                msg = entries[i + 1]
                 recent[offset] = msg
                 added += len(msg.payload)
-        if len(recent) == size:
-            return  # all known already
+            offset += 1
+        if len(recent) != size:
+            self._admitted(added)
+
+    def _admitted(self, added: int) -> None:
+        """Entries holding `added` payload bytes just entered `recent`: account for them,
+        then evict the oldest past this LMQ's bounds (one pass for a whole batch: under a
+        flood every write evicts) and past the gateway's budget."""
+        recent = self.recent
         budget = self.budget
         own = self._recent_bytes + added
         used = budget.used + added
-        while len(recent) > 1 and (len(recent) > RECENT_ENTRIES or own > RECENT_BYTES):
-            gone = len(recent.popitem(last=False)[1].payload)
+        excess = len(recent) - RECENT_ENTRIES
+        if excess > 0 or own > RECENT_BYTES:
+            pop = recent.popitem
+            gone = 0
+            for _ in range(excess):
+                gone += len(pop(False)[1].payload)
             own -= gone
             used -= gone
+            while own > RECENT_BYTES and len(recent) > 1:
+                gone = len(pop(False)[1].payload)
+                own -= gone
+                used -= gone
         self._recent_bytes = own
         budget.used = used
         order = budget.order

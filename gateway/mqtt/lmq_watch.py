@@ -37,6 +37,7 @@ from core.common.sysflag import PullSysFlag
 from core.remoting.codes import RequestCode, ResponseCode
 from core.remoting.errors import RemotingError
 from core.store.record_view import iter_record_views
+from gateway.mqtt.link_reads import DECODED_CACHE
 from gateway.mqtt.lmq_state import RECENT_BYTES, RECENT_ENTRIES, LmqState
 from gateway.mqtt.message import from_record_view
 
@@ -155,8 +156,6 @@ async def _read(link: Any, st: LmqState, offset: int, batch: int,
     top = resp.ext_int("maxOffset", 0)
     found = False
     if resp.code == ResponseCode.SUCCESS and resp.body:
-        from gateway.mqtt.broker_link import DECODED_CACHE  # (it imports this module)
-
         cache = link._decoded
         broker, lmq = st.broker, st.lmq
         for view in iter_record_views(resp.body_bytes()):

@@ -24,6 +24,7 @@ import base64
 import json
 import time
 import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from core.common.message import MessageExt
@@ -52,6 +53,30 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _NoOffsets(Mapping):
+    """The LMQ offsets of a message not read back from the store: none. Shared and
+    read-only (a published message costs no dict: its LMQ offsets are the LMQ states'
+    business, broker_link.py)."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key: str) -> int:
+        raise KeyError(key)
+
+    def get(self, key: str, default=None):
+        return default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+NO_OFFSETS: Mapping[str, int] = _NoOffsets()
+
+
 @dataclass(slots=True)
 class MqttMessage:
     """One application message, as published and as delivered.
@@ -59,7 +84,8 @@ class MqttMessage:
     `props` holds only the v5 properties that travel with the message (payload format,
     content type, response topic, correlation data, user properties); the expiry is
     `expiry_at` (absolute, ms) so that the remaining time can be forwarded.
-    `broker` / `commitlog_offset` / `lmq_offsets` are set once it is stored.
+    `broker` / `commitlog_offset` are set once it is stored; `lmq_offsets` (LMQ name ->
+    offset) only on a message read back from the store (NO_OFFSETS otherwise).
     """
 
     topic: str
@@ -71,10 +97,11 @@ class MqttMessage:
     sender: str | None = None
     broker: str = ""
     commitlog_offset: int = -1
-    lmq_offsets: dict[str, int] = field(default_factory=dict)
-    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH, [retain off, retain on], once built: every
-    #: session on a filter sends the same bytes (delivery.encode_publish)
-    wire: list | None = field(default=None, compare=False, repr=False)
+    lmq_offsets: Mapping[str, int] = NO_OFFSETS
+    #: the encoded 3.1/3.1.1 QoS 0 PUBLISH without / with RETAIN, once built: every
+    #: session on a filter sends the same bytes (outbound.qos0_v3)
+    wire: bytes | None = field(default=None, compare=False, repr=False)
+    wire_retain: bytes | None = field(default=None, compare=False, repr=False)
 
     def expired(self, now: int) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at

@@ -224,6 +224,21 @@ class Session:
             self.wake()
         return entry
 
+    def complete_run(self, pids: list[int]) -> None:
+        """complete() of a run of PUBACKs: each id whose flow is QoS 1 ends (others are
+        ignored, as a stray PUBACK is); the pump is woken once."""
+        inflight = self.inflight
+        release = self.release
+        ended = False
+        for pid in pids:
+            entry = inflight.get(pid)
+            if entry is not None and entry.qos == 1:
+                del inflight[pid]
+                release(entry)
+                ended = True
+        if ended:
+            self.wake()
+
     # -- persistence -------------------------------------------------------------------------
 
     def record(self) -> dict:

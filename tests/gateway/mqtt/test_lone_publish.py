@@ -71,7 +71,7 @@ def hash_queue(link: BrokerLink, topic: str) -> tuple[str, int]:
     return link.queues[zlib.crc32(topic.encode()) % len(link.queues)]
 
 
-def test_remember_many_keeps_what_remember_keeps():
+def test_remember_run_keeps_what_remember_keeps():
     from gateway.mqtt.lmq_state import LmqState, RecentBudget
 
     budget_a, budget_b = RecentBudget(3_000_000), RecentBudget(3_000_000)
@@ -81,12 +81,32 @@ def test_remember_many_keeps_what_remember_keeps():
     for size in (10, 700_000, 0, 5, 900_000, 1, 1):  # past the per-LMQ byte bound
         payload = bytes(size)  # shared: the test holds little memory
         chunk = [MqttMessage("t", payload) for _ in range(700)]
-        pairs = []
-        for msg in chunk:
-            a.remember(offset, msg)
-            pairs += [offset, msg]
-            offset += 1
-        b.remember_many(pairs + pairs[:4])  # entries already known are skipped
+        first = offset
+        for i in [*range(4), *range(len(chunk))]:  # a pull brought the first four already
+            a.remember(first + i, chunk[i])
+        offset += len(chunk)
+        b.remember_run(first, chunk[:4])
+        b.remember_run(first, chunk)  # entries already known are skipped
         assert list(a.recent) == list(b.recent)
         assert (a.recent_bytes, budget_a.used) == (b.recent_bytes, budget_b.used)
     assert len(a.recent) < offset  # the bounds did cut
+
+
+def test_the_in_process_store_answers_a_lone_publish_without_a_checkpoint():
+    # Through the real in-process broker: the dispatcher (caller_yields) gets the store's
+    # answer in the same turn, so the readers are woken without one more scheduler pass.
+    from core.remoting.local import caller_yields
+    from gateway.mqtt.broker_link import NO_MATCHING_SUBSCRIBERS
+    from tests.gateway.mqtt.server_harness import GatewayServer
+
+    with GatewayServer() as srv:
+        async def lone_round() -> list:
+            caller_yields()  # as BrokerLink._dispatch does
+            acked: list = []
+            req = broker_link._Request(MqttMessage("lone/t", b"x", 1), acked.append)
+            with trio.testing.assert_no_checkpoints():
+                await srv.gateway.link._round([req])
+            return acked
+
+        assert trio.from_thread.run(lone_round, trio_token=srv._token) == [
+            NO_MATCHING_SUBSCRIBERS]

@@ -25,10 +25,11 @@ def test_queued_publish_bytes_stay_under_max_pending_bytes():
         peak = [0]
         submit = link.submit
 
-        def counting_submit(msg, done=None):
-            submit(msg, done)
+        def counting_submit(msg, done=None, pid=-1):
+            step = submit(msg, done, pid)
             if link.backlog_bytes > peak[0]:
                 peak[0] = link.backlog_bytes
+            return step  # FULL makes the reader wait for room
 
         link.submit = counting_submit
         floods = [Flood(srv.port, i, f"mem/q/{i}", per, 0, size=SIZE) for i in range(floods_n)]

@@ -63,6 +63,9 @@ def test_a_read_of_plain_pubacks_is_one_run() -> None:
         publish_run.scan_pubacks(b"", 1)
     with pytest.raises(TypeError):
         publish_run.scan_pubacks(memoryview(b""), 0)
+    for args in ((b"", -1), (b"", True), (b"", 0, 0), (b"",)):
+        with pytest.raises((TypeError, ValueError)):
+            publish_run.scan_pubacks(*args)
 
 
 def test_without_the_extension_pubacks_are_packets(monkeypatch) -> None:
