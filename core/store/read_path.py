@@ -147,8 +147,10 @@ class ReadPath:
         """The records of LMQ `topic` from `offset` while their units are still in memory
         (dispatched since the last RocksDB commit or by it: a reader close behind the
         writer, such as a POP woken by the dispatch), with the LMQ's max offset; zero-copy
-        slices, consecutive offsets, at most `max_count` and about `max_bytes`. None when
-        `offset` is not held in memory (use `get`). No RocksDB commit, no RocksDB read."""
+        slices, consecutive offsets, at most `max_count` and about `max_bytes`; no records
+        when `offset` (above 0) is the LMQ's max offset: nothing written past it (a long
+        poll's first, empty pop). None when `offset` is not held in memory (use `get`). No
+        RocksDB commit, no RocksDB read."""
         if not self._running or not self._lmq_on or not topic.startswith(LMQ_PREFIX):
             return None
         cfg = self._cfg
@@ -157,7 +159,7 @@ class ReadPath:
         lmq = self._lmq
         units = lmq.recent_units(topic, offset, max_count)
         if units is None:
-            return None
+            return ([], offset) if offset > 0 and lmq.next_offset(topic) == offset else None
         cl = self.commitlog
         clmin = cl.min_offset
         wrote = self._wrote

@@ -75,6 +75,15 @@ _OURS = (b"AMQP_", b"MQTT_")
 _QUEUE_OFFSET_PAIR = b"\x02" + MessageConst.INNER_MULTI_QUEUE_OFFSET.encode() + b"\x01"
 _STORED_KEY_MAX_BYTES = 4096  # so that cache holds at most about 4 MiB of keys
 _BY_STORED: dict[bytes, tuple[str, str, bytes, bool, bytes]] = {}
+#: The envelopes of records fanned out to several queues (a comma in the offsets pair),
+#: by the identity of their properties object: the pops of one such record share that
+#: object (`core.client.pop_consumer`'s shared decode), so the 2nd to Nth deliveries are
+#: one dict lookup, with no slice or hash of properties that list every queue. Each entry
+#: keeps its object, so its id is not reused while cached. Bounded by entries and by the
+#: octets those objects hold; starts over when full.
+_FANNED_MAX_BYTES = 4 << 20
+_FANNED: dict[int, tuple[bytes, tuple[str, str, bytes, bool, bytes]]] = {}
+_fanned_bytes = 0
 
 
 def _our_pairs(raw: bytes) -> dict[bytes, bytes]:
@@ -111,6 +120,9 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
         props = rec.properties
         return _full_envelope(m, PROP_TTL in props or K_EXPIRY in props)
     raw_props = rec.raw_properties
+    fanned = _FANNED.get(id(raw_props))
+    if fanned is not None and fanned[0] is raw_props:
+        return fanned[1]
     cut = raw_props.rfind(_QUEUE_OFFSET_PAIR)
     stored = None
     if 0 < cut <= _STORED_KEY_MAX_BYTES and \
@@ -118,6 +130,8 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
         stored = raw_props[:cut]  # the offsets pair is the last one: the rest is constant
         hit = _BY_STORED.get(stored)
         if hit is not None:
+            if raw_props.find(b",", cut) > 0:
+                _remember_fanned(raw_props, hit)
             return hit
     pairs = _our_pairs(raw_props)
     own_ttl = _TTL in pairs or _EXPIRY in pairs
@@ -141,7 +155,21 @@ def _envelope(m: PopMessage) -> tuple[str, str, bytes, bool, bytes]:
         if len(_BY_STORED) >= _ENVELOPE_CACHE_SIZE:
             _BY_STORED.clear()
         _BY_STORED[stored] = out
+    if cut > 0 and raw_props.find(b",", cut) > 0:
+        _remember_fanned(raw_props, out)
     return out
+
+
+def _remember_fanned(raw_props: bytes, out: tuple[str, str, bytes, bool, bytes]) -> None:
+    global _fanned_bytes
+    size = len(raw_props)
+    if size > _FANNED_MAX_BYTES:
+        return
+    if len(_FANNED) >= _ENVELOPE_CACHE_SIZE or _fanned_bytes + size > _FANNED_MAX_BYTES:
+        _FANNED.clear()
+        _fanned_bytes = 0
+    _FANNED[id(raw_props)] = (raw_props, out)
+    _fanned_bytes += size
 
 
 class Consumer:
