@@ -46,7 +46,7 @@ from gateway.mqtt.properties import (
     varint_size,
 )
 
-__all__ = ["encode_packet", "publish_size", "publish_v3"]
+__all__ = ["encode_packet", "publish_size", "publish_v3", "publish_v3_head"]
 
 _U16 = struct.Struct(">H")
 _HEAD_SHORT = struct.Struct(">BBH")  # first byte, 1-byte remaining length, topic length
@@ -120,29 +120,30 @@ def publish_v3(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
                packet_id: int | None) -> bytes:
     """A 3.1/3.1.1 PUBLISH straight from its fields (the delivery hot path: no `Publish`
     object, no codec; 3.x has no properties and no peer Maximum Packet Size)."""
+    if qos:
+        if qos > 2 or not packet_id or packet_id > 0xFFFF:
+            raise ValueError("QoS 1/2 PUBLISH needs QoS <= 2 and packet id 1..65535")
+        head = publish_v3_head(topic, len(payload) + 2, qos, retain, dup)
+        return b"".join((head, _U16.pack(packet_id), payload))
+    return publish_v3_head(topic, len(payload), 0, retain, dup) + payload
+
+
+def publish_v3_head(topic: str, rest: int, qos: int = 0, retain: bool = False,
+                    dup: bool = False) -> bytes:
+    """The fixed header and topic of a 3.1/3.1.1 PUBLISH whose `rest` (packet id and
+    payload) follows: the same bytes for every message of a topic and payload size."""
     t = topic.encode("utf-8")
     if not t:
         raise ValueError("empty topic name")
     first = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
-    length = 2 + len(t) + len(payload)
-    if qos:
-        if qos > 2 or not packet_id or packet_id > 0xFFFF:
-            raise ValueError("QoS 1/2 PUBLISH needs QoS <= 2 and packet id 1..65535")
-        length += 2
-        if length < 0x80:
-            head = _HEAD_SHORT.pack(first, length, len(t))
-        elif length < 0x4000:
-            head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
-        else:
-            head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
-        return b"".join((head, t, _U16.pack(packet_id), payload))
+    length = 2 + len(t) + rest
     if length < 0x80:
         head = _HEAD_SHORT.pack(first, length, len(t))
     elif length < 0x4000:
         head = _HEAD_2.pack(first, 0x80 | (length & 0x7F), length >> 7, len(t))
     else:
         head = bytes((first,)) + encode_varint(length) + _U16.pack(len(t))
-    return b"".join((head, t, payload))
+    return head + t
 
 
 def _publish(p: Publish, version: int) -> bytes:

@@ -27,7 +27,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Collection
-from itertools import groupby
+from itertools import chain, groupby
 from operator import attrgetter
 from typing import Any, Protocol
 
@@ -542,7 +542,9 @@ class BrokerLink(LinkReads):
         # _send gives every message of a chunk its commitlog offset, or none.
         known = stored and chunk[0].msg.commitlog_offset >= 0 \
             and chunk[-1].msg.commitlog_offset >= 0
-        runs: dict[LmqState, list[MqttMessage]] = {}
+        # An LMQ's runs of messages (a run's list is shared by its states: not copied
+        # unless the LMQ has several runs)
+        runs: dict[LmqState, list[list[MqttMessage]]] = {}
         # Requests of one route share their states: a run of them is handled at once.
         for states, reqs in groupby(chunk, _STATES):
             msgs = None
@@ -556,10 +558,11 @@ class BrokerLink(LinkReads):
                     msgs = [req.msg for req in reqs]
                 got = runs.get(st)
                 if got is None:
-                    runs[st] = list(msgs)
+                    runs[st] = [msgs]
                 else:
-                    got += msgs
-        for st, msgs in runs.items():
+                    got.append(msgs)
+        for st, lists in runs.items():
+            msgs = lists[0] if len(lists) == 1 else [*chain.from_iterable(lists)]
             first = st.tail
             st.tail = st.top = first + len(msgs)
             st.remember_run(first, msgs)

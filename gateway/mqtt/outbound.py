@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.mqtt._encoding import publish_v3
+from gateway.mqtt._encoding import publish_v3, publish_v3_head
 from gateway.mqtt.message import MqttMessage
 from gateway.mqtt.packets import Publish
 from gateway.mqtt.session import Cursor, Inflight, Session
@@ -102,6 +102,7 @@ def merge_single_v3(sess: Session, conn: Connection, stats: Any, c: Cursor, now:
     queued = 0
     sent = 0
     last = -1
+    head_topic, head_size, head = None, -1, b""
     while buf and queued < room:
         offset, msg = buf[0]
         qos = msg.qos if msg.qos < granted else granted
@@ -122,7 +123,13 @@ def merge_single_v3(sess: Session, conn: Connection, stats: Any, c: Cursor, now:
         else:
             data = msg.wire  # qos0_v3(msg, False), inline
             if data is None:
-                data = msg.wire = publish_v3(msg.topic, msg.payload, 0, False, False, None)
+                # A run of one publisher's messages: one topic, usually one size; their
+                # PUBLISHes differ by the payload only.
+                payload = msg.payload
+                if msg.topic != head_topic or len(payload) != head_size:
+                    head_topic, head_size = msg.topic, len(payload)
+                    head = publish_v3_head(head_topic, head_size)
+                data = msg.wire = head + payload
         out.append(data)
         queued += len(data)
         sent += 1
