@@ -319,8 +319,9 @@ class BrokerLink(LinkReads):
         queue = self._queue
         queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
-        self._work.set()
         n = len(queue)
+        if n == 1:  # was empty (only the dispatcher takes the queue): wake it
+            self._work.set()
         if n >= self.dispatch_bound or self.backlog_bytes >= self.config.max_pending_bytes:
             return FULL
         return GO_ON if n % PUBLISHES_PER_STEP else STEP

@@ -85,8 +85,8 @@ def encode_publish(conn: Connection, msg: MqttMessage, qos: int, retain: bool,
 def merge_single_v3(sess: Session, conn: Connection, stats: Any, c: Cursor, now: int,
                     limit: int) -> int:
     """Pump._merge (delivery.py) for the common case of one QoS 0 or 1 subscription of a 3.x session,
-    per message only what it needs: a QoS 0 delivery is the message's own PUBLISH
-    bytes, shared by every session (no packet id, no in-flight entry); a QoS 1 one
+    per message only what it needs: a QoS 0 delivery is a run's shared header and the
+    message's own payload (no packet id, no in-flight entry, no copy); a QoS 1 one
     gets its in-flight entry and packet id, up to the in-flight limit."""
     buf = c.buf
     if not buf:
@@ -121,15 +121,18 @@ def merge_single_v3(sess: Session, conn: Connection, stats: Any, c: Cursor, now:
         elif retain:
             data = qos0_v3(msg, True)
         else:
-            data = msg.wire  # qos0_v3(msg, False), inline
-            if data is None:
-                # A run of one publisher's messages: one topic, usually one size; their
-                # PUBLISHes differ by the payload only.
-                payload = msg.payload
-                if msg.topic != head_topic or len(payload) != head_size:
-                    head_topic, head_size = msg.topic, len(payload)
-                    head = publish_v3_head(head_topic, head_size)
-                data = msg.wire = head + payload
+            # The PUBLISH is its fixed header and topic, the same for a run of one
+            # publisher's messages (one topic, usually one size), then the payload
+            # itself: queued as two parts, no copy per message (the write joins them).
+            payload = msg.payload
+            if msg.topic != head_topic or len(payload) != head_size:
+                head_topic, head_size = msg.topic, len(payload)
+                head = publish_v3_head(head_topic, head_size)
+            out.append(head)
+            out.append(payload)
+            queued += len(head) + head_size
+            sent += 1
+            continue
         out.append(data)
         queued += len(data)
         sent += 1
