@@ -35,7 +35,6 @@ import trio
 
 from core.client import ClientInstance, MessageQueue
 from core.client.errors import MQClientError
-from core.common.properties import MessageConst, encode_properties
 from core.remoting.codes import ResponseCode
 from core.remoting.errors import RemotingError
 from core.remoting.local import caller_yields
@@ -44,13 +43,8 @@ from gateway.mqtt.flow import DeliveryGate
 from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
-from gateway.mqtt.message import (
-    MqttMessage,
-    lmq_dispatch_value,
-    to_properties,
-)
-from gateway.mqtt.packets import NO_PROPERTIES
-from gateway.mqtt.store_request import batch_body, batch_body_py, offset_ids
+from gateway.mqtt.message import MqttMessage
+from gateway.mqtt.store_request import StoredProperties, batch_body, batch_body_py, offset_ids
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["AckSink", "BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
@@ -71,8 +65,6 @@ PUBLISHES_PER_STEP = 64
 #: `submit`'s advice to the publisher's reader: carry on, let other tasks run, or wait
 #: for room (wait_for_space).
 GO_ON, STEP, FULL = 0, 1, 2
-#: Memoized properties strings of simple messages (see BrokerLink._properties).
-PROPERTIES_MEMO = 65536
 SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
@@ -172,7 +164,7 @@ class BrokerLink(LinkReads):
         #: publishes queued before readers pause: also bounds a round, so that one round
         #: cannot push readers out of the LMQs' recent entries (flow.py)
         self.dispatch_bound = min(config.max_pending_publishes, config.backpressure_lag)
-        self._props_memo: dict[tuple, bytes] = {}
+        self._props = StoredProperties()
         #: when "no master broker" was last logged (None: not in such an episode), and
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
@@ -568,29 +560,6 @@ class BrokerLink(LinkReads):
             st.tail = st.top = first + len(msgs)
             st.remember_run(first, msgs)
 
-    def _properties(self, msg: MqttMessage, lmqs) -> bytes:
-        """The stored properties of `msg` (to_properties + INNER_MULTI_DISPATCH), UTF-8.
-        A message with no v5 properties and no expiry is described by its topic, QoS,
-        retain flag, sender and LMQs alone, and publishers repeat those: such strings are
-        memoized (at most PROPERTIES_MEMO entries, then the memo starts over)."""
-        simple = msg.props is NO_PROPERTIES and msg.expiry_at is None
-        if simple:
-            key = (msg.topic, msg.qos, msg.retain, msg.sender,
-                   lmqs if type(lmqs) is tuple else tuple(lmqs))
-            hit = self._props_memo.get(key)
-            if hit is not None:
-                return hit
-        props = to_properties(msg)
-        if lmqs:
-            props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(lmqs)
-        pb = encode_properties(props).encode()
-        if simple:
-            memo = self._props_memo
-            if len(memo) >= PROPERTIES_MEMO:
-                memo.clear()
-            memo[key] = pb
-        return pb
-
     async def _send(self, broker: str, qid: int, reqs: list[_Request]) -> int:
         ext = dict(self._ext_base)
         ext["e"] = str(qid)
@@ -599,16 +568,14 @@ class BrokerLink(LinkReads):
         mq = MessageQueue(self.config.store_topic, broker, qid)
         if len(reqs) == 1:
             req = reqs[0]
-            ext["i"] = self._properties(req.msg, req.lmqs).decode()
+            ext["i"] = self._props.of(req.msg, req.lmqs).decode()
             ext["m"] = "false"
             body: bytes = bytes(req.msg.payload)
             batch = False
         else:
             # The batch body (docs/protocol.md §7.7): one header, the payload and the
             # (memoized) properties per message, framed in one call (store_request.py).
-            prop_bytes = self._properties
-            payloads = [req.msg.payload for req in reqs]
-            props = [prop_bytes(req.msg, req.lmqs) for req in reqs]
+            payloads, props = self._props.parts(reqs)
             try:
                 body = batch_body(payloads, props)
             except TypeError:  # a payload not of type bytes (the C takes bytes only)

@@ -1,5 +1,6 @@
 """The per-message byte work of the broker link's store request (broker_link.py `_send`):
-the batch body and the offsets of the answer, one C call each (core/_speedups.c
+the stored properties of its messages (StoredProperties), the batch body and the
+offsets of the answer, one C call each (core/_speedups.c
 batch_body / offset_ids) when the extension is built, else the Python below, which is
 the reference the C is tested against (tests/gateway/mqtt/test_store_request.py).
 LMQ_PURE_PYTHON=1 uses the Python anyway."""
@@ -8,14 +9,75 @@ from __future__ import annotations
 
 import os
 from string import hexdigits
+from typing import TYPE_CHECKING
 
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
+from core.common.properties import MessageConst, encode_properties
+from gateway.mqtt.message import MqttMessage, lmq_dispatch_value, to_properties
+from gateway.mqtt.packets import NO_PROPERTIES
 
-__all__ = ["batch_body", "batch_body_py", "offset_ids", "offset_ids_py"]
+if TYPE_CHECKING:
+    from gateway.mqtt.broker_link import _Request
+
+__all__ = ["PROPERTIES_MEMO", "StoredProperties", "batch_body", "batch_body_py", "offset_ids",
+           "offset_ids_py"]
+
+#: Memoized properties strings of simple messages (see StoredProperties.of).
+PROPERTIES_MEMO = 65536
 
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: header + properties length
 _HEX = frozenset(hexdigits)
+
+
+class StoredProperties:
+    """The stored properties string of a message (to_properties + INNER_MULTI_DISPATCH,
+    UTF-8). A message with no v5 properties and no expiry is described by its topic,
+    QoS, retain flag, sender and LMQs alone, and publishers repeat those: such strings
+    are memoized (at most PROPERTIES_MEMO entries, then the memo starts over)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple, bytes] = {}
+
+    def of(self, msg: MqttMessage, lmqs) -> bytes:
+        simple = msg.props is NO_PROPERTIES and msg.expiry_at is None
+        if simple:
+            key = (msg.topic, msg.qos, msg.retain, msg.sender,
+                   lmqs if type(lmqs) is tuple else tuple(lmqs))
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit
+        props = to_properties(msg)
+        if lmqs:
+            props[MessageConst.INNER_MULTI_DISPATCH] = lmq_dispatch_value(lmqs)
+        pb = encode_properties(props).encode()
+        if simple:
+            memo = self._memo
+            if len(memo) >= PROPERTIES_MEMO:
+                memo.clear()
+            memo[key] = pb
+        return pb
+
+    def parts(self, reqs: list[_Request]) -> tuple[list[bytes], list[bytes]]:
+        """The payloads and properties strings of a batch's requests. A run of one
+        publisher's simple messages of one route (one topic, QoS, retain flag, sender
+        and LMQs) has one properties string: looked up once per run."""
+        payloads: list[bytes] = []
+        props: list[bytes] = []
+        run = lmqs = None
+        pb = b""
+        for req in reqs:
+            msg = req.msg
+            payloads.append(msg.payload)
+            if (run is None or msg.topic is not run.topic or req.lmqs is not lmqs
+                    or msg.sender is not run.sender or msg.qos != run.qos
+                    or msg.retain != run.retain or msg.props is not NO_PROPERTIES
+                    or msg.expiry_at is not None):
+                pb = self.of(msg, req.lmqs)
+                run = msg if msg.props is NO_PROPERTIES and msg.expiry_at is None else None
+                lmqs = req.lmqs
+            props.append(pb)
+        return payloads, props
 
 
 def batch_body_py(payloads: list[bytes], props: list[bytes]) -> bytes:

@@ -93,3 +93,35 @@ def test_the_link_uses_the_c_framing_when_built() -> None:
     if c_batch_body is not None:
         assert store_request.batch_body is c_batch_body
         assert store_request.offset_ids is c_offset_ids
+
+
+def test_a_batchs_properties_are_each_messages_own_across_runs() -> None:
+    # StoredProperties.parts looks a run's string up once: any field that differs from
+    # the message before (topic, QoS, retain, sender, LMQs, v5 properties, expiry)
+    # must give that message its own string, as a lookup per message does.
+    from types import SimpleNamespace
+
+    from gateway.mqtt.message import MqttMessage
+    from gateway.mqtt.packets import Properties
+    from gateway.mqtt.store_request import StoredProperties
+
+    a, b = ("%LMQ%a",), ("%LMQ%a", "%LMQ%b")
+    msgs = [
+        (MqttMessage("t/1", b"x", 0, False, sender="c1"), a),
+        (MqttMessage("t/1", b"y", 0, False, sender="c1"), a),
+        (MqttMessage("t/1", b"y", 1, False, sender="c1"), a),
+        (MqttMessage("t/1", b"y", 1, True, sender="c1"), a),
+        (MqttMessage("t/1", b"y", 1, True, sender="c2"), a),
+        (MqttMessage("t/1", b"y", 1, True, sender="c2"), b),
+        (MqttMessage("t/2", b"y", 1, True, sender="c2"), b),
+        (MqttMessage("t/2", b"y", 1, True, Properties(content_type="j"), sender="c2"), b),
+        (MqttMessage("t/2", b"y", 1, True, Properties(content_type="k"), sender="c2"), b),
+        (MqttMessage("t/2", b"y", 1, True, expiry_at=10**13, sender="c2"), b),
+        (MqttMessage("t/2", b"y", 1, True, expiry_at=10**13 + 1000, sender="c2"), b),
+        (MqttMessage("t/2", b"z", 1, True, sender="c2"), b),
+    ]
+    reqs = [SimpleNamespace(msg=m, lmqs=lmqs) for m, lmqs in msgs]
+    payloads, props = StoredProperties().parts(reqs)
+    assert payloads == [m.payload for m, _ in msgs]
+    assert props == [StoredProperties().of(m, lmqs) for m, lmqs in msgs]
+    assert len(set(props)) == len(props) - 2  # the two runs of equal messages share one
