@@ -620,12 +620,16 @@ class AmqpBroker:
             cached = self._props_cache.get(cache_key)
             if cached is not None:
                 return cached
-        props = {
-            MessageConst.INNER_MULTI_DISPATCH: dispatch,
-            PROP_EXCHANGE: quote_text(exchange_name),
-            PROP_ROUTING_KEY: quote_text(routing_key),
-            PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
-        }
+        # Empty values are left out (the readers take a missing pair as empty): the
+        # store decodes properties with an empty pair into a dict and encodes them again
+        # per message, while a string without one gets its queue offsets appended as is.
+        props = {MessageConst.INNER_MULTI_DISPATCH: dispatch}
+        if exchange_name:
+            props[PROP_EXCHANGE] = quote_text(exchange_name)
+        if routing_key:
+            props[PROP_ROUTING_KEY] = quote_text(routing_key)
+        if raw_properties:
+            props[PROP_PROPERTIES] = base64.b64encode(raw_properties).decode()
         if properties.expiration is not None:
             props[PROP_TTL] = str(parse_expiration(properties.expiration))
         for attr, key in _READABLE:
