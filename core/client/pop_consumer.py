@@ -385,6 +385,17 @@ class PopClient:
 
     async def batch_ack(self, messages: list[PopMessage]) -> None:
         """BATCH_ACK_MESSAGE: one entry per (topic, queue, pop time)."""
+        await self.send_acks(self.ack_entries(messages))
+
+    async def send_acks(self, acks: list[dict]) -> None:
+        """One BATCH_ACK_MESSAGE of `acks` (`ack_entries` of any PopClients of this
+        broker: each entry names its own consumer group, as in Apache's request)."""
+        body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
+        resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
+        self._applied(resp)
+
+    def ack_entries(self, messages: list[PopMessage]) -> list[dict]:
+        """The BATCH_ACK entries of `messages` (popped by this client's group)."""
         # Grouped by the handle without its offset (one string slice per message, the
         # fields parsed once per group).
         by_prefix: dict[tuple[str, str], list[PopMessage]] = {}
@@ -407,9 +418,7 @@ class PopClient:
             acks.append({"c": self.group, "t": topic, "r": "0", "so": start, "q": qid,
                          "rq": rq, "pt": pop_time, "it": invisible,
                          "b": base64.b64encode(bytes(bits)).decode("ascii")})
-        body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
-        resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
-        self._applied(resp)
+        return acks
 
     async def change_invisible(self, m: PopMessage, invisible_ms: int) -> bool:
         """New deadline `invisible_ms` from now; `m.handle` becomes the new handle.

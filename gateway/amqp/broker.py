@@ -79,6 +79,8 @@ MAX_BATCH_BYTES = 1024 * 1024
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
+#: At most this many BATCH_ACK entries (one per queue and pop) in one request.
+ACK_REQUEST_ENTRIES = 256
 #: Stored-property octets remembered per gateway (entries; the memory starts over when
 #: full), for publishes whose AMQP properties are at most this many octets.
 _PROPS_CACHE_SIZE = 1024
@@ -229,13 +231,33 @@ class AmqpBroker:
         groups: dict[int, tuple[PopClient, list]] = {}
         for pop, m in batch:
             groups.setdefault(id(pop), (pop, []))[1].append(m)
+        # One request carries the entries of every group (queue) up to ACK_BATCH messages
+        # and ACK_REQUEST_ENTRIES entries: a fan-out's consumers cost one, not one each.
+        # (All PopClients of this gateway talk to the one broker.)
+        sender = None
+        acks: list[dict] = []
+        count = 0
         for pop, messages in groups.values():
+            sender = pop
             for start in range(0, len(messages), ACK_BATCH):
-                try:
-                    await pop.batch_ack(messages[start:start + ACK_BATCH])
-                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
-                    # Unacknowledged: redelivered after the deadline (at least once).
-                    log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
+                part = messages[start:start + ACK_BATCH]
+                entries = pop.ack_entries(part)
+                if acks and (count + len(part) > ACK_BATCH
+                             or len(acks) + len(entries) > ACK_REQUEST_ENTRIES):
+                    await self._send_acks(pop, acks, count)
+                    acks, count = [], 0
+                acks += entries
+                count += len(part)
+        if acks:
+            await self._send_acks(sender, acks, count)
+
+    @staticmethod
+    async def _send_acks(pop: PopClient, acks: list[dict], count: int) -> None:
+        try:
+            await pop.send_acks(acks)
+        except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
+            # Unacknowledged: redelivered after the deadline (at least once).
+            log.warning("AMQP batch ack of %d failed: %r", count, exc)
 
     def pop_client(self, group: str) -> PopClient:
         pc = self._pop_clients.get(group)
