@@ -10,7 +10,7 @@ from core.remoting.codes import RequestCode
 from gateway.amqp.codec import Content, encode_method_frame
 from gateway.amqp.methods import BasicAck, BasicConsume, BasicQos
 from lmq.bench._amqp_load import RawClient
-from tests.gateway.amqp.broker_harness import params, run_gateway
+from tests.gateway.amqp.broker_harness import declare_fanout, params, run_gateway
 
 QUEUES = [f"fan-{i:02d}" for i in range(20)]
 
@@ -29,10 +29,7 @@ def test_acks_of_many_queues_share_one_request(tmp_path, monkeypatch):
     def client(gw):
         with pika.BlockingConnection(params(gw.port)) as conn:
             ch = conn.channel()
-            ch.exchange_declare("fan", exchange_type="fanout")
-            for q in QUEUES:
-                ch.queue_declare(q)
-                ch.queue_bind(q, "fan")
+            declare_fanout(ch, "fan", QUEUES)
             c = RawClient("127.0.0.1", gw.port)
             channels = {}
             for q in QUEUES:

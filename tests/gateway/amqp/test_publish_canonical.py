@@ -10,10 +10,9 @@ import pytest
 import core.store.put_batch as put_batch
 from core.store import speedups
 from gateway.amqp.codec import MethodFrame, encode_content
-from gateway.amqp.methods import BasicAck, BasicPublish, ConfirmSelect, QueueDeclare
+from gateway.amqp.methods import BasicAck, BasicPublish
 from gateway.amqp.properties import BasicProperties
-from lmq.bench._amqp_load import RawClient
-from tests.gateway.amqp.broker_harness import params, run_gateway
+from tests.gateway.amqp.broker_harness import confirm_client, params, run_gateway
 
 COUNT = 24
 
@@ -32,10 +31,7 @@ def test_default_exchange_batches_skip_the_store_dict_path(tmp_path, monkeypatch
     monkeypatch.setattr(put_batch, "decode_properties", spy)
 
     def client(gw):
-        c = RawClient("127.0.0.1", gw.port)
-        ch = c.channel()
-        c.call(ch, QueueDeclare(queue="q"))
-        c.call(ch, ConfirmSelect())
+        c, ch = confirm_client(gw.port, "q")
         # Default exchange (an empty exchange name), every other one without properties.
         frames = [encode_content(ch, BasicPublish(routing_key="q"),
                                  BasicProperties(content_type="t/x") if i % 2
