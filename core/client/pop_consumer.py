@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from core.client.errors import MQBrokerError
 from core.common import names
 from core.common.codec import (
+    FIXED_SIZE,
+    MAGIC_V1,
+    MAGIC_V2,
+    OFF_BODY,
     OFF_BORN_HOST,
     OFF_SYS_FLAG,
     _inflate_body,
@@ -153,6 +157,46 @@ def _header_key(mv, pos: int, end: int) -> bytes | None:
     return bytes(mv[pos:stop]) if stop <= end else None
 
 
+#: The fields of an IPv4 record's fixed part one light decode reads: total size, magic,
+#: sys flag, store timestamp, reconsume times, body length (HEADER's layout).
+_PLAIN_HEAD = struct.Struct(">II28xi16xq8xi8xi")
+_V6_HOSTS = MessageSysFlag.BORNHOST_V6 | MessageSysFlag.STOREHOST_V6
+_TOPIC_LEN_V2 = struct.Struct(">h")
+_PROPS_LEN = struct.Struct(">h")
+assert _PLAIN_HEAD.size == OFF_BODY
+
+
+def _plain_record(mv, pos: int, end: int):
+    """(total, sys flag, store timestamp, reconsume times, body start, body length,
+    properties start, properties length) of a well-formed IPv4 record at `pos` (one
+    unpack instead of `parse_layout`'s), or None for anything else: the caller then takes
+    `parse_layout`, which decodes IPv6 records and raises RecordError on the same checks."""
+    if pos + OFF_BODY > end:
+        return None
+    total, magic, sys_flag, store_ts, reconsume, body_len = _PLAIN_HEAD.unpack_from(mv, pos)
+    stop = pos + total
+    if sys_flag & _V6_HOSTS or total < FIXED_SIZE or stop > end or body_len < 0:
+        return None
+    p = pos + OFF_BODY + body_len
+    if p + 3 > stop:  # no room for the topic and properties lengths
+        return None
+    if magic == MAGIC_V1:
+        p += 1 + mv[p]
+    elif magic == MAGIC_V2:
+        topic_len = _TOPIC_LEN_V2.unpack_from(mv, p)[0]
+        if topic_len < 0:
+            return None
+        p += 2 + topic_len
+    else:
+        return None
+    if p + 2 > stop:
+        return None
+    props_len = _PROPS_LEN.unpack_from(mv, p)[0]
+    if props_len < 0 or p + 2 + props_len != stop:
+        return None
+    return (total, sys_flag, store_ts, reconsume, pos + OFF_BODY, body_len, p + 2, props_len)
+
+
 def _light_records(body) -> list[PopRecord]:
     """The records of a POP answer (bytes, or the list of buffers of an in-process
     answer) as `PopRecord`s (zlib bodies inflated, as `decode_records(decompress=True)`);
@@ -180,22 +224,25 @@ def _decode_into(mv: memoryview, out: list[PopRecord]) -> None:
                 out.append(PopRecord(body, raw, store_ts, 0, sys_flag, False))
                 pos += total
                 continue
-        lay = parse_layout(mv, pos)
-        ts_pos = lay.store_timestamp_pos
-        sys_flag = lay.sys_flag
-        store_ts = _STORE_TS.unpack_from(mv, ts_pos)[0]
-        reconsume = _RECONSUME.unpack_from(mv, ts_pos + (28 if sys_flag & v6 else 16))[0]
-        body = bytes(mv[lay.body_start:lay.body_start + lay.body_length])
+        fields = _plain_record(mv, pos, end)
+        if fields is None:  # IPv6 hosts, or malformed (parse_layout raises RecordError)
+            lay = parse_layout(mv, pos)
+            ts_pos = lay.store_timestamp_pos
+            sys_flag = lay.sys_flag
+            store_ts = _STORE_TS.unpack_from(mv, ts_pos)[0]
+            reconsume = _RECONSUME.unpack_from(mv, ts_pos + (28 if sys_flag & v6 else 16))[0]
+            fields = (lay.total_size, sys_flag, store_ts, reconsume, lay.body_start,
+                      lay.body_length, lay.properties_start, lay.properties_length)
+        total, sys_flag, store_ts, reconsume, body_at, body_len, props, props_len = fields
+        body = bytes(mv[body_at:body_at + body_len])
         if sys_flag & compressed:
             inflated = _inflate_body(body)
             if inflated is not None:
                 body = inflated
                 sys_flag &= ~compressed
-        props = lay.properties_start
-        raw = bytes(mv[props:props + lay.properties_length])
+        raw = bytes(mv[props:props + props_len])
         has_ck = _POP_CK_MARK in raw
         out.append(PopRecord(body, raw, store_ts, reconsume, sys_flag, has_ck))
-        total = lay.total_size
         # Only stored records as they are (a redelivery is re-encoded with its own
         # receipt handle: never shared), and only those that may be popped more than once
         # (a list of queues in INNER_MULTI_DISPATCH has a comma).
@@ -385,6 +432,17 @@ class PopClient:
 
     async def batch_ack(self, messages: list[PopMessage]) -> None:
         """BATCH_ACK_MESSAGE: one entry per (topic, queue, pop time)."""
+        await self.send_acks(self.ack_entries(messages))
+
+    async def send_acks(self, acks: list[dict]) -> None:
+        """One BATCH_ACK_MESSAGE of `acks` (`ack_entries` of any PopClients of this
+        broker: each entry names its own consumer group, as in Apache's request)."""
+        body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
+        resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
+        self._applied(resp)
+
+    def ack_entries(self, messages: list[PopMessage]) -> list[dict]:
+        """The BATCH_ACK entries of `messages` (popped by this client's group)."""
         # Grouped by the handle without its offset (one string slice per message, the
         # fields parsed once per group).
         by_prefix: dict[tuple[str, str], list[PopMessage]] = {}
@@ -407,9 +465,7 @@ class PopClient:
             acks.append({"c": self.group, "t": topic, "r": "0", "so": start, "q": qid,
                          "rq": rq, "pt": pop_time, "it": invisible,
                          "b": base64.b64encode(bytes(bits)).decode("ascii")})
-        body = json.dumps({"brokerName": self.broker_name, "acks": acks}).encode()
-        resp = await self._invoke(RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body))
-        self._applied(resp)
+        return acks
 
     async def change_invisible(self, m: PopMessage, invisible_ms: int) -> bool:
         """New deadline `invisible_ms` from now; `m.handle` becomes the new handle.

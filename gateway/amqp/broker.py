@@ -20,19 +20,26 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from core.client import ClientInstance, MessageQueue
+from core.client import ClientInstance
 from core.client.errors import MQBrokerError, MQClientError
 from core.client.pop_consumer import PopClient
-from core.common.codec import BATCH_HEAD, INT16
-from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
+from gateway.amqp.broker_io import (
+    ACK_BATCH,
+    ACK_REQUEST_ENTRIES,
+    MAX_BATCH_BYTES,
+    PROP_EXCHANGE,
+    PROP_PROPERTIES,
+    PROP_ROUTING_KEY,
+    PROP_TTL,
+    BrokerTraffic,
+)
 from gateway.amqp.errors import AmqpError
 from gateway.amqp.expiry import SharedExpiry
 from gateway.amqp.model import (
@@ -42,20 +49,20 @@ from gateway.amqp.model import (
     bind_route,
     inequivalent,
     not_found,
-    quote_text,
     show,
 )
-from gateway.amqp.mqtt_bridge import add_mqtt_properties, mqtt_lmqs_of_key
+from gateway.amqp.mqtt_bridge import mqtt_lmqs_of_key
 from gateway.amqp.pop_compat import APACHE_MODE_LOG, drain, unsupported
 from gateway.amqp.presence import EXCLUSIVE_QUEUE_OP, Presence
-from gateway.amqp.queue_args import parse_expiration, parse_queue_args
+from gateway.amqp.queue_args import parse_queue_args
 from gateway.amqp.sac import SingleActive
 from gateway.routing import lmq_names
 from gateway.routing.route_log import RouteLog
 from gateway.routing.route_table import BRIDGE_EXCHANGE, Route
 
 __all__ = ["AmqpBroker", "AmqpBrokerConfig", "Exchange", "Queue", "PROP_EXCHANGE",
-           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES"]
+           "PROP_ROUTING_KEY", "PROP_PROPERTIES", "PROP_TTL", "EXCHANGE_TYPES",
+           "MAX_BATCH_BYTES", "ACK_BATCH", "ACK_REQUEST_ENTRIES"]
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +70,9 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 #: The exchanges every vhost has (RabbitMQ's set); "" is the default exchange.
 PREDEFINED = {"": "direct", "amq.direct": "direct", "amq.fanout": "fanout",
               "amq.topic": "topic", "amq.headers": "headers", "amq.match": "headers"}
-#: Message properties of a stored AMQP message: exchange, routing key (both percent-quoted,
-#: so no RocketMQ property separator can appear) and the AMQP content properties as
-#: received on the wire (base64), delivered again without re-encoding.
-PROP_EXCHANGE = "AMQP_EX"
-PROP_ROUTING_KEY = "AMQP_RK"
-PROP_PROPERTIES = "AMQP_P"
-#: The per-message TTL (the `expiration` property, ms) of a stored publish, when it has one.
-PROP_TTL = "AMQP_TTL"
-#: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
-_READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
-             ("message_id", "AMQP_MESSAGE_ID"))
-#: A batch of publishes is cut at this many octets (the broker takes 4 MiB bodies).
-MAX_BATCH_BYTES = 1024 * 1024
-_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
-#: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
-ACK_BATCH = 512
-#: Stored-property octets remembered per gateway (entries; the memory starts over when
-#: full), for publishes whose AMQP properties are at most this many octets.
-_PROPS_CACHE_SIZE = 1024
-_PROPS_CACHE_MAX_RAW = 512
 
 
-class AmqpBroker:
+class AmqpBroker(BrokerTraffic):
     """Exchanges, queues, bindings and publishes of one gateway process."""
 
     def __init__(self, client: ClientInstance, broker_addr: str, broker_name: str,
@@ -118,8 +105,6 @@ class AmqpBroker:
         self.expiry = SharedExpiry(self, self.sac.locks)
         self.presence = Presence(self)  # consumers across gateways (presence.py)
         self.stats = {"stored": 0, "unroutable": 0, "failed": 0}
-        #: Stored properties of recent publishes (stored_properties).
-        self._props_cache: dict[tuple, bytes] = {}
         self.holder_id = self.config.holder_id or "amqp-" + secrets.token_hex(8)
         #: Whether the broker serves lmq-gateway's private POP codes (holders, dead-letter,
         #: purge; docs/pop.md). False in front of an Apache RocketMQ 5 broker (or ours in
@@ -129,13 +114,7 @@ class AmqpBroker:
         #: Consumer loops run here (not in a connection's nursery): a POP in progress is
         #: never cancelled, so no delivery is handed out to a request nobody reads.
         self.nursery: trio.Nursery | None = None
-        # Acks waiting for the ack task: sent as BATCH_ACK, one request per consumer group
-        # (and pop) in each round, while the previous round is on the wire.
-        self._acks: list[tuple[PopClient, Any]] = []
-        self._acks_ready = trio.Event()
-        self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
-                          "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
-                          "h": "0", "j": "0", "k": "false", "m": "false"}
+        self._init_traffic()
 
     async def start(self) -> None:
         """Create the store topic and register this gateway as a POP holder (the route log
@@ -209,33 +188,6 @@ class AmqpBroker:
     def plain(self, qualified: str) -> str:
         ns = self._ns
         return qualified[len(ns):] if ns and qualified.startswith(ns) else qualified
-
-    def ack_later(self, pop: PopClient, message: Any) -> None:
-        """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
-        self._acks.append((pop, message))
-        self._acks_ready.set()
-
-    async def _ack_loop(self) -> None:
-        while True:
-            try:
-                await self._ack_round()
-            except Exception:
-                log.exception("AMQP ack round failed")  # those acks: redelivered later
-
-    async def _ack_round(self) -> None:
-        await self._acks_ready.wait()
-        self._acks_ready = trio.Event()
-        batch, self._acks = self._acks, []
-        groups: dict[int, tuple[PopClient, list]] = {}
-        for pop, m in batch:
-            groups.setdefault(id(pop), (pop, []))[1].append(m)
-        for pop, messages in groups.values():
-            for start in range(0, len(messages), ACK_BATCH):
-                try:
-                    await pop.batch_ack(messages[start:start + ACK_BATCH])
-                except (MQClientError, RemotingError, OSError, trio.TooSlowError) as exc:
-                    # Unacknowledged: redelivered after the deadline (at least once).
-                    log.warning("AMQP batch ack of %d failed: %r", len(messages), exc)
 
     def pop_client(self, group: str) -> PopClient:
         pc = self._pop_clients.get(group)
@@ -604,85 +556,3 @@ class AmqpBroker:
         if exchange_name == BRIDGE_EXCHANGE and not self._ns:
             lmqs.update(mqtt_lmqs_of_key(table, routing_key))  # and MQTT subscribers
         return sorted(lmqs)
-
-    def stored_properties(self, exchange_name: str, routing_key: str, properties: Any,
-                          raw_properties: bytes, lmqs: list[str]) -> bytes:
-        """The RocketMQ properties (UTF-8) of a stored publish multi-dispatched to `lmqs`.
-
-        A function of its arguments (`properties` is `raw_properties` decoded), except for
-        MQTT's expiry on the amq.topic bridge: publishes that repeat exchange, key,
-        properties and queues (the common case) reuse the octets built for the first."""
-        dispatch = MessageConst.MULTI_DISPATCH_SEPARATOR.join(lmqs)
-        bridged = exchange_name == BRIDGE_EXCHANGE and not self._ns
-        cache_key = None
-        if not bridged and len(raw_properties) <= _PROPS_CACHE_MAX_RAW:
-            cache_key = (exchange_name, routing_key, raw_properties, dispatch)
-            cached = self._props_cache.get(cache_key)
-            if cached is not None:
-                return cached
-        props = {
-            MessageConst.INNER_MULTI_DISPATCH: dispatch,
-            PROP_EXCHANGE: quote_text(exchange_name),
-            PROP_ROUTING_KEY: quote_text(routing_key),
-            PROP_PROPERTIES: base64.b64encode(raw_properties).decode(),
-        }
-        if properties.expiration is not None:
-            props[PROP_TTL] = str(parse_expiration(properties.expiration))
-        for attr, key in _READABLE:
-            value = getattr(properties, attr)
-            if value:
-                props[key] = quote_text(value)
-        if bridged:
-            add_mqtt_properties(props, routing_key, properties, lmqs)  # MQTT's view too
-        out = encode_properties(props).encode()
-        if cache_key is not None:
-            cache = self._props_cache
-            if len(cache) >= _PROPS_CACHE_SIZE:
-                cache.clear()
-            cache[cache_key] = out
-        return out
-
-    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
-        """Store (properties, body) messages in store queue `qid`, in order, with one
-        request: True once the broker stored them all; None when the broker refused the
-        request (nothing stored: sending the messages one by one is safe); False when the
-        outcome is unknown or a lone message was refused."""
-        cfg = self.config
-        ext = dict(self._ext_base)
-        ext["e"] = str(qid)
-        ext["g"] = str(int(time.time() * 1000))
-        if len(items) == 1:
-            ext["i"] = items[0][0].decode()
-            body = items[0][1]
-            batch = False
-        else:
-            parts = []
-            add = parts.append
-            head = BATCH_HEAD.pack
-            for pb, payload in items:
-                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
-                add(payload)
-                add(INT16.pack(len(pb)))
-                add(pb)
-            body = b"".join(parts)
-            ext["i"] = ""
-            ext["m"] = "true"
-            batch = True
-        mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
-        try:
-            result = await self.client.api.send_message(
-                self.addr, mq, ext, body, batch=batch, uniq_id="", timeout=cfg.send_timeout_s)
-        except MQClientError as exc:
-            # The broker answered with an error (or the client refused locally): nothing
-            # was stored.
-            if len(items) > 1:
-                return None
-            self.stats["failed"] += 1
-            log.warning("AMQP store refused: %r", exc)
-            return False
-        except (RemotingError, OSError, trio.TooSlowError) as exc:
-            self.stats["failed"] += len(items)
-            log.warning("AMQP store of %d message(s) failed: %r", len(items), exc)
-            return False
-        self.stats["stored"] += len(items)
-        return result is not None

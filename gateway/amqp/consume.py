@@ -392,8 +392,18 @@ class Deliveries:
     # ------------------------------------------------------------------ settling
     def _take(self, tag: int, multiple: bool) -> list[tuple[int, PopClient, PopMessage, Queue]]:
         if multiple:
-            tags = [t for t in self.unacked if t <= tag] if tag else list(self.unacked)
-            return [(t, *self.unacked.pop(t)) for t in tags]
+            unacked = self.unacked
+            if not tag:
+                tags = list(unacked)
+            else:
+                # The dict is in tag order (tags grow; rollback sorts it again): stop at
+                # the first one past `tag` instead of reading the whole prefetch window.
+                tags = []
+                for t in unacked:
+                    if t > tag:
+                        break
+                    tags.append(t)
+            return [(t, *unacked.pop(t)) for t in tags]
         entry = self.unacked.pop(tag, None)
         if entry is None:
             # RabbitMQ: 406 on the channel.

@@ -24,6 +24,27 @@ def params(port: int) -> pika.ConnectionParameters:
         blocked_connection_timeout=10)
 
 
+def declare_fanout(ch, exchange: str, queues: list[str]) -> None:
+    """On a pika channel: a fanout exchange and `queues` bound to it."""
+    ch.exchange_declare(exchange, exchange_type="fanout")
+    for q in queues:
+        ch.queue_declare(q)
+        ch.queue_bind(q, exchange)
+
+
+def confirm_client(port: int, queue: str):
+    """A raw client (lmq.bench's RawClient) with a channel in confirm mode and `queue`
+    declared: (client, channel)."""
+    from gateway.amqp.methods import ConfirmSelect, QueueDeclare
+    from lmq.bench._amqp_load import RawClient
+
+    c = RawClient("127.0.0.1", port)
+    ch = c.channel()
+    c.call(ch, QueueDeclare(queue=queue))
+    c.call(ch, ConfirmSelect())
+    return c, ch
+
+
 @dataclass
 class Gateway:
     port: int

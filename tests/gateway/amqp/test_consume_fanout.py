@@ -8,7 +8,7 @@ import pika
 from core.client.pop_consumer import PopMessage, PopRecord
 from core.common.properties import encode_properties
 from gateway.amqp import consume
-from tests.gateway.amqp.broker_harness import params, run_gateway
+from tests.gateway.amqp.broker_harness import declare_fanout, params, run_gateway
 
 
 def test_fanned_out_record_envelope_is_read_once(tmp_path, monkeypatch):
@@ -28,10 +28,7 @@ def test_fanned_out_record_envelope_is_read_once(tmp_path, monkeypatch):
     def client(gw):
         with pika.BlockingConnection(params(gw.port)) as conn:
             ch = conn.channel()
-            ch.exchange_declare("fan", exchange_type="fanout")
-            for q in queues:
-                ch.queue_declare(q)
-                ch.queue_bind(q, "fan")
+            declare_fanout(ch, "fan", queues)
             ch.confirm_delivery()
             props = pika.BasicProperties(content_type="text/plain", headers=headers)
             ch.basic_publish("fan", "key", b"one", props)

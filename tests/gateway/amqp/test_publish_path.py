@@ -19,7 +19,7 @@ from gateway.amqp.methods import (
 from gateway.amqp.properties import BasicProperties
 from gateway.amqp.session import AmqpSession
 from lmq.bench._amqp_load import RawClient
-from tests.gateway.amqp.broker_harness import params, run_gateway
+from tests.gateway.amqp.broker_harness import confirm_client, params, run_gateway
 
 
 def _publish(ch: int, key: str, body: bytes, mandatory: bool = False) -> bytes:
@@ -83,10 +83,7 @@ def test_plain_publishes_are_taken_without_the_coroutine_path(tmp_path, monkeypa
     monkeypatch.setattr(AmqpSession, "handle", counting)
 
     def client(gw):
-        c = RawClient("127.0.0.1", gw.port)
-        ch = c.channel()
-        c.call(ch, QueueDeclare(queue="q"))
-        c.call(ch, ConfirmSelect())
+        c, ch = confirm_client(gw.port, "q")
         c.sock.sendall(b"".join(_publish(ch, "q", b"%d" % i) for i in range(50)) +
                        _publish(ch, "missing", b"x") +
                        encode_method_frame(ch, ConfirmSelect()))
