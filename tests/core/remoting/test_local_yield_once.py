@@ -10,19 +10,7 @@ import trio.testing
 
 from core.remoting.client import RemotingClient
 from core.remoting.codec import RemotingCommand
-from core.remoting.processor import ProcessorTable, RequestContext
-
-ECHO = 9201
-
-
-def _table() -> ProcessorTable:
-    table = ProcessorTable()
-
-    async def instant(ctx: RequestContext, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.make_response(0)
-
-    table.register(ECHO, instant)
-    return table
+from tests.core.remoting.test_local_caller_yields import ECHO, _table
 
 
 async def _echo(client: RemotingClient) -> None:
