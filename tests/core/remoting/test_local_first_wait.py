@@ -84,3 +84,21 @@ def test_a_hanging_handler_still_times_out():
                 await client.invoke("broker:1", RemotingCommand.request(HANGS), timeout=5)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_without_trios_task_fields_requests_take_the_plain_path(monkeypatch):
+    # A trio whose tasks lack the private fields `invoke` reads: the plain path, with the
+    # timeout armed up front (so even an instant handler sees the caller's deadline).
+    from core.remoting import local
+
+    monkeypatch.setattr(local, "_TASK_FIELDS", False)
+    seen: dict[str, float] = {}
+    assert trio.run(_client_invoke, INSTANT, seen).code == 0
+    assert seen["instant"] < math.inf
+    assert trio.run(_client_invoke, SCOPED, {}).remark == "scoped"
+
+    async def main() -> None:
+        with pytest.raises(RemotingTimeoutError):
+            await _client_invoke(HANGS, {}, timeout=5)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
