@@ -35,6 +35,7 @@ from gateway.mqtt.message import MqttMessage, now_ms
 from gateway.mqtt.packets import Will
 from gateway.mqtt.session import Cursor, Session, Subscription, restore_state
 from gateway.mqtt.shared import SharedGroup
+from gateway.mqtt.sweep import sweep
 from gateway.mqtt.topics import parse_shared_subscription
 from gateway.routing import lmq_names
 from gateway.routing.route_table import MAX_PATTERN_BYTES, MQTT_ROUTE_READERS, Route
@@ -357,26 +358,30 @@ class SessionRegistry:
             self.stored.discard(sess.client_id)
             self.gw.store.delete_session(sess.client_id)
 
-    def tick(self) -> None:
-        """Expire offline sessions and send due wills (called every second or so)."""
-        now = trio.current_time()
-        for sess in list(self.sessions.values()):
-            if sess.conn is not None or sess.gone_at is None:
-                continue
-            if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
-                self.publish_will(sess, sess.will)
-                cs = self.cluster()
-                if cs is not None and sess.persistent:
-                    cs.post_record(sess, state=True)  # sent: no other gateway sends it
-            if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
-                cs = self.cluster()
-                if cs is not None and self.gw.nursery is not None:
-                    if sess.client_id not in self._expiring:
-                        self._expiring.add(sess.client_id)
-                        self.gw.nursery.start_soon(self._expire_checked, cs, sess)
-                    continue
-                log.info("session %s expired", shown(sess.client_id))
-                self.end(sess)
+    async def tick(self) -> None:
+        """Expire offline sessions and send due wills (called every second or so), a
+        slice of the sessions per step of the event loop (sweep.py)."""
+        await sweep(self.sessions.values(), partial(self._tick_one, trio.current_time()))
+
+    def _tick_one(self, now: float, sess: Session) -> None:
+        if sess.conn is not None or sess.gone_at is None:
+            return
+        if self.sessions.get(sess.client_id) is not sess:
+            return  # ended or replaced since the pass began
+        if sess.will is not None and sess.will_due is not None and now >= sess.will_due:
+            self.publish_will(sess, sess.will)
+            cs = self.cluster()
+            if cs is not None and sess.persistent:
+                cs.post_record(sess, state=True)  # sent: no other gateway sends it
+        if sess.expiry is not None and now >= sess.gone_at + sess.expiry:
+            cs = self.cluster()
+            if cs is not None and self.gw.nursery is not None:
+                if sess.client_id not in self._expiring:
+                    self._expiring.add(sess.client_id)
+                    self.gw.nursery.start_soon(self._expire_checked, cs, sess)
+                return
+            log.info("session %s expired", shown(sess.client_id))
+            self.end(sess)
 
     async def _expire_checked(self, cs, sess: Session) -> None:
         """Expire `sess` unless another gateway recorded it later (it moved there)."""

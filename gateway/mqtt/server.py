@@ -35,6 +35,7 @@ from gateway.mqtt.registry import SessionRegistry
 from gateway.mqtt.retained import RetainedFollower, RetainedStore
 from gateway.mqtt.session import Inflight
 from gateway.mqtt.session_store import SessionStore
+from gateway.mqtt.sweep import sweep
 from gateway.mqtt.sys_topics import sys_loop
 from gateway.mqtt.transport import accept_websocket, server_ssl_context
 from gateway.routing.bridge import LOCAL_WRITERS
@@ -279,7 +280,7 @@ class MqttGateway:
         while True:
             await trio.sleep(self.config.expiry_check_interval_s)
             try:
-                self.registry.tick()
+                await self.registry.tick()
             except Exception:
                 log.exception("session expiry check failed")
 
@@ -317,10 +318,8 @@ class MqttGateway:
         sweep every READ_SWEEP_S instead of a cancel scope per read (connection.py)."""
         while True:
             await trio.sleep(READ_SWEEP_S)
-            now = trio.current_time()
-            for conn in self.connections:
-                if conn._reading and now >= conn._deadline:
-                    conn._read_scope.cancel()
+            # a slice of the connections per step of the loop (sweep.py)
+            await sweep(self.connections, partial(_end_read_if_due, trio.current_time()))
 
     # -- incomplete packets ------------------------------------------------------------------
 
@@ -391,3 +390,8 @@ def _peer(stream) -> str:
         return f"{host}:{port}"
     except Exception:
         return "?"
+
+
+def _end_read_if_due(now: float, conn: Connection) -> None:
+    if conn._reading and now >= conn._deadline:
+        conn._read_scope.cancel()
