@@ -583,8 +583,19 @@ class SessionRegistry:
     def flush(self) -> int:
         """Write everything changed since the last flush (sessions and shared groups)."""
         for sess in self.sessions.values():
-            if sess.dirty:
-                self.persist(sess)
+            self._persist_dirty(sess)
+        return self._flush_groups()
+
+    async def flush_sliced(self) -> int:
+        """`flush` for the periodic timer: a slice of the sessions per loop step."""
+        await sweep(self.sessions.values(), self._persist_dirty)
+        return self._flush_groups()
+
+    def _persist_dirty(self, sess: Session) -> None:
+        if sess.dirty:
+            self.persist(sess)
+
+    def _flush_groups(self) -> int:
         for g in self.groups.values():
             if g.dirty:
                 g.dirty = False

@@ -272,7 +272,7 @@ class MqttGateway:
         while True:
             await trio.sleep(self.config.state_flush_interval_s)
             try:
-                self.registry.flush()
+                await self.registry.flush_sliced()
             except Exception:
                 log.exception("writing the MQTT session state failed")
 
