@@ -22,16 +22,16 @@ one-shot (`condition: service_completed_successfully`), after it exited with sta
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -96,28 +96,6 @@ def one_shots(services: dict) -> set[str]:
     return {dep for svc in services.values() if isinstance(svc.get("depends_on"), dict)
             for dep, cond in svc["depends_on"].items()
             if (cond or {}).get("condition") == "service_completed_successfully"}
-
-
-def _free_port(taken: set[int]) -> int:
-    """A free port below the kernel's ephemeral range: the ports are chosen before the
-    services start, and one from the ephemeral range (port 0) could meanwhile become the
-    local end of some outgoing connection."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    while True:
-        port = rng.randrange(max(1024, low - 12000), low)
-        if port in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        taken.add(port)
-        return port
 
 
 class Service:
@@ -268,7 +246,7 @@ class Stack:
         taken: set[int] = set()
         for name, spec in self.services.items():
             if not str(spec.get("network_mode", "")).startswith("service:"):
-                self.ports[name] = {p: _free_port(taken) for p in container_ports(spec)}
+                self.ports[name] = {p: free_port(taken) for p in container_ports(spec)}
         self.svc = {name: Service(self, name, spec) for name, spec in self.services.items()}
 
     def up(self, names: list[str] | None = None, timeout: float = 120.0) -> Stack:

@@ -30,6 +30,7 @@ from core.common.properties import encode_properties
 from core.namesrv import NamesrvConfig
 from core.remoting.client import RemotingClient
 from core.remoting.codec import FrameDecoder, RemotingCommand, encode_command_bytes
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVERS = Path(__file__).resolve().parent / "cpp_drivers"
@@ -44,12 +45,6 @@ SMALL_FILES = {
 SMALL_FILES_TOML = "".join(
     f"{k} = {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in SMALL_FILES.items()
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------- in-process

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,14 +22,9 @@ from trio.testing import wait_all_tasks_blocked
 from core.broker.config import BrokerConfig
 from core.cluster import EmbeddedServer
 from core.namesrv import NamesrvConfig
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

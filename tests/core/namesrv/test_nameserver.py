@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import zlib
@@ -25,6 +24,7 @@ from core.remoting import (
     RequestCode,
     ResponseCode,
 )
+from tests.ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[3]
 V1 = DataVersion(1700000000000, 1)
@@ -278,12 +278,6 @@ async def test_name_servers_are_independent_and_local_transport_works() -> None:
             assert unsupported.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         # The in-process "connection" closed with the client: its broker is gone.
         assert ns2.routes.live_broker_addrs() == []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @trio_test

@@ -16,14 +16,9 @@ from trio.testing import trio_test
 
 from core.namesrv import NameServer, NamesrvConfig
 from core.remoting.security import InsecureListenerError, is_loopback_host
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def non_loopback_ip() -> str | None:

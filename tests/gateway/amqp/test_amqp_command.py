@@ -15,16 +15,11 @@ import trio
 
 from tests.core.broker.harness import run_embedded
 from tests.gateway.amqp.broker_harness import params
+from tests.ports import free_port as _free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(proc: subprocess.Popen, port: int, log_path: str) -> None:

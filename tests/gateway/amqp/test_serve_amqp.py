@@ -16,6 +16,7 @@ import pytest
 
 from tests.core.remoting.test_exposure import can_connect, non_loopback_ip
 from tests.gateway.amqp.broker_harness import params
+from tests.ports import free_port as _free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -50,12 +51,6 @@ def _stop(proc: subprocess.Popen) -> int:
             proc.kill()
             proc.wait(30)
         proc.stderr.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_runs_amqp_in_process_for_pika(tmp_path):

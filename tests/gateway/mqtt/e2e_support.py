@@ -56,6 +56,7 @@ from gateway.mqtt.packets import (
     Subscribe,
     Subscription,
 )
+from tests.ports import free_port
 from tests.procs import stop_process
 
 REPO = Path(__file__).resolve().parents[3]
@@ -76,12 +77,6 @@ gateway_only = pytest.mark.skipif(
 def uid() -> str:
     """A short unique token for client ids and topics (tests share a server)."""
     return uuid.uuid4().hex[:10]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def eventually(predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:

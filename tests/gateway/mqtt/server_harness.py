@@ -27,17 +27,12 @@ from core.cluster import EmbeddedServer
 from core.namesrv import NamesrvConfig
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.embedded import MqttService
+from tests.ports import free_port
 from tests.trio_thread import TrioThread
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL_STORE = dict(commitlog_file_size=8 * 1024 * 1024, consume_queue_units_per_file=20_000,
                    preallocate_files=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GatewayServer(TrioThread):
