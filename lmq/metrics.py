@@ -29,7 +29,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("lmq.metrics")
 
-__all__ = ["Exporter", "DEFAULT_MAX_LAG_SERIES", "add_metrics_options", "exporter_from_args"]
+__all__ = ["Exporter", "DEFAULT_MAX_LAG_SERIES", "add_metrics_options", "exporter_from_args",
+           "seconds_arg"]
 
 MAX_REQUEST_BYTES = 8192  # request line + headers; larger: 431 and close
 REQUEST_TIMEOUT_S = 5.0  # to send the request head
@@ -57,12 +58,13 @@ def add_metrics_options(parser, *, gateway_only: bool = False) -> None:
                         "(default %(default)s)")
     parser.add_argument("--no-dashboard", action="store_true",
                         help="do not serve the web dashboard (/dashboard/) on the metrics port")
-    parser.add_argument("--dashboard-interval", type=_seconds, default=5.0, metavar="SECONDS",
+    parser.add_argument("--dashboard-interval", type=seconds_arg, default=5.0, metavar="SECONDS",
                         help="how often the dashboard samples its rate charts; it keeps 120 "
                         "samples (default %(default)s: the last 10 minutes)")
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
+    """An argparse type: seconds in 0.1..3600."""
     import argparse
 
     try:

@@ -10,8 +10,8 @@ import logging
 from lmq.commands import _amqp_users
 from lmq.commands._checks import log_level
 from lmq.commands._gateway_main import add_gateway_options
-from lmq.metrics import _seconds as _wait_seconds  # 0.1..3600, as --dashboard-interval
 from lmq.metrics import add_metrics_options
+from lmq.metrics import seconds_arg as _wait_seconds  # 0.1..3600, as --dashboard-interval
 
 log = logging.getLogger("lmq.amqp")
 
