@@ -147,6 +147,9 @@ class BrokerLink(LinkReads):
         self._retained_settled: trio.Event | None = None
         self._space = trio.Event()
         self._in_round = False
+        #: a reader is submitting a read's publishes: the dispatcher is not woken for
+        #: them, the reader stores them itself if it is idle (`hold`, `store_held`)
+        self._held = False
         self._sending = 0  # sends on the wire
         #: per broker, the highest commitlog offset whose LMQ entries are all accounted
         #: for in the known tails (sends are sequential: everything below it is, too)
@@ -312,7 +315,7 @@ class BrokerLink(LinkReads):
         queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
         n = len(queue)
-        if n == 1:  # was empty (only the dispatcher takes the queue): wake it
+        if n == 1 and not self._held:  # was empty (only the dispatcher takes it): wake it
             self._work.set()
         if n >= self.dispatch_bound or self.backlog_bytes >= self.config.max_pending_bytes:
             return FULL
@@ -335,6 +338,43 @@ class BrokerLink(LinkReads):
                 if self._retained_settled is None:
                     self._retained_settled = trio.Event()
                 await self._retained_settled.wait()
+
+    # -- a reader's own round (docs/mqtt.md, "Latency round") ------------------------------
+
+    def hold(self) -> None:
+        """A reader starts submitting a read's publishes: do not wake the dispatcher for
+        them. The reader calls `unhold` before it waits for anything, and `store_held`
+        once the read is handled."""
+        self._held = True
+
+    def unhold(self) -> None:
+        """End a hold without storing: the dispatcher takes what is queued."""
+        self._held = False
+        if self._queue:
+            self._work.set()
+
+    async def store_held(self, defer: list | None = None) -> None:
+        """End a hold. When the dispatcher is idle (no round, no wake-up pending), store
+        the queue in the calling task: a lone publish costs no hop to the dispatcher
+        task. The round is shielded: a client that goes away meanwhile cannot cut a
+        store request in two (stored, yet not answered and its readers not woken).
+        `defer` (a list) collects the LMQ readers to wake instead of waking them, so the
+        caller can deliver to them itself first (`Session.deliver_now`)."""
+        self._held = False
+        if not self._queue:
+            return
+        if self._in_round or self._work.is_set():
+            self._work.set()  # the dispatcher goes on after the round in progress
+            return
+        batch, self._queue = self._queue, []
+        nbytes, self.backlog_bytes = self.backlog_bytes, 0
+        self._space.set()
+        try:
+            with trio.CancelScope(shield=True):
+                await self._round(batch, nbytes, defer)
+        finally:
+            if self._queue:
+                self._work.set()
 
     async def wait_for_space(self) -> None:
         """Back pressure: return once the queue is below `dispatch_bound` messages and
@@ -365,14 +405,16 @@ class BrokerLink(LinkReads):
         while True:
             await self._work.wait()
             self._work = trio.Event()
-            if self._queue:
+            if self._queue and not self._in_round:  # (a reader's round wakes us after it)
                 batch, self._queue = self._queue, []
                 nbytes, self.backlog_bytes = self.backlog_bytes, 0
                 self._space.set()
                 await self._round(batch, nbytes)
 
-    async def _round(self, batch: list[_Request], nbytes: int = -1) -> None:
-        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests."""
+    async def _round(self, batch: list[_Request], nbytes: int = -1,
+                     defer: list | None = None) -> None:
+        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests;
+        the readers of the LMQs written are woken, or added to `defer`."""
         self.stats["rounds"] += 1
         queues = self.queues
         nq = len(queues)
@@ -442,7 +484,7 @@ class BrokerLink(LinkReads):
             self._in_round = False
             late, self._late = self._late, []
             for st, n in [*touched.items(), *((st, 1) for st in late)]:
-                st.completed(n)
+                st.completed(n, defer)
                 if not st.watchers and not st.pending:
                     self.release(st)
         self._answer(batch)

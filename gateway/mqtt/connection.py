@@ -18,6 +18,7 @@ incomplete packets, the lingering close and ACL read checks are in `connection_g
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -88,6 +89,10 @@ class Connection(ConnectionGuards, PublishHandler):
         self.out: list[bytes] = []
         self.out_bytes = 0
         self._writing = False
+        #: a plain TCP socket: output is written to it directly (write_now)
+        self._sock = stream.socket if type(stream) is trio.SocketStream else None
+        self.writes_direct = self._sock is not None
+        self._reader: trio.lowlevel.Task | None = None  # the task running `handle`
         self._drained: trio.Event | None = None
         self.inflight_limit = cfg.max_inflight_out
         self.alias_out: dict[str, int] = {}
@@ -125,8 +130,42 @@ class Connection(ConnectionGuards, PublishHandler):
         """Queue a control packet (dropping v5 reason strings when the client asked so)."""
         self.queue(self.codec.encode(packet))
 
+    def write_now(self) -> bool:
+        """Write the queued output straight to the (non-blocking) TCP socket, without
+        yielding to the scheduler as `SocketStream.send_all` does after every send; True
+        when the kernel took all of it. What it did not take stays queued for `flush`,
+        which waits until the socket is writable (gateway/amqp/wire.py does the same)."""
+        out = self.out
+        if not out:
+            return True
+        sock = self._sock
+        if sock is None or self._writing or self.closed:
+            return False
+        fd = sock.fileno()  # -1 once closed: never write to a descriptor reused since
+        if fd < 0:
+            return False
+        data = out[0] if len(out) == 1 else b"".join(out)
+        try:
+            n = os.write(fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self._lost()
+            return False
+        out.clear()
+        if n < len(data):
+            out.append(data[n:])
+            self.out_bytes = len(data) - n
+            return False
+        self.out_bytes = 0
+        if self._drained is not None:
+            self._drained.set()
+        return True
+
     async def flush(self) -> None:
         if self._writing or self.closed:
+            return
+        if self._sock is not None and self.write_now():
             return
         self._writing = True
         try:
@@ -202,6 +241,7 @@ class Connection(ConnectionGuards, PublishHandler):
 
     async def handle(self) -> None:
         gw = self.gw
+        self._reader = trio.lowlevel.current_task()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -267,8 +307,9 @@ class Connection(ConnectionGuards, PublishHandler):
         if not await self._on_connect(packets[0]):
             return
         await self.flush()
-        if not await self._handle(packets[1:]):
+        if not await self._handle_read(packets[1:]):
             return
+        await self.flush()
         self._packet_seen()
         await self._read_loop()
 
@@ -316,10 +357,10 @@ class Connection(ConnectionGuards, PublishHandler):
         try:
             packets = self.codec.feed(data)
         except MqttProtocolError as exc:
-            if await self._handle(exc.packets):
+            if await self._handle_read(exc.packets):
                 self._refused_packet(exc)
             return False
-        if not await self._handle(packets):
+        if not await self._handle_read(packets):
             return False
         if packets:
             self._packet_seen()
@@ -334,6 +375,25 @@ class Connection(ConnectionGuards, PublishHandler):
                 # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
                 await self.wait_drained()
         return True
+
+    async def _handle_read(self, packets: list) -> bool:
+        """`_handle` the packets of one read, then store its publishes in this task if
+        the dispatcher is idle (BrokerLink.store_held) and deliver them to the sessions
+        reading their LMQs here too when that is simple (Session.deliver_now); their
+        PUBACKs go out with this read's flush."""
+        link = self.gw.link
+        try:
+            ok = await self._handle(packets)
+            if ok and link._held:
+                woken: list = []
+                await link.store_held(woken)
+                for w in dict.fromkeys(woken):
+                    deliver = getattr(w, "deliver_now", None)
+                    if deliver is None or not deliver():
+                        w.wake()
+            return ok
+        finally:
+            link.unhold()
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         # The codec's message may quote what the peer sent (e.g. a protocol name).
@@ -453,6 +513,7 @@ class Connection(ConnectionGuards, PublishHandler):
             elif t is Pubrel:
                 self._on_pubrel(p)
             elif t is Subscribe:
+                self.gw.link.unhold()  # publishes before it are not held back meanwhile
                 await self._on_subscribe(p)
             elif t is Unsubscribe:
                 self._on_unsubscribe(p)
