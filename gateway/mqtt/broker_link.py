@@ -40,6 +40,13 @@ from core.remoting.errors import RemotingError
 from core.remoting.local import caller_yields
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
+from gateway.mqtt.link_cluster import (  # noqa: F401 - re-exported (tests, callers)
+    CLUSTER_REFRESH_S,
+    CLUSTER_WAIT_S,
+    ERROR_REFRESH_S,
+    NO_MASTER_LOG_INTERVAL_S,
+    LinkCluster,
+)
 from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
@@ -69,16 +76,6 @@ SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
 SEND_ATTEMPTS = 2
-#: After a broker could not be reached, the cluster is read again at once (at most this
-#: often) instead of at the next CLUSTER_REFRESH_S tick: publishes follow a broker name's
-#: new master after a failover (docs/ha.md) within a send attempt or two.
-ERROR_REFRESH_S = 1.0
-CLUSTER_WAIT_S = 30.0
-CLUSTER_REFRESH_S = 30.0
-#: "cluster info lists no master broker" is logged when it starts, then at most once per
-#: this many seconds with the number of times it was seen meanwhile (`start()` asks every
-#: 0.2 s while it waits for a broker).
-NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
 _STATES = attrgetter("states")
@@ -112,7 +109,7 @@ class _Request:
         self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
 
 
-class BrokerLink(LinkReads):
+class BrokerLink(LinkReads, LinkCluster):
     """Publishes and pulls for one gateway; run `run()` in the gateway's nursery."""
 
     def __init__(
@@ -179,92 +176,6 @@ class BrokerLink(LinkReads):
         self._watched: dict[tuple[str, str], Any] = {}
         self._nursery: trio.Nursery | None = None
         register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
-
-    # -- cluster -----------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Wait for the brokers, create the store topic on each master."""
-        deadline = trio.current_time() + CLUSTER_WAIT_S
-        while True:
-            try:
-                await self.refresh_cluster()
-                if self.queues:
-                    return
-            except (MQClientError, RemotingError) as exc:
-                if trio.current_time() > deadline:
-                    raise
-                log.debug("cluster not ready: %r", exc)
-            if trio.current_time() > deadline:
-                raise MQClientError("no broker registered with the name servers")
-            await trio.sleep(0.2)
-
-    async def refresh_cluster(self) -> None:
-        info = await self.client.api.get_cluster_info()
-        masters = info.master_addrs(None)
-        if not masters:
-            # A name server that restarted knows no broker until they register again
-            # (within their 30 s heartbeat): keep what we knew rather than lose every queue.
-            self._log_no_master()
-            return
-        if self._no_master_logged_at is not None:
-            self._no_master_logged_at = None
-            self._no_master_unlogged = 0
-            log.info("cluster info lists master brokers again: %s", ", ".join(sorted(masters)))
-        self.client.pin_brokers({n: info.brokers[n].broker_addrs for n in masters})
-        for name, addr in sorted(masters.items()):
-            if self.brokers.get(name) != addr:
-                n = self.config.store_queues
-                await self.client.api.create_topic(addr, self.config.store_topic, n, n)
-                log.info("MQTT store topic %s ready on %s (%s)", self.config.store_topic, name, addr)
-        added = [n for n in masters if n not in self.brokers]
-        had_brokers = bool(self.brokers)
-        self.brokers = dict(masters)
-        self.queues = [(name, q) for name in sorted(masters) for q in range(self.config.store_queues)]
-        if added and had_brokers and self.on_brokers_added is not None:
-            self.on_brokers_added(added)
-
-    def _log_no_master(self) -> None:
-        """Rate-limited (NO_MASTER_LOG_INTERVAL_S): first occurrence, then a count."""
-        now = trio.current_time()
-        last = self._no_master_logged_at
-        if last is not None and now - last < NO_MASTER_LOG_INTERVAL_S:
-            self._no_master_unlogged += 1
-            return
-        more, self._no_master_unlogged = self._no_master_unlogged, 0
-        self._no_master_logged_at = now
-        if last is None or not more:
-            log.warning("cluster info lists no master broker; keeping the %d known",
-                        len(self.brokers))
-        else:
-            log.warning("cluster info lists no master broker; keeping the %d known "
-                        "(seen %d more times in the last %.0f s)", len(self.brokers), more,
-                        now - last)
-
-    async def _refresh_after_error(self) -> None:
-        """Re-read the cluster now (at most once per ERROR_REFRESH_S): the broker may have
-        lost its master role to a slave."""
-        now = trio.current_time()
-        if now - self._error_refresh_at < ERROR_REFRESH_S:
-            return
-        self._error_refresh_at = now
-        try:
-            await self.refresh_cluster()
-        except (MQClientError, RemotingError, OSError) as exc:
-            log.debug("cluster refresh after a send error failed: %r", exc)
-
-    async def refresh_loop(self) -> None:
-        while True:
-            await trio.sleep(CLUSTER_REFRESH_S)
-            try:
-                await self.refresh_cluster()
-            except Exception as exc:
-                log.warning("cluster refresh failed: %r", exc)
-
-    def addr(self, broker: str) -> str:
-        addr = self.brokers.get(broker) or self.client.find_broker_addr(broker)
-        if addr is None:
-            raise MQClientError(f"broker {broker!r} is unknown")
-        return addr
 
     # -- LMQ states ----------------------------------------------------------------------
 
@@ -340,6 +251,10 @@ class BrokerLink(LinkReads):
                 await self._retained_settled.wait()
 
     # -- a reader's own round (docs/mqtt.md, "Latency round") ------------------------------
+
+    @property
+    def held(self) -> bool:
+        return self._held
 
     def hold(self) -> None:
         """A reader starts submitting a read's publishes: do not wake the dispatcher for

@@ -18,7 +18,6 @@ incomplete packets, the lingering close and ACL read checks are in `connection_g
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ import trio
 from gateway.mqtt.auth import SUB_REFUSED
 from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
 from gateway.mqtt.connection_guards import ConnectionGuards
+from gateway.mqtt.connection_output import ConnectionOutput
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
 from gateway.mqtt.logtext import shown
@@ -70,7 +70,7 @@ RETAINED_SETTLE_TIMEOUT_S = 2.0
 NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
 
 
-class Connection(ConnectionGuards, PublishHandler):
+class Connection(ConnectionOutput, ConnectionGuards, PublishHandler):
     """Protocol state of one network connection (TCP, TLS or WebSocket)."""
 
     def __init__(self, gw: MqttGateway, stream, remote: str, transport: str) -> None:
@@ -119,86 +119,6 @@ class Connection(ConnectionGuards, PublishHandler):
         self._reading = False
         self._deadline = float("inf")
         self._read_scope: trio.CancelScope | None = None
-
-    # -- output ---------------------------------------------------------------------------
-
-    def queue(self, data: bytes) -> None:
-        self.out.append(data)
-        self.out_bytes += len(data)
-
-    def send(self, packet) -> None:
-        """Queue a control packet (dropping v5 reason strings when the client asked so)."""
-        self.queue(self.codec.encode(packet))
-
-    def write_now(self) -> bool:
-        """Write the queued output straight to the (non-blocking) TCP socket, without
-        yielding to the scheduler as `SocketStream.send_all` does after every send; True
-        when the kernel took all of it. What it did not take stays queued for `flush`,
-        which waits until the socket is writable (gateway/amqp/wire.py does the same)."""
-        out = self.out
-        if not out:
-            return True
-        sock = self._sock
-        if sock is None or self._writing or self.closed:
-            return False
-        fd = sock.fileno()  # -1 once closed: never write to a descriptor reused since
-        if fd < 0:
-            return False
-        data = out[0] if len(out) == 1 else b"".join(out)
-        try:
-            n = os.write(fd, data)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            self._lost()
-            return False
-        out.clear()
-        if n < len(data):
-            out.append(data[n:])
-            self.out_bytes = len(data) - n
-            return False
-        self.out_bytes = 0
-        if self._drained is not None:
-            self._drained.set()
-        return True
-
-    async def flush(self) -> None:
-        if self._writing or self.closed:
-            return
-        if self._sock is not None and self.write_now():
-            return
-        self._writing = True
-        try:
-            out = self.out
-            while out:
-                data = out[0] if len(out) == 1 else b"".join(out)
-                out.clear()
-                self.out_bytes = 0
-                await self.stream.send_all(data)
-                if self._drained is not None:
-                    self._drained.set()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            self._lost()
-        finally:
-            self._writing = False
-
-    async def wait_drained(self) -> None:
-        """Return once the bytes queued now went to the socket (or the connection closed)."""
-        if self.out_bytes and not self.closed:
-            ev = self._drained
-            if ev is None or ev.is_set():  # the reader and the pump may both wait on it
-                ev = self._drained = trio.Event()
-            if not self._writing:
-                await self.flush()
-                return
-            await ev.wait()
-
-    def _lost(self) -> None:
-        self.closed = True
-        self.out.clear()
-        self.out_bytes = 0
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
 
     def ensure_pump(self) -> None:
         """Start the delivery task (also the writer of asynchronous acknowledgements)."""
@@ -384,13 +304,15 @@ class Connection(ConnectionGuards, PublishHandler):
         link = self.gw.link
         try:
             ok = await self._handle(packets)
-            if ok and link._held:
+            if ok and link.held:
                 woken: list = []
-                await link.store_held(woken)
-                for w in dict.fromkeys(woken):
-                    deliver = getattr(w, "deliver_now", None)
-                    if deliver is None or not deliver():
-                        w.wake()
+                try:
+                    await link.store_held(woken)
+                finally:
+                    for w in dict.fromkeys(woken):
+                        deliver = getattr(w, "deliver_now", None)
+                        if deliver is None or not deliver():
+                            w.wake()
             return ok
         finally:
             link.unhold()

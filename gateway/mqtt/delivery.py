@@ -30,8 +30,8 @@ import trio
 from core.client import PullStatus
 from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
-from gateway.mqtt.outbound import build_publish, encode_publish, merge_single_v3
-from gateway.mqtt.packets import PacketTooLarge, Pubrel
+from gateway.mqtt.outbound import build_publish, encode_publish, merge_single_v3, retransmit
+from gateway.mqtt.packets import PacketTooLarge
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
 
@@ -591,29 +591,4 @@ class Pump:
 
     async def retransmit(self) -> None:
         """Resend every unacknowledged PUBLISH (DUP=1) and PUBREL, in order (§4.4)."""
-        sess = self.session
-        conn = self.conn
-        if not sess.inflight:
-            return
-        now = now_ms()
-        for pid, entry in list(sess.inflight.items()):
-            if entry.state == "r":
-                conn.queue(conn.codec.encode(Pubrel(pid)))
-                continue
-            msg = entry.msg
-            if msg is None:
-                msg = await self.gw.load_inflight_message(entry)
-                if msg is None or sess.inflight.get(pid) is not entry:
-                    if sess.inflight.pop(pid, None) is entry:
-                        sess.release(entry)
-                    continue
-                entry.msg = msg
-            try:
-                data = encode_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid,
-                                      True, now)
-            except PacketTooLarge:
-                sess.inflight.pop(pid, None)
-                sess.release(entry)
-                continue
-            conn.queue(data)
-        await conn.flush()
+        await retransmit(self.gw, self.session, self.conn)
