@@ -72,6 +72,11 @@ PUBLISHES_PER_STEP = 64
 #: `submit`'s advice to the publisher's reader: carry on, let other tasks run, or wait
 #: for room (wait_for_space).
 GO_ON, STEP, FULL = 0, 1, 2
+#: A reader stores its read's publishes itself (`store_held`) only when no round ended
+#: within this many seconds: lone publishes (up to about 2,000 a second) skip the hop to
+#: the dispatcher; busier traffic (many devices, floods) is batched by the dispatcher, one
+#: store request for what accumulated during a pass of the scheduler.
+READER_ROUND_GAP_S = 0.0005
 SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
@@ -147,6 +152,7 @@ class BrokerLink(LinkReads, LinkCluster):
         #: a reader is submitting a read's publishes: the dispatcher is not woken for
         #: them, the reader stores them itself if it is idle (`hold`, `store_held`)
         self._held = False
+        self._round_end = -1.0  # trio time the last round ended
         self._sending = 0  # sends on the wire
         #: per broker, the highest commitlog offset whose LMQ entries are all accounted
         #: for in the known tails (sends are sequential: everything below it is, too)
@@ -269,17 +275,18 @@ class BrokerLink(LinkReads, LinkCluster):
             self._work.set()
 
     async def store_held(self, defer: list | None = None) -> None:
-        """End a hold. When the dispatcher is idle (no round, no wake-up pending), store
-        the queue in the calling task: a lone publish costs no hop to the dispatcher
-        task. The round is shielded: a client that goes away meanwhile cannot cut a
+        """End a hold. When the dispatcher is idle (no round, no wake-up pending, none
+        ended within READER_ROUND_GAP_S), store the queue in the calling task: a lone
+        publish costs no hop to the dispatcher task. The round is shielded: a client that goes away meanwhile cannot cut a
         store request in two (stored, yet not answered and its readers not woken).
         `defer` (a list) collects the LMQ readers to wake instead of waking them, so the
         caller can deliver to them itself first (`Session.deliver_now`)."""
         self._held = False
         if not self._queue:
             return
-        if self._in_round or self._work.is_set():
-            self._work.set()  # the dispatcher goes on after the round in progress
+        if self._in_round or self._work.is_set() \
+                or trio.current_time() - self._round_end < READER_ROUND_GAP_S:
+            self._work.set()  # busy: the dispatcher batches (after the round in progress)
             return
         batch, self._queue = self._queue, []
         nbytes, self.backlog_bytes = self.backlog_bytes, 0
@@ -397,6 +404,7 @@ class BrokerLink(LinkReads, LinkCluster):
                         await trio.lowlevel.checkpoint()
         finally:
             self._in_round = False
+            self._round_end = trio.current_time()
             late, self._late = self._late, []
             for st, n in [*touched.items(), *((st, 1) for st in late)]:
                 st.completed(n, defer)
