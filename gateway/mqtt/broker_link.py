@@ -40,6 +40,13 @@ from core.remoting.errors import RemotingError
 from core.remoting.local import caller_yields
 from gateway.mqtt.config import MqttConfig
 from gateway.mqtt.flow import DeliveryGate
+from gateway.mqtt.link_cluster import (  # noqa: F401 - re-exported (tests, callers)
+    CLUSTER_REFRESH_S,
+    CLUSTER_WAIT_S,
+    ERROR_REFRESH_S,
+    NO_MASTER_LOG_INTERVAL_S,
+    LinkCluster,
+)
 from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
@@ -65,20 +72,15 @@ PUBLISHES_PER_STEP = 64
 #: `submit`'s advice to the publisher's reader: carry on, let other tasks run, or wait
 #: for room (wait_for_space).
 GO_ON, STEP, FULL = 0, 1, 2
+#: A reader stores its read's publishes itself (`store_held`) only when no round ended
+#: within this many seconds: lone publishes (up to about 2,000 a second) skip the hop to
+#: the dispatcher; busier traffic (many devices, floods) is batched by the dispatcher, one
+#: store request for what accumulated during a pass of the scheduler.
+READER_ROUND_GAP_S = 0.0005
 SEND_TIMEOUT_S = 5.0
 #: Attempts per batch, counting only failures where nothing can have been stored (no
 #: connection, or the broker answered with an error); an unknown outcome is not retried.
 SEND_ATTEMPTS = 2
-#: After a broker could not be reached, the cluster is read again at once (at most this
-#: often) instead of at the next CLUSTER_REFRESH_S tick: publishes follow a broker name's
-#: new master after a failover (docs/ha.md) within a send attempt or two.
-ERROR_REFRESH_S = 1.0
-CLUSTER_WAIT_S = 30.0
-CLUSTER_REFRESH_S = 30.0
-#: "cluster info lists no master broker" is logged when it starts, then at most once per
-#: this many seconds with the number of times it was seen meanwhile (`start()` asks every
-#: 0.2 s while it waits for a broker).
-NO_MASTER_LOG_INTERVAL_S = 60.0
 
 PublishDone = Callable[[int], None]
 _STATES = attrgetter("states")
@@ -112,7 +114,7 @@ class _Request:
         self.states: tuple[LmqState, ...] = ()  # of the LMQs read when it was routed
 
 
-class BrokerLink(LinkReads):
+class BrokerLink(LinkReads, LinkCluster):
     """Publishes and pulls for one gateway; run `run()` in the gateway's nursery."""
 
     def __init__(
@@ -147,6 +149,10 @@ class BrokerLink(LinkReads):
         self._retained_settled: trio.Event | None = None
         self._space = trio.Event()
         self._in_round = False
+        #: a reader is submitting a read's publishes: the dispatcher is not woken for
+        #: them, the reader stores them itself if it is idle (`hold`, `store_held`)
+        self._held = False
+        self._round_end = -1.0  # trio time the last round ended
         self._sending = 0  # sends on the wire
         #: per broker, the highest commitlog offset whose LMQ entries are all accounted
         #: for in the known tails (sends are sequential: everything below it is, too)
@@ -176,92 +182,6 @@ class BrokerLink(LinkReads):
         self._watched: dict[tuple[str, str], Any] = {}
         self._nursery: trio.Nursery | None = None
         register_link(self)  # the amq.topic bridge may switch it (routing/bridge.py)
-
-    # -- cluster -----------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Wait for the brokers, create the store topic on each master."""
-        deadline = trio.current_time() + CLUSTER_WAIT_S
-        while True:
-            try:
-                await self.refresh_cluster()
-                if self.queues:
-                    return
-            except (MQClientError, RemotingError) as exc:
-                if trio.current_time() > deadline:
-                    raise
-                log.debug("cluster not ready: %r", exc)
-            if trio.current_time() > deadline:
-                raise MQClientError("no broker registered with the name servers")
-            await trio.sleep(0.2)
-
-    async def refresh_cluster(self) -> None:
-        info = await self.client.api.get_cluster_info()
-        masters = info.master_addrs(None)
-        if not masters:
-            # A name server that restarted knows no broker until they register again
-            # (within their 30 s heartbeat): keep what we knew rather than lose every queue.
-            self._log_no_master()
-            return
-        if self._no_master_logged_at is not None:
-            self._no_master_logged_at = None
-            self._no_master_unlogged = 0
-            log.info("cluster info lists master brokers again: %s", ", ".join(sorted(masters)))
-        self.client.pin_brokers({n: info.brokers[n].broker_addrs for n in masters})
-        for name, addr in sorted(masters.items()):
-            if self.brokers.get(name) != addr:
-                n = self.config.store_queues
-                await self.client.api.create_topic(addr, self.config.store_topic, n, n)
-                log.info("MQTT store topic %s ready on %s (%s)", self.config.store_topic, name, addr)
-        added = [n for n in masters if n not in self.brokers]
-        had_brokers = bool(self.brokers)
-        self.brokers = dict(masters)
-        self.queues = [(name, q) for name in sorted(masters) for q in range(self.config.store_queues)]
-        if added and had_brokers and self.on_brokers_added is not None:
-            self.on_brokers_added(added)
-
-    def _log_no_master(self) -> None:
-        """Rate-limited (NO_MASTER_LOG_INTERVAL_S): first occurrence, then a count."""
-        now = trio.current_time()
-        last = self._no_master_logged_at
-        if last is not None and now - last < NO_MASTER_LOG_INTERVAL_S:
-            self._no_master_unlogged += 1
-            return
-        more, self._no_master_unlogged = self._no_master_unlogged, 0
-        self._no_master_logged_at = now
-        if last is None or not more:
-            log.warning("cluster info lists no master broker; keeping the %d known",
-                        len(self.brokers))
-        else:
-            log.warning("cluster info lists no master broker; keeping the %d known "
-                        "(seen %d more times in the last %.0f s)", len(self.brokers), more,
-                        now - last)
-
-    async def _refresh_after_error(self) -> None:
-        """Re-read the cluster now (at most once per ERROR_REFRESH_S): the broker may have
-        lost its master role to a slave."""
-        now = trio.current_time()
-        if now - self._error_refresh_at < ERROR_REFRESH_S:
-            return
-        self._error_refresh_at = now
-        try:
-            await self.refresh_cluster()
-        except (MQClientError, RemotingError, OSError) as exc:
-            log.debug("cluster refresh after a send error failed: %r", exc)
-
-    async def refresh_loop(self) -> None:
-        while True:
-            await trio.sleep(CLUSTER_REFRESH_S)
-            try:
-                await self.refresh_cluster()
-            except Exception as exc:
-                log.warning("cluster refresh failed: %r", exc)
-
-    def addr(self, broker: str) -> str:
-        addr = self.brokers.get(broker) or self.client.find_broker_addr(broker)
-        if addr is None:
-            raise MQClientError(f"broker {broker!r} is unknown")
-        return addr
 
     # -- LMQ states ----------------------------------------------------------------------
 
@@ -312,7 +232,7 @@ class BrokerLink(LinkReads):
         queue.append(_Request(msg, done, pid))
         self.backlog_bytes += len(msg.payload)
         n = len(queue)
-        if n == 1:  # was empty (only the dispatcher takes the queue): wake it
+        if n == 1 and not self._held:  # was empty (only the dispatcher takes it): wake it
             self._work.set()
         if n >= self.dispatch_bound or self.backlog_bytes >= self.config.max_pending_bytes:
             return FULL
@@ -335,6 +255,48 @@ class BrokerLink(LinkReads):
                 if self._retained_settled is None:
                     self._retained_settled = trio.Event()
                 await self._retained_settled.wait()
+
+    # -- a reader's own round (docs/mqtt.md, "Latency round") ------------------------------
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def hold(self) -> None:
+        """A reader starts submitting a read's publishes: do not wake the dispatcher for
+        them. The reader calls `unhold` before it waits for anything, and `store_held`
+        once the read is handled."""
+        self._held = True
+
+    def unhold(self) -> None:
+        """End a hold without storing: the dispatcher takes what is queued."""
+        self._held = False
+        if self._queue:
+            self._work.set()
+
+    async def store_held(self, defer: list | None = None) -> None:
+        """End a hold. When the dispatcher is idle (no round, no wake-up pending, none
+        ended within READER_ROUND_GAP_S), store the queue in the calling task: a lone
+        publish costs no hop to the dispatcher task. The round is shielded: a client that goes away meanwhile cannot cut a
+        store request in two (stored, yet not answered and its readers not woken).
+        `defer` (a list) collects the LMQ readers to wake instead of waking them, so the
+        caller can deliver to them itself first (`Session.deliver_now`)."""
+        self._held = False
+        if not self._queue:
+            return
+        if self._in_round or self._work.is_set() \
+                or trio.current_time() - self._round_end < READER_ROUND_GAP_S:
+            self._work.set()  # busy: the dispatcher batches (after the round in progress)
+            return
+        batch, self._queue = self._queue, []
+        nbytes, self.backlog_bytes = self.backlog_bytes, 0
+        self._space.set()
+        try:
+            with trio.CancelScope(shield=True):
+                await self._round(batch, nbytes, defer)
+        finally:
+            if self._queue:
+                self._work.set()
 
     async def wait_for_space(self) -> None:
         """Back pressure: return once the queue is below `dispatch_bound` messages and
@@ -365,14 +327,16 @@ class BrokerLink(LinkReads):
         while True:
             await self._work.wait()
             self._work = trio.Event()
-            if self._queue:
+            if self._queue and not self._in_round:  # (a reader's round wakes us after it)
                 batch, self._queue = self._queue, []
                 nbytes, self.backlog_bytes = self.backlog_bytes, 0
                 self._space.set()
                 await self._round(batch, nbytes)
 
-    async def _round(self, batch: list[_Request], nbytes: int = -1) -> None:
-        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests."""
+    async def _round(self, batch: list[_Request], nbytes: int = -1,
+                     defer: list | None = None) -> None:
+        """Store `batch` (`nbytes` of payload, -1: not counted) and answer its requests;
+        the readers of the LMQs written are woken, or added to `defer`."""
         self.stats["rounds"] += 1
         queues = self.queues
         nq = len(queues)
@@ -440,9 +404,10 @@ class BrokerLink(LinkReads):
                         await trio.lowlevel.checkpoint()
         finally:
             self._in_round = False
+            self._round_end = trio.current_time()
             late, self._late = self._late, []
             for st, n in [*touched.items(), *((st, 1) for st in late)]:
-                st.completed(n)
+                st.completed(n, defer)
                 if not st.watchers and not st.pending:
                     self.release(st)
         self._answer(batch)

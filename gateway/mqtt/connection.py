@@ -27,6 +27,7 @@ import trio
 from gateway.mqtt.auth import SUB_REFUSED
 from gateway.mqtt.codec import MqttCodec, PubackRun, PublishRun
 from gateway.mqtt.connection_guards import ConnectionGuards
+from gateway.mqtt.connection_output import ConnectionOutput
 from gateway.mqtt.connection_publish import PublishHandler
 from gateway.mqtt.delivery import Pump
 from gateway.mqtt.logtext import shown
@@ -69,7 +70,7 @@ RETAINED_SETTLE_TIMEOUT_S = 2.0
 NEVER = 0xFFFFFFFF  # v5 Session Expiry Interval "does not expire"
 
 
-class Connection(ConnectionGuards, PublishHandler):
+class Connection(ConnectionOutput, ConnectionGuards, PublishHandler):
     """Protocol state of one network connection (TCP, TLS or WebSocket)."""
 
     def __init__(self, gw: MqttGateway, stream, remote: str, transport: str) -> None:
@@ -88,6 +89,10 @@ class Connection(ConnectionGuards, PublishHandler):
         self.out: list[bytes] = []
         self.out_bytes = 0
         self._writing = False
+        #: a plain TCP socket: output is written to it directly (write_now)
+        self._sock = stream.socket if type(stream) is trio.SocketStream else None
+        self.writes_direct = self._sock is not None
+        self._reader: trio.lowlevel.Task | None = None  # the task running `handle`
         self._drained: trio.Event | None = None
         self.inflight_limit = cfg.max_inflight_out
         self.alias_out: dict[str, int] = {}
@@ -114,52 +119,6 @@ class Connection(ConnectionGuards, PublishHandler):
         self._reading = False
         self._deadline = float("inf")
         self._read_scope: trio.CancelScope | None = None
-
-    # -- output ---------------------------------------------------------------------------
-
-    def queue(self, data: bytes) -> None:
-        self.out.append(data)
-        self.out_bytes += len(data)
-
-    def send(self, packet) -> None:
-        """Queue a control packet (dropping v5 reason strings when the client asked so)."""
-        self.queue(self.codec.encode(packet))
-
-    async def flush(self) -> None:
-        if self._writing or self.closed:
-            return
-        self._writing = True
-        try:
-            out = self.out
-            while out:
-                data = out[0] if len(out) == 1 else b"".join(out)
-                out.clear()
-                self.out_bytes = 0
-                await self.stream.send_all(data)
-                if self._drained is not None:
-                    self._drained.set()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            self._lost()
-        finally:
-            self._writing = False
-
-    async def wait_drained(self) -> None:
-        """Return once the bytes queued now went to the socket (or the connection closed)."""
-        if self.out_bytes and not self.closed:
-            ev = self._drained
-            if ev is None or ev.is_set():  # the reader and the pump may both wait on it
-                ev = self._drained = trio.Event()
-            if not self._writing:
-                await self.flush()
-                return
-            await ev.wait()
-
-    def _lost(self) -> None:
-        self.closed = True
-        self.out.clear()
-        self.out_bytes = 0
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
 
     def ensure_pump(self) -> None:
         """Start the delivery task (also the writer of asynchronous acknowledgements)."""
@@ -202,6 +161,7 @@ class Connection(ConnectionGuards, PublishHandler):
 
     async def handle(self) -> None:
         gw = self.gw
+        self._reader = trio.lowlevel.current_task()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -267,8 +227,9 @@ class Connection(ConnectionGuards, PublishHandler):
         if not await self._on_connect(packets[0]):
             return
         await self.flush()
-        if not await self._handle(packets[1:]):
+        if not await self._handle_read(packets[1:]):
             return
+        await self.flush()
         self._packet_seen()
         await self._read_loop()
 
@@ -316,10 +277,10 @@ class Connection(ConnectionGuards, PublishHandler):
         try:
             packets = self.codec.feed(data)
         except MqttProtocolError as exc:
-            if await self._handle(exc.packets):
+            if await self._handle_read(exc.packets):
                 self._refused_packet(exc)
             return False
-        if not await self._handle(packets):
+        if not await self._handle_read(packets):
             return False
         if packets:
             self._packet_seen()
@@ -334,6 +295,27 @@ class Connection(ConnectionGuards, PublishHandler):
                 # reading until it moves, so PUBACKs / PINGRESPs cannot pile up here.
                 await self.wait_drained()
         return True
+
+    async def _handle_read(self, packets: list) -> bool:
+        """`_handle` the packets of one read, then store its publishes in this task if
+        the dispatcher is idle (BrokerLink.store_held) and deliver them to the sessions
+        reading their LMQs here too when that is simple (Session.deliver_now); their
+        PUBACKs go out with this read's flush."""
+        link = self.gw.link
+        try:
+            ok = await self._handle(packets)
+            if ok and link.held:
+                woken: list = []
+                try:
+                    await link.store_held(woken)
+                finally:
+                    for w in dict.fromkeys(woken):
+                        deliver = getattr(w, "deliver_now", None)
+                        if deliver is None or not deliver():
+                            w.wake()
+            return ok
+        finally:
+            link.unhold()
 
     def _refused_packet(self, exc: MqttProtocolError) -> None:
         # The codec's message may quote what the peer sent (e.g. a protocol name).
@@ -453,6 +435,7 @@ class Connection(ConnectionGuards, PublishHandler):
             elif t is Pubrel:
                 self._on_pubrel(p)
             elif t is Subscribe:
+                self.gw.link.unhold()  # publishes before it are not held back meanwhile
                 await self._on_subscribe(p)
             elif t is Unsubscribe:
                 self._on_unsubscribe(p)

@@ -46,6 +46,8 @@ class PublishHandler:
     #: the last topic this connection published to that passed the topic, $SYS and ACL
     #: checks (devices repeat their topic: those checks run once, not per PUBLISH)
     _topic_ok: str | None = None
+    #: the task reading this connection (set by Connection.handle)
+    _reader: trio.lowlevel.Task | None = None
 
     async def wait_gate(self: Connection) -> None:
         """Wait while the delivery gate is closed (flow.py). The time the gateway does not
@@ -103,6 +105,7 @@ class PublishHandler:
                     props = NO_PROPERTIES
         msg = MqttMessage(topic, p.payload, qos, p.retain, props, expiry_at, self.client_id)
         link = gw.link
+        link.hold()  # stored at the end of the read (Connection._handle_read)
         if qos == 0:
             step = link.submit(msg)
         elif qos == 1:
@@ -113,8 +116,10 @@ class PublishHandler:
             self.qos2_pending.add(pid)
             step = link.submit(msg, lambda code: self._stored(pid, 2, code))
         if step == FULL:
+            link.unhold()
             await link.wait_for_space()
         elif step == STEP:
+            link.unhold()
             await trio.lowlevel.checkpoint()  # PINGREQs, deliveries run between slices
 
     async def on_publish_run(self: Connection, run: PublishRun) -> None:
@@ -130,6 +135,7 @@ class PublishHandler:
         client_id = self.client_id
         max_qos = cfg.maximum_qos
         handled = 0
+        link.hold()  # stored at the end of the read (Connection._handle_read)
         try:
             for topic, payload, flags, pid in run:
                 handled += 1
@@ -164,12 +170,14 @@ class PublishHandler:
                     self.qos2_pending.add(pid)
                     step = submit(msg, _ack_later(self, pid, 2))
                 if step:
+                    link.unhold()
                     if step == FULL:
                         await link.wait_for_space()
                     else:
                         await trio.lowlevel.checkpoint()
                     if self.closed:
                         return
+                    link.hold()
         finally:
             gw.stats.msgs_in += handled
 
@@ -225,7 +233,7 @@ class PublishHandler:
             log.warning("client %s: publish not stored; closing", shown(self.client_id))
             self.close()
             return
-        self.wake()
+        self._wake_writer()
 
     def _stored(self: Connection, pid: int, qos: int, code: int) -> None:
         """Broker answered for a QoS 1/2 publish (runs in the dispatcher task)."""
@@ -255,7 +263,15 @@ class PublishHandler:
             else:
                 self.inbound = max(0, self.inbound - 1)
             self.send(Pubrec(pid, code))
-        self.wake()
+        self._wake_writer()
+
+    def _wake_writer(self: Connection) -> None:
+        """Acknowledgements were queued: the pump writes them, unless this runs in the
+        connection's own reader (its round, BrokerLink.store_held), which flushes them
+        with the rest of the read's output."""
+        reader = self._reader
+        if reader is None or trio.lowlevel.current_task() is not reader:
+            self.wake()
 
 
 def _ack_later(conn: Connection, pid: int, qos: int):

@@ -30,8 +30,8 @@ import trio
 from core.client import PullStatus
 from gateway.mqtt.flow import writable
 from gateway.mqtt.message import MqttMessage, now_ms
-from gateway.mqtt.outbound import build_publish, encode_publish, merge_single_v3
-from gateway.mqtt.packets import PacketTooLarge, Pubrel
+from gateway.mqtt.outbound import build_publish, encode_publish, merge_single_v3, retransmit
+from gateway.mqtt.packets import PacketTooLarge
 from gateway.mqtt.session import Cursor, Inflight, Session, Subscription
 from gateway.mqtt.shared import SharedGroup
 
@@ -231,17 +231,9 @@ class Pump:
                     self._retry_at = trio.current_time() + PULL_RETRY_S
                     break
         brokers = link.brokers
-        queued = self.gw.config.max_queued_messages
         for c in list(self.session.cursors.values()):
             if c.sub.qos == 0:
-                st = c.st
-                top = st.tail if st.tail is not None and st.tail > st.top else st.top
-                if top - c.sent > queued:
-                    self._drop_qos0(c, top - queued)
-                elif c.dropped >= 0 and top - c.sent <= queued // 2:
-                    log.info("session %r: delivery of %r caught up after dropping %d QoS 0 "
-                             "message(s)", self.session.client_id, c.sub.filter, c.dropped)
-                    c.dropped = -1
+                self._bound_qos0(c)
             if c.buf or c.retry_at > now:
                 continue
             st = c.st
@@ -258,23 +250,8 @@ class Pump:
                 st.watchers.add(self.session)
             if st.tail is not None and st.tail - c.next > lag:
                 self._cut(c, st.tail - lag, "more than max_session_lag behind")
-            recent = st.recent
-            if c.next in recent:
-                n = c.next
-                buf = c.buf
-                match = c.match
-                ok = None  # a topic matched (publishers repeat theirs: tested once a run)
-                while n in recent and len(buf) < batch:
-                    msg = recent[n]
-                    if msg.topic is ok or match(msg.topic):
-                        ok = msg.topic
-                        buf.append((n, msg))
-                    else:
-                        self._mismatch(c, n, msg)
-                    n += 1
-                c.next = n
-                if not buf:
-                    c.sent = max(c.sent, n)
+            if c.next in st.recent:
+                self._take_recent(c, batch)
                 continue
             if (st.pending or c.end_version == st.version) and c.next >= st.top:
                 continue  # at the end, or a write on the way: the dispatcher wakes us
@@ -321,6 +298,77 @@ class Pump:
                 c.sent = max(c.sent, c.next)
             else:  # OFFSET_ILLEGAL: retention moved the minimum, or the LMQ is gone
                 self._cut(c, result.next_begin_offset, "offset no longer in the LMQ")
+
+    def _bound_qos0(self, c: Cursor) -> None:
+        """A QoS 0 cursor more than max_queued_messages behind drops its oldest."""
+        queued = self.gw.config.max_queued_messages
+        st = c.st
+        top = st.tail if st.tail is not None and st.tail > st.top else st.top
+        if top - c.sent > queued:
+            self._drop_qos0(c, top - queued)
+        elif c.dropped >= 0 and top - c.sent <= queued // 2:
+            log.info("session %r: delivery of %r caught up after dropping %d QoS 0 "
+                     "message(s)", self.session.client_id, c.sub.filter, c.dropped)
+            c.dropped = -1
+
+    def _take_recent(self, c: Cursor, batch: int) -> None:
+        """Buffer the cursor's next entries from its LMQ's recent ones (no pull)."""
+        recent = c.st.recent
+        n = c.next
+        buf = c.buf
+        match = c.match
+        ok = None  # a topic matched (publishers repeat theirs: tested once a run)
+        while n in recent and len(buf) < batch:
+            msg = recent[n]
+            if msg.topic is ok or match(msg.topic):
+                ok = msg.topic
+                buf.append((n, msg))
+            else:
+                self._mismatch(c, n, msg)
+            n += 1
+        c.next = n
+        if not buf:
+            c.sent = max(c.sent, n)
+
+    # -- delivering in the caller's task ------------------------------------------------
+
+    def deliver_now(self) -> bool:
+        """One turn of `run` done by the caller (a publisher's reader that has just stored
+        a message, the reader of this client's PUBACKs), without waking this task: only
+        while the pump sleeps with nothing of its own to do, every cursor's next entries
+        are in the recent ones or known absent (no pull), no shared subscription, and the
+        kernel takes the whole write. True when done; False: the caller wakes the pump,
+        which finds the state as the pump itself would have left it."""
+        sess = self.session
+        conn = self.conn
+        if (sess._wake is None or sess._woken or self.held_since or self.slow or conn.out
+                or conn.closed or conn._writing or not conn.writes_direct):
+            return False
+        batch = self.gw.config.pull_batch
+        lag = self.gw.config.max_session_lag
+        now = trio.current_time()
+        for sub in sess.subs.values():
+            if sub.group is not None:
+                return False
+        for c in sess.cursors.values():
+            if c.sub.qos == 0:
+                self._bound_qos0(c)
+            if c.buf or c.retry_at > now:
+                continue
+            st = c.st
+            if sess not in st.watchers or (st.tail is not None and st.tail - c.next > lag):
+                return False
+            if c.next in st.recent:
+                self._take_recent(c, batch)
+            elif not ((st.pending or c.end_version == st.version) and c.next >= st.top):
+                if st.tail != c.next:
+                    return False  # a pull: the pump's
+                c.end_version = st.version
+        if self.deliver() and not conn.write_now():
+            return False  # the pump writes the rest
+        if self._ready() or self._needs_pull() or len(sess.inflight) >= conn.inflight_limit:
+            return False
+        return True
 
     def _mismatch(self, c: Cursor, offset: int, msg: MqttMessage) -> None:
         """An LMQ entry whose topic does not match the filter it is read for (a foreign
@@ -543,29 +591,4 @@ class Pump:
 
     async def retransmit(self) -> None:
         """Resend every unacknowledged PUBLISH (DUP=1) and PUBREL, in order (§4.4)."""
-        sess = self.session
-        conn = self.conn
-        if not sess.inflight:
-            return
-        now = now_ms()
-        for pid, entry in list(sess.inflight.items()):
-            if entry.state == "r":
-                conn.queue(conn.codec.encode(Pubrel(pid)))
-                continue
-            msg = entry.msg
-            if msg is None:
-                msg = await self.gw.load_inflight_message(entry)
-                if msg is None or sess.inflight.get(pid) is not entry:
-                    if sess.inflight.pop(pid, None) is entry:
-                        sess.release(entry)
-                    continue
-                entry.msg = msg
-            try:
-                data = encode_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid,
-                                      True, now)
-            except PacketTooLarge:
-                sess.inflight.pop(pid, None)
-                sess.release(entry)
-                continue
-            conn.queue(data)
-        await conn.flush()
+        await retransmit(self.gw, self.session, self.conn)

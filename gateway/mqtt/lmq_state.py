@@ -213,10 +213,13 @@ class LmqState:
         if self.version == v0 and not self.pending:
             self.tail = max_offset
 
-    def completed(self, writes: int = 1) -> None:
-        """Writes to this LMQ finished: wake whoever reads it."""
+    def completed(self, writes: int = 1, defer: list | None = None) -> None:
+        """Writes to this LMQ finished: wake whoever reads it (or add them to `defer`)."""
         self.pending -= writes
         self.version += 1
+        if defer is not None:
+            defer.extend(self.watchers)
+            return
         for w in self.watchers:
             w.wake()
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gateway.mqtt._encoding import publish_v3, publish_v3_head
-from gateway.mqtt.message import MqttMessage
-from gateway.mqtt.packets import Publish
+from gateway.mqtt.message import MqttMessage, now_ms
+from gateway.mqtt.packets import PacketTooLarge, Publish, Pubrel
 from gateway.mqtt.session import Cursor, Inflight, Session
 
 if TYPE_CHECKING:
     from gateway.mqtt.connection import Connection
+    from gateway.mqtt.server import MqttGateway
 
-__all__ = ["build_publish", "encode_publish", "merge_single_v3", "qos0_v3"]
+__all__ = ["build_publish", "encode_publish", "merge_single_v3", "qos0_v3", "retransmit"]
 
 
 def qos0_v3(msg: MqttMessage, retain: bool) -> bytes:
@@ -143,3 +144,32 @@ def merge_single_v3(sess: Session, conn: Connection, stats: Any, c: Cursor, now:
     stats.msgs_out += sent
     stats.bytes_out += queued
     return sent
+
+
+async def retransmit(gw: MqttGateway, sess: Session, conn: Connection) -> None:
+    """Resend every unacknowledged PUBLISH (DUP=1) and PUBREL of `sess` on `conn`, in
+    order (§4.4); in-flight messages not loaded yet (after a restart) are read back."""
+    if not sess.inflight:
+        return
+    now = now_ms()
+    for pid, entry in list(sess.inflight.items()):
+        if entry.state == "r":
+            conn.queue(conn.codec.encode(Pubrel(pid)))
+            continue
+        msg = entry.msg
+        if msg is None:
+            msg = await gw.load_inflight_message(entry)
+            if msg is None or sess.inflight.get(pid) is not entry:
+                if sess.inflight.pop(pid, None) is entry:
+                    sess.release(entry)
+                continue
+            entry.msg = msg
+        try:
+            data = encode_publish(conn, msg, entry.qos, entry.retain, entry.sub_ids, pid,
+                                  True, now)
+        except PacketTooLarge:
+            sess.inflight.pop(pid, None)
+            sess.release(entry)
+            continue
+        conn.queue(data)
+    await conn.flush()

@@ -183,6 +183,18 @@ class Session:
         if ev is not None:
             ev.set()
 
+    def deliver_now(self) -> bool:
+        """Deliver what is new in the calling task, when the pump is idle and it is
+        simple (delivery.Pump.deliver_now); False: wake() the pump instead."""
+        conn = self.conn
+        pump = conn._pump if conn is not None else None
+        return pump is not None and pump.deliver_now()
+
+    def wake_or_deliver(self) -> None:
+        """Something to deliver: here and now if possible, else by the pump."""
+        if not self.deliver_now():
+            self.wake()
+
     async def wait(self) -> None:
         """Sleep until `wake()`; returns at once if woken since the last wait."""
         if not self._woken:
@@ -226,7 +238,8 @@ class Session:
 
     def complete_run(self, pids: list[int]) -> None:
         """complete() of a run of PUBACKs: each id whose flow is QoS 1 ends (others are
-        ignored, as a stray PUBACK is); the pump is woken once."""
+        ignored, as a stray PUBACK is); what the window lets out now goes out in the
+        calling task if it can (deliver_now), else the pump is woken once."""
         inflight = self.inflight
         release = self.release
         ended = False
@@ -237,7 +250,7 @@ class Session:
                 release(entry)
                 ended = True
         if ended:
-            self.wake()
+            self.wake_or_deliver()
 
     # -- persistence -------------------------------------------------------------------------
 
