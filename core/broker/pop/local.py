@@ -39,19 +39,19 @@ def access_error(broker, group: str, topic: str):
         return None, (ResponseCode.NO_PERMISSION,
                       f"the broker[{broker.broker_addr}] pop message is forbidden")
     tc = broker.topic_config_manager.get(topic)
+    why = None
     if tc is None:
-        return None, (ResponseCode.TOPIC_NOT_EXIST,
-                      f"topic[{topic}] not exist, apply first please!")
-    if not PermName.is_readable(tc.perm):
-        return None, (ResponseCode.NO_PERMISSION,
-                      f"the topic[{topic}] peeking message is forbidden")
-    sg = broker.subscription_group_manager.find_or_create(group)
-    if sg is None:
-        return None, (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                      f"subscription group [{group}] does not exist")
-    if not sg.consume_enable:
-        return None, (ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
-    return tc, None
+        why = ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+    elif not PermName.is_readable(tc.perm):
+        why = ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden"
+    else:
+        sg = broker.subscription_group_manager.find_or_create(group)
+        if sg is None:
+            why = (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                   f"subscription group [{group}] does not exist")
+        elif not sg.consume_enable:
+            why = ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}"
+    return (None, why) if why is not None else (tc, None)
 
 
 def param_error(max_nums: int, invisible_ms: int) -> str | None:

@@ -6,7 +6,6 @@ again on that path)."""
 from __future__ import annotations
 
 import functools
-import re
 import signal
 import time
 
@@ -17,7 +16,7 @@ from core.client.pop_consumer import PopClient
 from core.remoting.codes import RequestCode
 from tests.gateway.amqp import broker_harness, test_broker_pika
 from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
-from tests.gateway.amqp.test_serve_amqp import _serve, _stop, _wait_line
+from tests.gateway.amqp.test_serve_amqp import _stop, start_with_pika
 
 POP_CODES = (RequestCode.POP_MESSAGE, RequestCode.BATCH_ACK_MESSAGE, RequestCode.ACK_MESSAGE)
 
@@ -129,10 +128,7 @@ def test_durable_queue_redelivers_after_kill_9_of_lmq_serve(tmp_path):
     config.write_text("invisible_ms = 2000\n")
 
     def start():
-        proc = _serve(tmp_path, "--amqp-port", "0", "--amqp-config", str(config))
-        line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
-        port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
-        return proc, pika.BlockingConnection(params(port))
+        return start_with_pika(tmp_path, "--amqp-config", str(config))
 
     proc, conn = start()
     try:
@@ -169,3 +165,48 @@ def test_durable_queue_redelivers_after_kill_9_of_lmq_serve(tmp_path):
     finally:
         assert _stop(proc) == 0
     assert back == [(b"unacked", True)]
+
+
+def test_fanned_out_deliveries_of_one_connection_share_a_socket_write(tmp_path, monkeypatch):
+    """A publish to a fanout exchange wakes the consumers of its queues together; those
+    on one connection write their deliveries with one socket write, not one each."""
+    from gateway.amqp.codec import Content
+    from gateway.amqp.methods import BasicConsume
+    from gateway.amqp.session import AmqpSession
+    from lmq.bench._amqp_load import RawClient
+
+    queues = [f"w-{i:02d}" for i in range(20)]
+    writes: list[int] = []
+    original = AmqpSession._flush
+
+    async def counting(self):
+        writes.append(1)
+        await original(self)
+
+    monkeypatch.setattr(AmqpSession, "_flush", counting)
+
+    def client(gw: Gateway):
+        with pika.BlockingConnection(params(gw.port)) as conn:
+            ch = conn.channel()
+            broker_harness.declare_fanout(ch, "wfan", queues)
+            c = RawClient("127.0.0.1", gw.port)
+            for q in queues:
+                c.call(c.channel(), BasicConsume(queue=q, no_ack=True))
+            gw.wait_for(lambda: gw.broker.local_pop.service.polling >= len(queues))
+            ch.confirm_delivery()
+            got = {}
+            for round_ in range(3):
+                writes.clear()
+                ch.basic_publish("wfan", "k", f"r{round_}".encode())
+                seen = 0
+                while seen < len(queues):
+                    c._read()
+                    seen += sum(type(ev) is Content for ev in c.events)
+                    c.events.clear()
+                got[round_] = len(writes)
+            c.close()
+            return got
+
+    got = run_gateway(tmp_path, client, in_process=True)
+    # 20 consumers woken by each publish: without the shared write, 20 flushes each.
+    assert all(n <= len(queues) // 4 for n in got.values()), got
