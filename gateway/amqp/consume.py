@@ -306,14 +306,17 @@ class Deliveries:
             _CONSUMERS.pop(self.flush, None)
 
     async def _write(self) -> None:
-        """Write the deliveries queued on the connection. When it has other consumers and
-        other tasks are ready to run (consumers woken by the same dispatch, a fan-out),
-        the first of them waits for the end of this scheduler batch and writes for all;
-        the others leave their frames to it: one socket write instead of one each."""
+        """Write the deliveries queued on the connection. When it has other consumers
+        (which a fan-out's dispatch wakes in the same scheduler batch), the first of them
+        to get here yields once, to the end of that batch, and then writes for all; the
+        others leave their frames to it: one socket write instead of one each. (trio's
+        count of runnable tasks does not include the rest of the batch being run, so it
+        cannot tell whether others follow: the yield is paid per pop of such a
+        connection's consumers, a scheduler pass, less than the write it may save.)"""
         flush = self.flush
         if flush in _DEFERRED:
             return  # queued: written by the consumer that deferred this connection's write
-        if _CONSUMERS.get(flush, 0) > 1 and trio.lowlevel.current_statistics().tasks_runnable:
+        if _CONSUMERS.get(flush, 0) > 1:
             _DEFERRED.add(flush)
             try:
                 await trio.lowlevel.checkpoint()
