@@ -40,6 +40,15 @@ def _wait_line(proc: subprocess.Popen, *needles: str) -> str:
     raise AssertionError(f"lmq serve exited ({proc.wait()}) without a line with {needles}")
 
 
+def start_with_pika(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen,
+                                                            pika.BlockingConnection]:
+    """`lmq serve` with AMQP on a free port (`extra` flags) and a pika connection to it."""
+    proc = _serve(tmp_path, "--amqp-port", "0", *extra)
+    line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
+    port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
+    return proc, pika.BlockingConnection(params(port))
+
+
 def _stop(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -50,15 +59,6 @@ def _stop(proc: subprocess.Popen) -> int:
             proc.kill()
             proc.wait(30)
         proc.stderr.close()
-
-
-def start_with_pika(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen,
-                                                            pika.BlockingConnection]:
-    """`lmq serve` with AMQP on a free port (`extra` flags) and a pika connection to it."""
-    proc = _serve(tmp_path, "--amqp-port", "0", *extra)
-    line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
-    port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
-    return proc, pika.BlockingConnection(params(port))
 
 
 def _free_port() -> int:
