@@ -331,6 +331,10 @@ class PopClient:
         self.timeout_s = timeout_s
         #: Sent as `holderId` with every pop (lmq-gateway extension, docs/pop.md).
         self.holder_id = holder_id
+        #: The broker's POP service in this process (`core.broker.pop.local.LocalPop`),
+        #: when the caller attached it: light, unfiltered pops and `ack_local` use it
+        #: instead of requests (docs/pop.md "In process").
+        self.local = None
 
     async def _invoke(self, cmd: RemotingCommand, extra_s: float = 0.0) -> RemotingCommand:
         return await self.client.invoke(self.broker_addr, cmd, self.timeout_s + extra_s)
@@ -339,6 +343,16 @@ class PopClient:
                   poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
                   exp_type: str | None = None, exp: str | None = None,
                   light: bool = False) -> PopResult:
+        local = self.local
+        if local is not None and light and not exp_type and not exp:
+            batch, full = await local.pop(self.group, topic, max_nums, invisible_ms, poll_ms,
+                                          queue_id, init_mode, self.holder_id)
+            if full:
+                return PopResult(PopStatus.POLLING_FULL)
+            if not batch.count:
+                return PopResult(PopStatus.NO_NEW_MSG, rest_num=batch.rest_num)
+            return self._light_result(_light_records(batch.buffers), batch.placed, None,
+                                      topic, batch.pop_time, invisible_ms, 0, batch.rest_num)
         ext = {
             "consumerGroup": self.group, "topic": topic, "queueId": str(queue_id),
             "maxMsgNums": str(max_nums), "invisibleTime": str(invisible_ms),
@@ -371,22 +385,8 @@ class PopClient:
                                      else resp.body_bytes())
             placed = _offset_list(h.get("msgOffsetInfo"))
             if placed is not None and len(placed) == len(records):
-                # The handle of a first delivery: fields shared by the pop's messages of
-                # one queue, then the offset.
-                prefix_of: dict[int, str] = {}
-                for msg, (qid, offset) in zip(records, placed, strict=True):
-                    handle = msg.properties.get(POP_CK) if msg.has_pop_ck else None
-                    if handle is None:
-                        prefix = prefix_of.get(qid)
-                        if prefix is None:
-                            ck = starts.get(f"0@{qid}", str(offset))
-                            prefix = prefix_of[qid] = (f"{ck} {pop_time} {invisible} "
-                                                       f"{revive_qid} 0 {self.broker_name} "
-                                                       f"{qid} ")
-                        handle = prefix + str(offset)
-                    out.append(PopMessage(msg, topic, qid, offset, handle))
-                return PopResult(PopStatus.FOUND, out, pop_time, invisible,
-                                 int(h.get("restNum", 0)))
+                return self._light_result(records, placed, starts, topic, pop_time, invisible,
+                                          revive_qid, int(h.get("restNum", 0)))
             decoded = decode_records(resp.body_bytes(), decompress=True)
         else:
             decoded = decode_records(resp.body_bytes(), decompress=True)
@@ -406,6 +406,41 @@ class PopClient:
                 offset = int(handle.split(" ")[7])
             out.append(PopMessage(msg, topic, qid, offset, handle))
         return PopResult(PopStatus.FOUND, out, pop_time, invisible, int(h.get("restNum", 0)))
+
+    def _light_result(self, records: list[PopRecord], placed: list[tuple[int, int]],
+                      starts: dict[str, str] | None, topic: str, pop_time: int,
+                      invisible: int, revive_qid: int, rest_num: int) -> PopResult:
+        """The FOUND result of light `records` at `placed` (queue id, offset) pairs. A
+        first delivery's handle: fields shared by the pop's messages of one queue (its
+        `startOffsetInfo`, else the lowest offset of the queue in `placed`), then the
+        offset."""
+        out = []
+        prefix_of: dict[int, str] = {}
+        for msg, (qid, offset) in zip(records, placed, strict=True):
+            handle = msg.properties.get(POP_CK) if msg.has_pop_ck else None
+            if handle is None:
+                prefix = prefix_of.get(qid)
+                if prefix is None:
+                    if starts is not None:
+                        ck = starts.get(f"0@{qid}", str(offset))
+                    else:
+                        ck = min(o for q, o in placed if q == qid)
+                    prefix = prefix_of[qid] = (f"{ck} {pop_time} {invisible} {revive_qid} 0 "
+                                               f"{self.broker_name} {qid} ")
+                handle = prefix + str(offset)
+            out.append(PopMessage(msg, topic, qid, offset, handle))
+        return PopResult(PopStatus.FOUND, out, pop_time, invisible, rest_num)
+
+    def ack_local(self, messages: list[PopMessage]) -> int:
+        """Acknowledge `messages` (popped by this client) through the attached in-process
+        service (`local`), as one BATCH_ACK_MESSAGE would; how many were acknowledged."""
+        groups: dict[tuple[str, int, str], list[int]] = {}
+        for m in messages:
+            h = m.handle
+            groups.setdefault((m.topic, m.queue_id, h[:h.rindex(" ")]), []).append(
+                m.queue_offset)
+        return self.local.ack([(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
+                               for (topic, qid, prefix), offsets in groups.items()])
 
     def _ack_ext(self, m: PopMessage) -> dict[str, str]:
         return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),

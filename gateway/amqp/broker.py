@@ -111,6 +111,9 @@ class AmqpBroker(BrokerTraffic):
         #: apache_strict mode): the gateway then uses only Apache's POP codes.
         self.extensions = True
         self._pop_clients: dict[str, PopClient] = {}
+        #: The broker's POP service when it runs in this process (`attach_local`): pops
+        #: and acks then call it instead of sending requests (docs/amqp.md "In process").
+        self.local_pop: Any = None
         #: Consumer loops run here (not in a connection's nursery): a POP in progress is
         #: never cancelled, so no delivery is handed out to a request nobody reads.
         self.nursery: trio.Nursery | None = None
@@ -131,13 +134,25 @@ class AmqpBroker(BrokerTraffic):
                 raise
             self.apache_mode(exc)
 
+    def attach_local(self, core_broker: Any) -> None:
+        """Pop and acknowledge through `core_broker`'s POP service directly: it runs in
+        this process (`lmq serve`). Without it (or in front of a broker in apache_strict
+        mode) every pop and ack is a POP request."""
+        from core.broker.pop.local import LocalPop
+
+        self.local_pop = LocalPop.of(core_broker)
+        for pc in self._pop_clients.values():
+            pc.local = self.local_pop
+
     def apache_mode(self, exc: BaseException) -> None:
         """The broker refused a private POP code: use Apache RocketMQ 5's codes only."""
         if not self.extensions:
             return
         self.extensions = False
+        self.local_pop = None
         for pc in self._pop_clients.values():
             pc.holder_id = None
+            pc.local = None
         log.warning(APACHE_MODE_LOG, self.addr, getattr(exc, "remark", "") or exc)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -173,6 +188,7 @@ class AmqpBroker(BrokerTraffic):
             child.holder_id = self.holder_id
             child.extensions = self.extensions
             child._pop_clients = self._pop_clients
+            child.local_pop = self.local_pop
             child.ack_later = self.ack_later  # type: ignore[method-assign]
             child.nursery = self.nursery
             child.decl = self.decl
@@ -195,6 +211,7 @@ class AmqpBroker(BrokerTraffic):
             pc = self._pop_clients[group] = PopClient(
                 self.client.api.remoting, self.addr, self.broker_name, group,
                 holder_id=self.holder_id if self.extensions else None)
+            pc.local = self.local_pop
         return pc
 
     async def register_holder(self) -> None:

@@ -90,6 +90,12 @@ class BrokerTraffic:
         acks: list[dict] = []
         count = 0
         for pop, messages in groups.values():
+            if pop.local is not None:  # the broker runs in this process: no request
+                try:
+                    pop.ack_local(messages)
+                except Exception:
+                    log.exception("AMQP in-process ack of %d failed", len(messages))
+                continue
             sender = pop
             for start in range(0, len(messages), ACK_BATCH):
                 part = messages[start:start + ACK_BATCH]

@@ -172,6 +172,14 @@ def _remember_fanned(raw_props: bytes, out: tuple[str, str, bytes, bool, bytes])
     _fanned_bytes += size
 
 
+#: Consumers per connection (by the connection's flush callable, shared by its channels),
+#: and the connections whose socket write a consumer put off to the end of the current
+#: scheduler batch (`Deliveries._write`): with several consumers on one connection, the
+#: ones a dispatch woke together send their deliveries with one write.
+_CONSUMERS: dict[Callable, int] = {}
+_DEFERRED: set[Callable] = set()
+
+
 class Consumer:
     __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries",
                  "head")
@@ -226,6 +234,7 @@ class Deliveries:
             raise AmqpError(errors.ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{queue.name}' in "
                             "vhost '/' in exclusive use")
         consumer = self.consumers[tag] = Consumer(tag, queue, pop, no_ack, self)
+        _CONSUMERS[self.flush] = _CONSUMERS.get(self.flush, 0) + 1
         queue.consumers += 1
         queue.subscribers.add(consumer)
         if queue.args.single_active:
@@ -245,6 +254,7 @@ class Deliveries:
         if consumer is None:
             return None
         consumer.cancelled = True
+        self._forget_consumer()
         queue = consumer.queue
         queue.consumers -= 1
         queue.exclusive_consumer = False
@@ -285,7 +295,34 @@ class Deliveries:
         except Exception:
             # Runs in the broker's nursery: a bug stops this consumer, not the gateway.
             log.exception("AMQP consumer %s failed", consumer.tag)
-            self.consumers.pop(consumer.tag, None)
+            if self.consumers.pop(consumer.tag, None) is not None:
+                self._forget_consumer()
+
+    def _forget_consumer(self) -> None:
+        left = _CONSUMERS.get(self.flush, 0) - 1
+        if left > 0:
+            _CONSUMERS[self.flush] = left
+        else:
+            _CONSUMERS.pop(self.flush, None)
+
+    async def _write(self) -> None:
+        """Write the deliveries queued on the connection. When it has other consumers
+        (which a fan-out's dispatch wakes in the same scheduler batch), the first of them
+        to get here yields once, to the end of that batch, and then writes for all; the
+        others leave their frames to it: one socket write instead of one each. (trio's
+        count of runnable tasks does not include the rest of the batch being run, so it
+        cannot tell whether others follow: the yield is paid per pop of such a
+        connection's consumers, a scheduler pass, less than the write it may save.)"""
+        flush = self.flush
+        if flush in _DEFERRED:
+            return  # queued: written by the consumer that deferred this connection's write
+        if _CONSUMERS.get(flush, 0) > 1:
+            _DEFERRED.add(flush)
+            try:
+                await trio.lowlevel.checkpoint()
+            finally:
+                _DEFERRED.discard(flush)
+        await flush()
 
     async def _consume(self, consumer: Consumer) -> None:
         cfg = self.broker.config
@@ -347,7 +384,7 @@ class Deliveries:
                               frame_max)
             self.send_parts(parts)
             try:
-                await self.flush()
+                await self._write()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.closed = True
             if consumer.no_ack:

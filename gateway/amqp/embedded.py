@@ -78,6 +78,7 @@ class AmqpService:
                 client.remoting.register_local(addr, core.table)
                 routes = RouteLog(client, addr, name, gateway_id)
                 broker = AmqpBroker(client, addr, name, routes, self.broker_config)
+                broker.attach_local(core)  # pops and acks without requests
                 self.server = AmqpServer(self.config, broker=broker)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(routes.run)

@@ -79,6 +79,8 @@ class PopBatch:
     start_offset_info: list[str] = field(default_factory=list)
     msg_offset_info: list[str] = field(default_factory=list)
     rest_num: int = 0
+    #: (queue id, offset) of each record, in body order (the in-process API's answer).
+    placed: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -422,6 +424,7 @@ class PopService:
                 ck = min(offsets)
                 batch.start_offset_info.append(f"0 {qid} {ck}")
                 batch.msg_offset_info.append(f"0 {qid} " + ",".join(map(str, offsets)))
+                batch.placed += [(qid, o) for o in offsets]
                 for offset, buf, deliveries in records:
                     if deliveries > 1:
                         handle = build_extra_info(ck, pop_time, invisible_ms, 0, broker_name,
@@ -491,20 +494,24 @@ class PopService:
         """BATCH_ACK's entry: acknowledge offset `start + i` for every bit `i` set in
         `bits` (Java's BitSet bytes) under `pop_time`; commits the group's offset once.
         The journal is flushed by the caller. How many were acknowledged."""
-        qs = self.state.get(group, topic, queue_id)
-        if qs is None:
-            return 0
-        inflight = qs.inflight
-        acked: list[int] = []
+        offsets: list[int] = []
         for i, byte in enumerate(bits):
             if not byte:
                 continue
             base = start + i * 8
-            for j in range(8):
-                if byte >> j & 1:
-                    offset = base + j
-                    if offset in inflight and qs.ack(offset, pop_time):
-                        acked.append(offset)
+            offsets += [base + j for j in range(8) if byte >> j & 1]
+        return self.ack_offsets(group, topic, queue_id, offsets, pop_time)
+
+    def ack_offsets(self, group: str, topic: str, queue_id: int, offsets: list[int],
+                    pop_time: int) -> int:
+        """Acknowledge `offsets` of one queue handed out under `pop_time` (one journal
+        record, one offset commit); the caller flushes the journal. How many were
+        acknowledged (those not in flight under that pop time are skipped)."""
+        qs = self.state.get(group, topic, queue_id)
+        if qs is None:
+            return 0
+        inflight = qs.inflight
+        acked = [o for o in offsets if o in inflight and qs.ack(o, pop_time)]
         if acked:
             self.journal.gone_many(group, topic, queue_id, acked)
             self._commit(group, topic, queue_id, qs)

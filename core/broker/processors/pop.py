@@ -11,20 +11,15 @@ from __future__ import annotations
 import base64
 import binascii
 
-import trio
-
 from core.broker.pop.handle import parse_extra_info
+from core.broker.pop.local import access_error, param_error, pop_held
 from core.broker.pop.service import (
     POP_MAX_INVISIBLE_MS,
-    POP_MAX_NUMS,
     POP_MAX_POLL_MS,
-    POP_MAX_POLLING,
     PopService,
     PopStateFull,
-    now_ms,
 )
 from core.broker.processors.pull import _cached_filter
-from core.common.sysflag import PermName
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import RequestCode, ResponseCode
 
@@ -49,25 +44,8 @@ class PopProcessor:
 
     def _check_access(self, cmd: RemotingCommand, group: str, topic: str):
         """(topic config, None) or (None, error response)."""
-        broker = self.broker
-        if not PermName.is_readable(broker.config.broker_permission):
-            return None, error(cmd, ResponseCode.NO_PERMISSION,
-                               f"the broker[{broker.broker_addr}] pop message is forbidden")
-        tc = broker.topic_config_manager.get(topic)
-        if tc is None:
-            return None, error(cmd, ResponseCode.TOPIC_NOT_EXIST,
-                               f"topic[{topic}] not exist, apply first please!")
-        if not PermName.is_readable(tc.perm):
-            return None, error(cmd, ResponseCode.NO_PERMISSION,
-                               f"the topic[{topic}] peeking message is forbidden")
-        sg = broker.subscription_group_manager.find_or_create(group)
-        if sg is None:
-            return None, error(cmd, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                               f"subscription group [{group}] does not exist")
-        if not sg.consume_enable:
-            return None, error(cmd, ResponseCode.NO_PERMISSION,
-                               f"subscription group no permission, {group}")
-        return tc, None
+        tc, err = access_error(self.broker, group, topic)
+        return (tc, None) if err is None else (None, error(cmd, *err))
 
     # ------------------------------------------------------------------ pop
     async def pop(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
@@ -79,12 +57,9 @@ class PopProcessor:
         poll_ms = ext_int64(cmd, "pollTime", required=True)
         ext_int64(cmd, "bornTime", required=True)
         init_mode = ext_int32(cmd, "initMode", required=True)
-        if not 0 < max_nums <= POP_MAX_NUMS:
-            return error(cmd, ResponseCode.INVALID_PARAMETER,
-                         f"pop message's num {max_nums} is not in 1..{POP_MAX_NUMS}")
-        if not 0 <= invisible_ms <= POP_MAX_INVISIBLE_MS:
-            return error(cmd, ResponseCode.INVALID_PARAMETER,
-                         f"invisibleTime {invisible_ms} is not in 0..{POP_MAX_INVISIBLE_MS}")
+        bad = param_error(max_nums, invisible_ms)
+        if bad is not None:
+            return error(cmd, ResponseCode.INVALID_PARAMETER, bad)
         tc, err = self._check_access(cmd, group, topic)
         if err is not None:
             return err
@@ -101,25 +76,15 @@ class PopProcessor:
             return holder
         service = self.service
         order = service.orderly.wanted(group, cmd.ext_bool("order", False))  # FIFO groups
-        queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
         hold_s = min(max(poll_ms, 0), POP_MAX_POLL_MS) / 1000.0
-        deadline = trio.current_time() + hold_s
-        while True:
-            try:
-                batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode,
-                                    filt, holder, order)
-            except PopStateFull as exc:
-                return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
-            remaining = deadline - trio.current_time()
-            if batch.count or remaining <= 0 or self.broker.closing:
-                break
-            if service.polling >= POP_MAX_POLLING:
-                return self._response(cmd, ResponseCode.POLLING_FULL, batch, invisible_ms)
-            due = service.next_deadline(group, topic, queue_ids)
-            if due is not None:
-                remaining = min(remaining, max((due - now_ms()) / 1000.0, 0.0) + 0.001)
-            await service.wait(topic, remaining)
-            queue_ids = [queue_id] if queue_id >= 0 else service.rotate(tc.read_queue_nums)
+        try:
+            batch, full = await pop_held(service, group, topic, queue_id, tc.read_queue_nums,
+                                         max_nums, invisible_ms, init_mode, filt, holder,
+                                         order, hold_s)
+        except PopStateFull as exc:
+            return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
+        if full:
+            return self._response(cmd, ResponseCode.POLLING_FULL, batch, invisible_ms)
         code = ResponseCode.SUCCESS if batch.count else ResponseCode.POLLING_TIMEOUT
         return self._response(cmd, code, batch, invisible_ms)
 

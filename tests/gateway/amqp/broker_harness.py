@@ -115,17 +115,19 @@ async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
 
 def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any],
                 broker_config: AmqpBrokerConfig | None = None, *,
-                broker_kw: dict | None = None, **server_kw) -> Any:
+                broker_kw: dict | None = None, in_process: bool = False, **server_kw) -> Any:
     """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
     return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, broker_config,
-                        broker_kw=broker_kw, **server_kw)
+                        broker_kw=broker_kw, in_process=in_process, **server_kw)
 
 
 def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int,
                  broker_config: AmqpBrokerConfig | None = None, *,
-                 broker_kw: dict | None = None, **server_kw) -> Any:
+                 broker_kw: dict | None = None, in_process: bool = False,
+                 **server_kw) -> Any:
     """`count` gateways (each its own broker client, route log and AMQP server) over one
-    broker; `client_fn(gateways)` runs in a thread."""
+    broker; `client_fn(gateways)` runs in a thread. `in_process`: the gateways pop and
+    acknowledge through the broker's POP service directly, as in `lmq serve`."""
     result: list[Any] = []
 
     async def gateway(nursery, server, i: int, client) -> tuple[Gateway, AmqpServer]:
@@ -135,6 +137,8 @@ def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int
                                          gateway_timeout_s=2.0, ack_timeout_s=10.0))
         broker = AmqpBroker(client, b.broker_addr, b.config.broker_name, routes,
                             broker_config or AmqpBrokerConfig())
+        if in_process:
+            broker.attach_local(b)
         await nursery.start(routes.run)
         await nursery.start(broker.run)
         amqp = AmqpServer(AmqpServerConfig(port=0, **server_kw), broker=broker)

@@ -41,6 +41,15 @@ def _wait_line(proc: subprocess.Popen, *needles: str) -> str:
     raise AssertionError(f"lmq serve exited ({proc.wait()}) without a line with {needles}")
 
 
+def start_with_pika(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen,
+                                                            pika.BlockingConnection]:
+    """`lmq serve` with AMQP on a free port (`extra` flags) and a pika connection to it."""
+    proc = _serve(tmp_path, "--amqp-port", "0", *extra)
+    line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
+    port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
+    return proc, pika.BlockingConnection(params(port))
+
+
 def _stop(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -141,10 +150,7 @@ def test_sigterm_requeues_unacknowledged_deliveries_before_the_broker_stops(tmp_
     # The gateway stops before the broker: a delivery never acknowledged is visible again
     # after a restart, not hidden for the POP invisibility time (30 min).
     def start() -> tuple[subprocess.Popen, pika.BlockingConnection]:
-        proc = _serve(tmp_path, "--amqp-port", "0")
-        line = _wait_line(proc, "AMQP gateway listening", "AMQP gateway not started")
-        port = int(re.search(r"listening on [\d.]+:(\d+)", line).group(1))
-        return proc, pika.BlockingConnection(params(port))
+        return start_with_pika(tmp_path)
 
     proc, conn = start()
     try:
