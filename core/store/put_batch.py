@@ -395,11 +395,7 @@ class BatchPutPath(PutPath):
         _, names, bases, first = multi
         lmq = self._lmq
         self._stats.lmq_dispatches += lmq.add_batch(names, bases, units, store_ms)
-        listener = self.dispatch_listener
-        if listener is not None:
-            cache = lmq.cache
-            for name in bases:
-                listener(name, 0, cache[name])
+        self._notify_lmqs(bases, lmq.cache)  # one wake-up per LMQ, at its final offset
         return first
 
     def _dispatch_native(self, multi: list, items: list, ids: list[str], store_ms: int):
