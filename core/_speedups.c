@@ -2374,6 +2374,55 @@ fail:
     Py_DECREF(out);
     return NULL;
 }
+/* batch_props_have(body, needle) -> int: 1 when the properties of some sub-message of a
+ * batch body (docs/protocol.md §7.7: size int32, magic, crc, flag, body length int32, body,
+ * properties length int16, properties) contain `needle`, 0 when none does, -1 when the
+ * body is malformed (its split says what is wrong). Searches only the properties, not the
+ * bodies (a send batch checks its messages for DELAY this way). */
+static int props_contain(const unsigned char *p, Py_ssize_t n, const unsigned char *nd,
+                         Py_ssize_t nl)
+{
+    if (nl == 0)
+        return 1;
+    while (n >= nl) {
+        const unsigned char *q = memchr(p, nd[0], (size_t)(n - nl + 1));
+        if (!q)
+            return 0;
+        if (memcmp(q, nd, (size_t)nl) == 0)
+            return 1;
+        n -= q + 1 - p;
+        p = q + 1;
+    }
+    return 0;
+}
+
+static PyObject *sp_batch_props_have(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "batch_props_have(body: bytes, needle: bytes)");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const unsigned char *nd = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), nl = PyBytes_GET_SIZE(args[1]), pos = 0;
+    int found = 0;
+    while (pos < n) {
+        if (n - pos < 20)
+            return PyLong_FromLong(-1);
+        int32_t size = (int32_t)get_u32(b + pos), blen = (int32_t)get_u32(b + pos + 16);
+        if (blen < 0 || size < 22 || size - 22 < blen || size > n - pos)
+            return PyLong_FromLong(-1);
+        Py_ssize_t p0 = pos + 20 + blen;
+        int16_t plen = (int16_t)((b[p0] << 8) | b[p0 + 1]);
+        p0 += 2;
+        if (plen < 0 || p0 + plen != pos + size)
+            return PyLong_FromLong(-1);
+        if (!found && props_contain(b + p0, plen, nd, nl))
+            found = 1;  /* the rest is still checked: a malformed body is not let through */
+        pos += size;
+    }
+    return PyLong_FromLong(found);
+}
 /* ==== end s6-fanout ==== */
 
 /* ------------------------------------------------------------------ module */
@@ -2415,6 +2464,8 @@ static PyMethodDef methods[] = {
     /* ==== s6-fanout ==== */
     {"recent_slices", (PyCFunction)(void (*)(void))sp_recent_slices, METH_FASTCALL,
      "recent_slices(chain, offset, max_count, ...) -> (slices, bytes): an LMQ's recent records."},
+    {"batch_props_have", (PyCFunction)(void (*)(void))sp_batch_props_have, METH_FASTCALL,
+     "batch_props_have(body, needle) -> 1 | 0 | -1: needle in a batch's properties."},
     /* ==== end s6-fanout ==== */
     {NULL, NULL, 0, NULL},
 };

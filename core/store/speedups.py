@@ -45,7 +45,7 @@ from core.store.speedups_py import (
 )
 
 __all__ = [
-    "NATIVE", "crc32", "encode_props", "plan_batch_lmqs", "plan_lmqs", "recent_slices",
+    "NATIVE", "batch_props_have", "crc32", "encode_props", "plan_batch_lmqs", "plan_lmqs", "recent_slices",
     "split_batch",
     "stage_batch_lmqs", "stage_units", "write_batch", "write_record", "write_units",
 ]
@@ -58,11 +58,15 @@ write_batch = None
 # reference is _plan_dicts + _dispatch_native.
 plan_batch_lmqs = None
 stage_batch_lmqs = None
+# s6-fanout: a batch send's DELAY / reserved-property check over the properties only
+# (core/broker/processors/send.py); C only, without it the broker searches the whole body.
+batch_props_have = None
 
 NATIVE = False
 if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
     try:
         from core._speedups import (  # noqa: F401, F811
+            batch_props_have,
             crc32,
             encode_props,
             plan_batch_lmqs,

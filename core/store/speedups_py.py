@@ -22,6 +22,7 @@ _MULTI_OFFSETS = MessageConst.INNER_MULTI_QUEUE_OFFSET
 _OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
 _PAIR = "\x01".join
 _INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
 _PHYS_SIZE = struct.Struct(">qi")  # the first fields of an LMQ unit
 _FIXED = HEADER.size + 1 + 2
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -183,6 +184,32 @@ def recent_slices(chain: list, offset: int, max_count: int, max_bytes: int, file
             want += 1
             i += 2
     return out, total
+
+
+def batch_props_have(body: bytes, needle: bytes) -> int:
+    """1 when the properties of a sub-message of batch `body` (docs/protocol.md §7.7)
+    contain `needle`, 0 when none does, -1 when the body is malformed. The reference of
+    the C function; without it the broker searches the whole body (a superset)."""
+    if type(body) is not bytes or type(needle) is not bytes:
+        raise TypeError("batch_props_have(body: bytes, needle: bytes)")
+    n = len(body)
+    pos = found = 0
+    while pos < n:
+        if n - pos < 20:
+            return -1
+        size = _INT32.unpack_from(body, pos)[0]
+        blen = _INT32.unpack_from(body, pos + 16)[0]
+        if blen < 0 or size < 22 or size - 22 < blen or size > n - pos:
+            return -1
+        p0 = pos + 20 + blen
+        plen = INT16.unpack_from(body, p0)[0]
+        p0 += 2
+        if plen < 0 or p0 + plen != pos + size:
+            return -1
+        if not found and needle in body[p0 : p0 + plen]:
+            found = 1
+        pos += size
+    return found
 
 
 def _lmq_targets(names: bytes, offsets: bytes, topic: bytes, prefix: bytes | None, bound: int):
