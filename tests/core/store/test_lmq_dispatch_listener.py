@@ -30,8 +30,12 @@ def test_store_tells_the_lmqs_of_a_put_in_one_call(open_store):
     assert store.put_batch(batch).status.name == "OK"
     assert per_put[1:] == [dict.fromkeys(NAMES, 6)]  # one wake-up per LMQ, final offsets
     assert per_queue[1:] == [("T", 0, 6)]
+    # A batch of InnerMessages (the Python planning) too.
+    assert store.put_batch([lmq_msg(NAMES, topic="T") for _ in range(3)]).status.name == "OK"
+    assert per_put[2:] == [dict.fromkeys(NAMES, 9)]
+    assert per_queue[2:] == [("T", 0, 9)]
     # Without the LMQ listener the same wake-ups come one call per LMQ.
     store.lmq_dispatch_listener = None
     per_queue.clear()
     store.put(lmq_msg(NAMES, topic="T"))
-    assert per_queue == [("T", 0, 7)] + [(n, 0, 7) for n in NAMES]
+    assert per_queue == [("T", 0, 10)] + [(n, 0, 10) for n in NAMES]
