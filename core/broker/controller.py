@@ -205,15 +205,13 @@ class BrokerController:
         waiting on LMQs use it like the long-polling service does)."""
         self.arrivals.listeners.append(fn)
 
-    def add_lmq_dispatch_listener(self, fn: LmqListener) -> None:
-        """Call `fn(names, max_offsets)` once per put with every LMQ it multi-dispatched
-        to, instead of add_dispatch_listener's call per LMQ (core/broker/arrival.py)."""
-        self.arrivals.lmq_listeners.append(fn)
+    def add_lmq_dispatch_listener(self, fn: LmqListener, other_queues=None) -> None:
+        """ArrivalNotifier.add_lmq: `fn(names, max_offsets)` once per multi-dispatching
+        put, `other_queues` for every other dispatch (core/broker/arrival.py)."""
+        self.arrivals.add_lmq(fn, other_queues)
 
     def remove_dispatch_listener(self, fn: Callable[..., None]) -> None:
-        for listeners in (self.arrivals.listeners, self.arrivals.lmq_listeners):
-            if fn in listeners:
-                listeners.remove(fn)
+        self.arrivals.remove(fn)
 
     def encode_client_host(self, remote_addr: str) -> bytes:
         """BORNHOST of a client connection (IPv4 + port; docs/protocol.md §7.1)."""

@@ -30,7 +30,9 @@ def test_broker_wakes_held_pulls_and_listeners_in_one_pass(tmp_path):
             raise RuntimeError("a broken listener")
 
         broker.add_lmq_dispatch_listener(failing)  # logged; the others still run
-        broker.add_lmq_dispatch_listener(lambda names, mxs: per_put.append(list(names)))
+        others: list[tuple[str, int]] = []
+        broker.add_lmq_dispatch_listener(lambda names, mxs: per_put.append(list(names)),
+                                         lambda t, q, mx: others.append((t, mx)))
         stores = []
         real = broker.store.lmq_dispatch_listener
         broker.store.lmq_dispatch_listener = lambda n, m: (stores.append(1), real(n, m))
@@ -56,6 +58,7 @@ def test_broker_wakes_held_pulls_and_listeners_in_one_pass(tmp_path):
         assert stores == [1]  # the store told the broker once for the 40 LMQs
         assert per_put == [NAMES]
         assert sorted(per_queue) == sorted([("Fan", 1)] + [(n, 1) for n in NAMES])
+        assert others == [("Fan", 1)]  # the put's own queue; its LMQs came in per_put
         broker.remove_dispatch_listener(failing)
         assert failing not in broker.arrivals.lmq_listeners
 
