@@ -2252,6 +2252,179 @@ fail:
 }
 /* ==== end s4-ha ==== */
 
+/* ==== s6-fanout: an LMQ's recent records as mapped slices, one call per read ============
+ * recent_slices(chain, offset, max_count, max_bytes, files, file_size, first_no, clmin,
+ * wrote) -> (list[memoryview], bytes): what LmqIndex.recent_units and the loop of
+ * ReadPath.recent_records give, in one pass and without a tuple per unit. `chain` holds
+ * LmqIndex unit lists (oldest first), each [offset, unit, offset, unit, ...] with a unit's
+ * first 12 octets = phys int64 | size int32 (big-endian); `files` are the CommitLog's
+ * MappedFiles (their `view` is sliced). Records of consecutive offsets from `offset`, at
+ * most `max_count`; stops at the first offset not in the chain, at the first unit whose
+ * record is gone (below `clmin`, past `wrote`, outside its file), or before passing
+ * `max_bytes` (the first record is always taken). No Python code runs but the slicing of
+ * a memoryview and reading a MappedFile's slot; every size is read again after it. */
+static PyObject *S_VIEW;
+
+static PyObject *sp_recent_slices(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long want, max_count, max_bytes, fs, first_no, clmin, wrote;
+    if (nargs != 9 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "recent_slices(chain: list, offset, max_count, max_bytes, files: list, "
+                        "file_size, first_no, clmin, wrote)");
+        return NULL;
+    }
+    if (as_i64(args[1], &want, "offset") < 0 || as_i64(args[2], &max_count, "max_count") < 0 ||
+        as_i64(args[3], &max_bytes, "max_bytes") < 0 || as_i64(args[5], &fs, "file_size") < 0 ||
+        as_i64(args[6], &first_no, "first_no") < 0 || as_i64(args[7], &clmin, "clmin") < 0 ||
+        as_i64(args[8], &wrote, "wrote") < 0)
+        return NULL;
+    if (fs <= 0 || clmin < 0) {
+        PyErr_SetString(PyExc_ValueError, "recent_slices: file_size must be > 0, clmin >= 0");
+        return NULL;
+    }
+    PyObject *chain = args[0], *files = args[4];
+    PyObject *out = PyList_New(0), *units = NULL, *view = NULL;
+    if (!out)
+        return NULL;
+    long long total = 0, cur = -1;
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(chain); g++) {
+        if (PyList_GET_SIZE(out) >= max_count)
+            break;
+        units = PyList_GET_ITEM(chain, g);
+        if (!PyList_CheckExact(units)) {
+            units = NULL;
+            PyErr_SetString(PyExc_TypeError, "recent_slices: the chain holds lists");
+            goto fail;
+        }
+        Py_INCREF(units);
+        long long first;
+        if (PyList_GET_SIZE(units) < 2 ||
+            as_i64(PyList_GET_ITEM(units, 0), &first, "unit offset") < 0) {
+            if (PyErr_Occurred())
+                goto fail;
+            Py_CLEAR(units);
+            continue;
+        }
+        long long d = want - first;
+        if (d < 0 || d >= PyList_GET_SIZE(units) / 2) {
+            Py_CLEAR(units);
+            continue;
+        }
+        for (Py_ssize_t i = (Py_ssize_t)(d * 2); i + 1 < PyList_GET_SIZE(units); i += 2) {
+            if (PyList_GET_SIZE(out) >= max_count)
+                break;
+            long long off;
+            if (as_i64(PyList_GET_ITEM(units, i), &off, "unit offset") < 0)
+                goto fail;
+            if (off != want)
+                break;
+            PyObject *u = PyList_GET_ITEM(units, i + 1);
+            if (!PyBytes_CheckExact(u) || PyBytes_GET_SIZE(u) < 12) {
+                PyErr_SetString(PyExc_TypeError, "recent_slices: a unit is bytes of >= 12");
+                goto fail;
+            }
+            const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(u);
+            long long phys = (long long)(((uint64_t)get_u32(p) << 32) | get_u32(p + 4));
+            long long size = (int32_t)get_u32(p + 8);
+            if (phys < clmin || size <= 0 || phys > wrote - size)
+                goto done;  /* gone (retention) or not written: `get` says what to do */
+            if (PyList_GET_SIZE(out) && total + size > max_bytes)
+                goto done;
+            long long fi = phys / fs - first_no, pos = phys % fs;
+            if (fi < 0 || fi >= PyList_GET_SIZE(files) || pos + size > fs)
+                goto done;
+            if (fi != cur) {
+                Py_CLEAR(view);
+                PyObject *mf = PyList_GET_ITEM(files, (Py_ssize_t)fi);
+                Py_INCREF(mf);
+                view = PyObject_GetAttr(mf, S_VIEW);
+                Py_DECREF(mf);
+                if (!view)
+                    goto fail;
+                cur = fi;
+            }
+            PyObject *buf = PySequence_GetSlice(view, (Py_ssize_t)pos, (Py_ssize_t)(pos + size));
+            if (!buf)
+                goto fail;
+            int rc = PyList_Append(out, buf);
+            Py_DECREF(buf);
+            if (rc < 0)
+                goto fail;
+            total += size;
+            want++;
+        }
+        Py_CLEAR(units);
+    }
+done:
+    Py_XDECREF(units);
+    Py_XDECREF(view);
+    PyObject *total_obj = PyLong_FromLongLong(total);
+    if (!total_obj) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyObject *ret = PyTuple_Pack(2, out, total_obj);
+    Py_DECREF(out);
+    Py_DECREF(total_obj);
+    return ret;
+fail:
+    Py_XDECREF(units);
+    Py_XDECREF(view);
+    Py_DECREF(out);
+    return NULL;
+}
+/* batch_props_have(body, needle) -> int: 1 when the properties of some sub-message of a
+ * batch body (docs/protocol.md §7.7: size int32, magic, crc, flag, body length int32, body,
+ * properties length int16, properties) contain `needle`, 0 when none does, -1 when the
+ * body is malformed (its split says what is wrong). Searches only the properties, not the
+ * bodies (a send batch checks its messages for DELAY this way). */
+static int props_contain(const unsigned char *p, Py_ssize_t n, const unsigned char *nd,
+                         Py_ssize_t nl)
+{
+    if (nl == 0)
+        return 1;
+    while (n >= nl) {
+        const unsigned char *q = memchr(p, nd[0], (size_t)(n - nl + 1));
+        if (!q)
+            return 0;
+        if (memcmp(q, nd, (size_t)nl) == 0)
+            return 1;
+        n -= q + 1 - p;
+        p = q + 1;
+    }
+    return 0;
+}
+
+static PyObject *sp_batch_props_have(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "batch_props_have(body: bytes, needle: bytes)");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const unsigned char *nd = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), nl = PyBytes_GET_SIZE(args[1]), pos = 0;
+    int found = 0;
+    while (pos < n) {
+        if (n - pos < 20)
+            return PyLong_FromLong(-1);
+        int32_t size = (int32_t)get_u32(b + pos), blen = (int32_t)get_u32(b + pos + 16);
+        if (blen < 0 || size < 22 || size - 22 < blen || size > n - pos)
+            return PyLong_FromLong(-1);
+        Py_ssize_t p0 = pos + 20 + blen;
+        int16_t plen = (int16_t)((b[p0] << 8) | b[p0 + 1]);
+        p0 += 2;
+        if (plen < 0 || p0 + plen != pos + size)
+            return PyLong_FromLong(-1);
+        if (!found && props_contain(b + p0, plen, nd, nl))
+            found = 1;  /* the rest is still checked: a malformed body is not let through */
+        pos += size;
+    }
+    return PyLong_FromLong(found);
+}
+/* ==== end s6-fanout ==== */
+
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"crc32", sp_crc32, METH_O, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object."},
@@ -2288,6 +2461,12 @@ static PyMethodDef methods[] = {
     /* s4-ha */
     {"scan_chunk", (PyCFunction)(void (*)(void))sp_scan_chunk, METH_FASTCALL,
      "scan_chunk(data, phys, fpos, ...) -> (end, bad, last ms, ops): a replicated chunk."},
+    /* ==== s6-fanout ==== */
+    {"recent_slices", (PyCFunction)(void (*)(void))sp_recent_slices, METH_FASTCALL,
+     "recent_slices(chain, offset, max_count, ...) -> (slices, bytes): an LMQ's recent records."},
+    {"batch_props_have", (PyCFunction)(void (*)(void))sp_batch_props_have, METH_FASTCALL,
+     "batch_props_have(body, needle) -> 1 | 0 | -1: needle in a batch's properties."},
+    /* ==== end s6-fanout ==== */
     {NULL, NULL, 0, NULL},
 };
 
@@ -2309,6 +2488,9 @@ PyMODINIT_FUNC PyInit__speedups(void)
     S_WAIT = PyUnicode_InternFromString("WAIT");
     S_MULTI_OFFSETS = PyUnicode_InternFromString("INNER_MULTI_QUEUE_OFFSET");
     if (!S_WAIT || !S_MULTI_OFFSETS)
+        return NULL;
+    S_VIEW = PyUnicode_InternFromString("view");  /* s6-fanout */
+    if (!S_VIEW)
         return NULL;
     return PyModule_Create(&moddef);
 }

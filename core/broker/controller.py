@@ -25,6 +25,7 @@ from collections.abc import Callable
 import trio
 
 from core.acl import credentials_or_none, guard_from_file, remoting_client
+from core.broker.arrival import ArrivalNotifier, LmqListener
 from core.broker.clients import ConsumerManager, ProducerManager
 from core.broker.config import BrokerConfig
 from core.broker.flush import GroupCommitService, async_flush_loop
@@ -141,8 +142,9 @@ class BrokerController:
         )
         self.producer_manager = ProducerManager(expiry_s=config.client_channel_expiry_s)
         self.pull_hold_service = PullRequestHoldService()
-        self._dispatch_listeners: list[Callable[[str, int, int], None]] = []
-        self.store.dispatch_listener = self._on_dispatch
+        self.arrivals = ArrivalNotifier(self.pull_hold_service)  # held pulls + listeners
+        self.store.dispatch_listener = self.arrivals.on_dispatch
+        self.store.lmq_dispatch_listener = self.arrivals.on_dispatch_lmqs
         self._group_commit = (
             GroupCommitService(self.store, config.sync_flush_timeout_ms / 1000.0)
             if self.sync_flush else None
@@ -201,19 +203,15 @@ class BrokerController:
     def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """Also call `fn(topic, queue_id, new_max_offset)` after every dispatch (gateways
         waiting on LMQs use it like the long-polling service does)."""
-        self._dispatch_listeners.append(fn)
+        self.arrivals.listeners.append(fn)
 
-    def remove_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
-        if fn in self._dispatch_listeners:
-            self._dispatch_listeners.remove(fn)
+    def add_lmq_dispatch_listener(self, fn: LmqListener, other_queues=None) -> None:
+        """ArrivalNotifier.add_lmq: `fn(names, max_offsets)` once per multi-dispatching
+        put, `other_queues` for every other dispatch (core/broker/arrival.py)."""
+        self.arrivals.add_lmq(fn, other_queues)
 
-    def _on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
-        self.pull_hold_service.notify(topic, queue_id, max_offset)
-        for fn in self._dispatch_listeners:
-            try:
-                fn(topic, queue_id, max_offset)
-            except Exception:
-                log.exception("dispatch listener %r failed", fn)
+    def remove_dispatch_listener(self, fn: Callable[..., None]) -> None:
+        self.arrivals.remove(fn)
 
     def encode_client_host(self, remote_addr: str) -> bytes:
         """BORNHOST of a client connection (IPv4 + port; docs/protocol.md §7.1)."""

@@ -45,6 +45,15 @@ class PullRequestHoldService:
         if not waiters:
             del self._waiters[(topic, queue_id)]
 
+    def notify_lmqs(self, names, max_offsets) -> None:
+        """notify() for the LMQs (queue 0) of one put, `max_offsets[name]` their new max
+        offsets: nothing but one truth test when no pull is held."""
+        waiters = self._waiters
+        if waiters:
+            for name in names:
+                if (name, 0) in waiters:
+                    self.notify(name, 0, max_offsets[name])
+
     async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
         """Wait until (topic, queue_id) has a message at `offset` or beyond; False on
         timeout. The caller checked the queue without awaiting since, so no dispatch can

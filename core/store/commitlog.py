@@ -65,6 +65,12 @@ class CommitLog:
         self._first_no = run[0][0] // self.file_size if run else 0
 
     @property
+    def first_no(self) -> int:
+        """Number of the oldest file (its start offset / file_size): the index of file
+        k in `files` is k - first_no."""
+        return self._first_no
+
+    @property
     def min_offset(self) -> int:
         return self.files[0].start if self.files else 0
 

@@ -28,7 +28,6 @@ from core.store.speedups import stage_batch_lmqs, stage_units, write_units
 # Unit value: phys int64 | size int32 | tag code int64 | store timestamp int64 (28 bytes,
 # the layout of RocketMQ 5's RocksDB consume queue; the timestamp serves offset_by_time).
 LMQ_UNIT = struct.Struct(">qiqq")
-_PHYS_SIZE = struct.Struct(">qi")  # the first two fields of a unit
 _EMPTY_UNIT = (0, 0, 0)
 _PREFIX_CACHE = 8192  # unit key prefixes kept between commits (hot queues)
 #: Most LMQ units kept in memory after their RocksDB commit (those of the latest commits),
@@ -255,13 +254,14 @@ class LmqIndex:
         unpack = LMQ_UNIT.unpack
         return [unpack(r)[:3] if r else _EMPTY_UNIT for r in raws]
 
-    def recent_units(self, name: str, offset: int, count: int) -> list[tuple[int, int]] | None:
-        """(phys, size) of units `offset`, `offset + 1`, ... (at most `count`) of `name`
-        taken from memory: staged since the last commit, or written by one of the latest
-        (RECENT_UNITS_MAX). Stops at the first offset not held there; None when `offset`
-        itself is not (read RocksDB)."""
-        # The generations holding `name`, newest first, back to one starting at or
-        # before `offset` (a queue's units are staged in offset order).
+    def recent_chain(self, name: str, offset: int) -> list[list] | None:
+        """The unit lists of `name` held in memory that a read from `offset` walks, oldest
+        first (same layout as `_staged`: [offset, unit, ...]): the staged ones and those of
+        the latest commits (RECENT_UNITS_MAX), back to one starting at or before `offset`;
+        None when `offset` is older than all of them (read RocksDB).
+        speedups.recent_slices turns them into records (MessageStore.recent_records)."""
+        # Newest first while searching, back to a generation starting at or before
+        # `offset` (a queue's units are staged in offset order).
         chain: list[list] = []
         units = self._staged.get(name)
         if units:
@@ -275,19 +275,8 @@ class LmqIndex:
                         break
             else:
                 return None
-        out: list[tuple[int, int]] = []
-        unpack = _PHYS_SIZE.unpack_from
-        want = offset
-        for units in reversed(chain):
-            i = (want - units[0]) * 2
-            n = len(units)
-            if i < 0 or i >= n or units[i] != want:
-                continue
-            while i < n and len(out) < count and units[i] == want:
-                out.append(unpack(units[i + 1]))
-                want += 1
-                i += 2
-        return out or None
+        chain.reverse()
+        return chain
 
     # ------------------------------------------------------------------ admin
     def delete(self, name: str) -> bool:

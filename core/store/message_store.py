@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from core.common.names import LMQ_PREFIX, validate_lmq, validate_topic
 from core.store.checkpoint import Checkpoint
@@ -55,6 +55,10 @@ class MessageStore(BatchPutPath, ReadPath):
         self._host_hex = self._host.hex().upper()
         # Called (topic, queue_id, new_max_offset) after every dispatch; LMQs use queue 0.
         self.dispatch_listener: Callable[[str, int, int], None] | None = None
+        # Optional: called (names, max_offsets) once per put or batch with the LMQs it
+        # multi-dispatched to (their new max offsets are max_offsets[name]) instead of
+        # dispatch_listener once per LMQ (see PutPath._notify_lmqs).
+        self.lmq_dispatch_listener: Callable[[Iterable[str], Mapping[str, int]], None] | None = None
         # Optional (topic, properties, store_ms) -> tag code, used when re-dispatching at
         # recovery for records whose CQ tag slot is not the TAGS hash (the broker's delay
         # topic keeps the delivery time there); None means "hash of TAGS".

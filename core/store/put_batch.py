@@ -190,17 +190,7 @@ class BatchPutPath(PutPath):
         listener = self.dispatch_listener
         if listener is not None:
             listener(topic, qid if cq is not None else 0, qoff)
-            # Multi-dispatch queues: one wake-up per queue, with its final max offset.
-            woken = {}
-            for plan_item in plan:
-                targets = plan_item[3]
-                if targets:
-                    for name, off in targets[0]:
-                        woken[(name, 0)] = off + 1
-                    for tcq, off in targets[1]:
-                        woken[(tcq.topic, tcq.queue_id)] = off + 1
-            for (name, q), mx in woken.items():
-                listener(name, q, mx)
+        self._wake_targets([plan_item[3] for plan_item in plan])
         kv = self._kv
         if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
             self._commit_kv()
@@ -389,24 +379,40 @@ class BatchPutPath(PutPath):
             first_offsets if first_offsets is not None else [],
         )
 
+    def _wake_targets(self, plan_targets: list) -> None:
+        """The wake-ups of a batch's multi-dispatch (one per queue, at its final max
+        offset): the LMQs in one _notify_lmqs call, other queues per queue. `plan_targets`
+        holds each message's (lmqs, cqs) targets or None."""
+        listener = self.dispatch_listener
+        if listener is None and self.lmq_dispatch_listener is None:
+            return
+        lmqs: dict[str, int] = {}
+        cqs: dict[tuple[str, int], int] = {}
+        for targets in plan_targets:
+            if targets:
+                for name, off in targets[0]:
+                    lmqs[name] = off + 1
+                for tcq, off in targets[1]:
+                    cqs[(tcq.topic, tcq.queue_id)] = off + 1
+        if lmqs:
+            self._notify_lmqs(lmqs, lmqs)
+        if listener is not None:
+            for (name, q), mx in cqs.items():
+                listener(name, q, mx)
+
     def _stage_batch_lmqs(self, multi: tuple, units: bytearray, store_ms: int):
         """_dispatch_native for a batch planned by _plan_batch_lmqs: LMQ units staged in
         one C call, one wake-up per LMQ; returns the first record's offsets (or None)."""
         _, names, bases, first = multi
         lmq = self._lmq
         self._stats.lmq_dispatches += lmq.add_batch(names, bases, units, store_ms)
-        listener = self.dispatch_listener
-        if listener is not None:
-            cache = lmq.cache
-            for name in bases:
-                listener(name, 0, cache[name])
+        self._notify_lmqs(bases, lmq.cache)  # one wake-up per LMQ, at its final offset
         return first
 
     def _dispatch_native(self, multi: list, items: list, ids: list[str], store_ms: int):
         """Multi-dispatch units of a native batch (LMQ units staged, other queues appended,
         one wake-up per queue); returns the first record's offsets (None if it had none)."""
         lmq_units: list[tuple[str, int, bytes]] = []
-        woken: dict = {}
         pack_unit = LMQ_UNIT.pack
         for i, _offsets, targets in multi:
             if not targets:
@@ -420,17 +426,12 @@ class BatchPutPath(PutPath):
                 unit = pack_unit(phys, total, tc, store_ms)
                 for name, off in lmqs:
                     lmq_units.append((name, off, unit))
-                    woken[(name, 0)] = off + 1
-            for tcq, off in cqs:
+            for tcq, _off in cqs:
                 tcq.append(phys, total, tc)
-                woken[(tcq.topic, tcq.queue_id)] = off + 1
         if lmq_units:
             self._lmq.add_planned_many(lmq_units)
             self._stats.lmq_dispatches += len(lmq_units)
-        listener = self.dispatch_listener
-        if listener is not None:
-            for (name, q), mx in woken.items():
-                listener(name, q, mx)
+        self._wake_targets([targets for _i, _offsets, targets in multi])
         return multi[0][1] if multi[0][0] == 0 else None
 
     # ------------------------------------------------------------------ batch pass 1

@@ -292,15 +292,27 @@ class PutPath:
         if uniq:
             self._keys.add(UNIQ_PREFIX, topic, uniq, store_ms, phys, size)
 
+    def _notify_lmqs(self, names: list[str], max_offsets) -> None:
+        """Wake the readers of the LMQs `names` a put dispatched to (new max offsets in
+        `max_offsets`): one call of lmq_dispatch_listener for all of them when it is set
+        (the broker wakes each waiter in one pass), else dispatch_listener per LMQ."""
+        many = self.lmq_dispatch_listener
+        if many is not None:
+            many(names, max_offsets)
+            return
+        listener = self.dispatch_listener
+        if listener is not None:
+            for name in names:
+                listener(name, 0, max_offsets[name])
+
     def _dispatch_multi(self, targets: tuple, phys: int, total: int, tc: int, store_ms: int) -> None:
         lmqs, cqs = targets
         listener = self.dispatch_listener
         if lmqs:
-            self._lmq.add_planned(lmqs, LMQ_UNIT.pack(phys, total, tc, store_ms))
+            lmq = self._lmq
+            lmq.add_planned(lmqs, LMQ_UNIT.pack(phys, total, tc, store_ms))
             self._stats.lmq_dispatches += len(lmqs)
-            if listener is not None:
-                for name, off in lmqs:
-                    listener(name, 0, off + 1)
+            self._notify_lmqs([name for name, _ in lmqs], lmq.cache)
         for cq, off in cqs:
             cq.append(phys, total, tc)
             if listener is not None:

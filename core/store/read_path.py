@@ -16,6 +16,7 @@ from core.common.properties import MessageConst, decode_properties_bytes
 from core.store.commitlog import store_timestamp
 from core.store.key_index import KEYS_PREFIX, UNIQ_PREFIX
 from core.store.results import GetResult, GetStatus, MessageFilter
+from core.store.speedups import recent_slices
 
 _NO_QUEUE = GetStatus.NO_MATCHED_LOGIC_QUEUE
 
@@ -157,27 +158,16 @@ class ReadPath:
         max_count = min(max_count, cfg.max_transfer_count)
         max_bytes = min(max_bytes, cfg.max_transfer_bytes)
         lmq = self._lmq
-        units = lmq.recent_units(topic, offset, max_count)
-        if units is None:
-            return ([], offset) if offset > 0 and lmq.next_offset(topic) == offset else None
-        cl = self.commitlog
-        clmin = cl.min_offset
-        wrote = self._wrote
-        slice_ = cl.slice
-        bufs: list[memoryview] = []
-        total = 0
-        for phys, size in units:
-            if phys < clmin or size <= 0 or phys + size > wrote:
-                break  # gone (retention): `get` says what to do
-            if bufs and total + size > max_bytes:
-                break
-            buf = slice_(phys, size)
-            if buf is None:
-                break
-            bufs.append(buf)
-            total += size
+        chain = lmq.recent_chain(topic, offset)
+        bufs = None
+        if chain is not None:
+            cl = self.commitlog
+            bufs, total = recent_slices(chain, offset, max_count, max_bytes, cl.files,
+                                        cl.file_size, cl.first_no, cl.min_offset, self._wrote)
         if not bufs:
-            return None
+            # Nothing held at `offset`: at the LMQ's end that means nothing was written past
+            # it (a long poll's empty pop), otherwise read the store.
+            return ([], offset) if offset > 0 and lmq.next_offset(topic) == offset else None
         st = self._stats
         st.get_msgs += len(bufs)
         st.get_bytes += total

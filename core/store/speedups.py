@@ -23,6 +23,9 @@ accept").
 - stage_units(staged, cache, targets, unit) -> int: LmqIndex staging of (name, offset)
   targets; returns the number of new LMQs (offset 0).
 - write_units(snapshot, put, prefixes) -> int: staged LMQ units as RocksDB puts in key order.
+- recent_slices(chain, offset, max_count, max_bytes, files, file_size, first_no, clmin,
+  wrote) -> (slices, bytes): an LMQ's records from the unit lists LmqIndex holds in memory
+  (MessageStore.recent_records), as slices of the mapped CommitLog.
 - plan_batch_lmqs / stage_batch_lmqs (C only, like split_batch / write_batch): a batch's
   multi-dispatch when every LMQ it names exists, planned and staged in one call each.
 """
@@ -35,13 +38,15 @@ from core.store.speedups_py import (
     crc32,
     encode_props,
     plan_lmqs,
+    recent_slices,
     stage_units,
     write_record,
     write_units,
 )
 
 __all__ = [
-    "NATIVE", "crc32", "encode_props", "plan_batch_lmqs", "plan_lmqs", "split_batch",
+    "NATIVE", "batch_props_have", "crc32", "encode_props", "plan_batch_lmqs", "plan_lmqs", "recent_slices",
+    "split_batch",
     "stage_batch_lmqs", "stage_units", "write_batch", "write_record", "write_units",
 ]
 
@@ -53,15 +58,20 @@ write_batch = None
 # reference is _plan_dicts + _dispatch_native.
 plan_batch_lmqs = None
 stage_batch_lmqs = None
+# s6-fanout: a batch send's DELAY / reserved-property check over the properties only
+# (core/broker/processors/send.py); C only, without it the broker searches the whole body.
+batch_props_have = None
 
 NATIVE = False
 if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
     try:
         from core._speedups import (  # noqa: F401, F811
+            batch_props_have,
             crc32,
             encode_props,
             plan_batch_lmqs,
             plan_lmqs,
+            recent_slices,
             split_batch,
             stage_batch_lmqs,
             stage_units,

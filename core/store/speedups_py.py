@@ -22,6 +22,8 @@ _MULTI_OFFSETS = MessageConst.INNER_MULTI_QUEUE_OFFSET
 _OFFSETS_PAIR = "\x02" + _MULTI_OFFSETS + "\x01"
 _PAIR = "\x01".join
 _INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_PHYS_SIZE = struct.Struct(">qi")  # the first fields of an LMQ unit
 _FIXED = HEADER.size + 1 + 2
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _TARGETS = (bytearray, mmap.mmap)
@@ -144,6 +146,70 @@ _MAX_TK = 1024  # key_index._MAX_KEY_BYTES
 _I32_MAX = (1 << 31) - 1
 _LMQ_UNIT = struct.Struct(">qiqq")  # lmq_index.LMQ_UNIT: phys, size, tag code, store ms
 _MAX_TARGETS = 64  # more INNER_MULTI_DISPATCH names: the general dispatch
+
+
+def recent_slices(chain: list, offset: int, max_count: int, max_bytes: int, files: list,
+                  file_size: int, first_no: int, clmin: int, wrote: int):
+    """(slices, bytes) of an LMQ's records from `offset` whose units `chain` holds (lists of
+    LmqIndex, oldest first: [offset, unit, ...]): consecutive offsets, at most `max_count`,
+    up to the first unit whose record is gone or that would pass `max_bytes` (the first
+    one always taken); slices of the MappedFiles' views (docs/store-api.md)."""
+    if type(chain) is not list or type(files) is not list:
+        raise TypeError("recent_slices(chain: list, ..., files: list, ...)")
+    if file_size <= 0 or clmin < 0:
+        raise ValueError("recent_slices: file_size must be > 0, clmin >= 0")
+    out: list = []
+    total = 0
+    want = offset
+    for units in chain:
+        if len(out) >= max_count:
+            break
+        if len(units) < 2:
+            continue
+        i = (want - units[0]) * 2
+        if i < 0 or i >= len(units) - 1:
+            continue
+        while i + 1 < len(units) and len(out) < max_count and units[i] == want:
+            phys, size = _PHYS_SIZE.unpack_from(units[i + 1])
+            if phys < clmin or size <= 0 or phys + size > wrote:
+                return out, total  # gone (retention) or not written: `get` says what to do
+            if out and total + size > max_bytes:
+                return out, total
+            fi = phys // file_size - first_no
+            pos = phys % file_size
+            if fi < 0 or fi >= len(files) or pos + size > file_size:
+                return out, total
+            out.append(files[fi].view[pos : pos + size])
+            total += size
+            want += 1
+            i += 2
+    return out, total
+
+
+def batch_props_have(body: bytes, needle: bytes) -> int:
+    """1 when the properties of a sub-message of batch `body` (docs/protocol.md §7.7)
+    contain `needle`, 0 when none does, -1 when the body is malformed. The reference of
+    the C function; without it the broker searches the whole body (a superset)."""
+    if type(body) is not bytes or type(needle) is not bytes:
+        raise TypeError("batch_props_have(body: bytes, needle: bytes)")
+    n = len(body)
+    pos = found = 0
+    while pos < n:
+        if n - pos < 20:
+            return -1
+        size = _INT32.unpack_from(body, pos)[0]
+        blen = _INT32.unpack_from(body, pos + 16)[0]
+        if blen < 0 or size < 22 or size - 22 < blen or size > n - pos:
+            return -1
+        p0 = pos + 20 + blen
+        plen = INT16.unpack_from(body, p0)[0]
+        p0 += 2
+        if plen < 0 or p0 + plen != pos + size:
+            return -1
+        if not found and needle in body[p0 : p0 + plen]:
+            found = 1
+        pos += size
+    return found
 
 
 def _lmq_targets(names: bytes, offsets: bytes, topic: bytes, prefix: bytes | None, bound: int):

@@ -24,6 +24,7 @@ from core.remoting.codes import FLAG_RESPONSE, MQVersion, RequestCode, ResponseC
 from core.remoting.errors import HeaderError
 from core.remoting.inflate import InflateLimitError, inflate_async
 from core.store.results import PutStatus
+from core.store.speedups import batch_props_have
 
 from .common import error, java_int
 
@@ -232,6 +233,16 @@ _INNER_MARK = "INNER_MULTI_"
 _INNER_MARK_BYTES = _INNER_MARK.encode()
 
 
+def _batch_props_have(body: bytes, mark: bytes) -> bool:
+    """Whether `mark` may be in the properties of a batch's messages: searched in their
+    properties only when core._speedups is built (a 1 KiB body per message made the body
+    search ~0.6 µs per message), else in the whole body. A malformed body says no: the
+    store's split answers it (MESSAGE_ILLEGAL, "bad batch body")."""
+    if batch_props_have is None or type(body) is not bytes:
+        return mark in body
+    return batch_props_have(body, mark) == 1
+
+
 class SendProcessor:
     """Validates, builds the stored message(s) and appends them through the broker."""
 
@@ -421,7 +432,7 @@ class SendProcessor:
         reserved = []
         if h.properties and _INNER_MARK in h.properties:
             reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
-        if not reserved and _INNER_MARK_BYTES in body:
+        if not reserved and _batch_props_have(body, _INNER_MARK_BYTES):
             try:
                 items = decode_batch(body)
             except RecordError:
@@ -481,7 +492,8 @@ class SendProcessor:
             if isinstance(half, str):
                 return error(cmd, ResponseCode.MESSAGE_ILLEGAL, half)
             return self._response(cmd, await broker.put_message(half), queue_id)
-        if body and _DELAY_MARK not in body and MessageConst.DELAY_TIME_LEVEL not in batch_props:
+        if (body and not _batch_props_have(body, _DELAY_MARK)
+                and MessageConst.DELAY_TIME_LEVEL not in batch_props):
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
             result = await broker.put_messages(MessageBatch(
