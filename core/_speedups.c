@@ -2254,7 +2254,7 @@ fail:
 
 /* ==== s6-fanout: an LMQ's recent records as mapped slices, one call per read ============
  * recent_slices(chain, offset, max_count, max_bytes, files, file_size, first_no, clmin,
- * wrote) -> (list[memoryview], bytes): what LmqIndex.recent_units and the loop of
+ * wrote) -> (list[memoryview], bytes): what the unit-by-unit read (before recent_chain) and the loop of
  * ReadPath.recent_records give, in one pass and without a tuple per unit. `chain` holds
  * LmqIndex unit lists (oldest first), each [offset, unit, offset, unit, ...] with a unit's
  * first 12 octets = phys int64 | size int32 (big-endian); `files` are the CommitLog's

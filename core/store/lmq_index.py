@@ -32,7 +32,7 @@ _EMPTY_UNIT = (0, 0, 0)
 _PREFIX_CACHE = 8192  # unit key prefixes kept between commits (hot queues)
 #: Most LMQ units kept in memory after their RocksDB commit (those of the latest commits),
 #: so a reader close behind the writer — a POP woken by the dispatch, or one up to about
-#: this many units behind — reads no RocksDB (`recent_units`; docs/pop.md "Hand-off").
+#: this many units behind — reads no RocksDB (`recent_chain`; docs/pop.md "Hand-off").
 #: A unit costs 50-110 bytes there (its value is shared by the LMQs of one message).
 RECENT_UNITS_MAX = 131_072
 #: Most commits whose units are kept (bounds a look-up).
@@ -57,7 +57,7 @@ class LmqIndex:
         # sorting (a queue's units arrive in offset order), not every key.
         self._staged: dict[str, list] = {}
         # The units of the latest commits, oldest first, with their count (same layout
-        # as `_staged`): with `_staged` they let `recent_units` serve a reader close
+        # as `_staged`): with `_staged` they let `recent_chain` serve a reader close
         # behind the writer from memory. Bounded by RECENT_UNITS_MAX / _COMMITS_MAX.
         self._recent: deque[tuple[dict[str, list], int]] = deque()
         self._recent_units = 0
