@@ -109,7 +109,7 @@ class PopService:
         # per message, so hand-out and ack pay nothing for it).
         self._held: dict[str, set[tuple[str, str, int]]] = {}
         self.journal = PopJournal(os.path.join(broker.config.data_dir, "pop"))
-        broker.add_dispatch_listener(self.on_dispatch)
+        broker.add_lmq_dispatch_listener(self.on_dispatch_lmqs, self.on_dispatch)
         self.orderly = OrderlyPop(self)  # FIFO message groups (orderly.py)
 
     # ------------------------------------------------------------------ service
@@ -275,6 +275,18 @@ class PopService:
         if waiters:
             for ev in waiters:
                 ev.set()
+
+    def on_dispatch_lmqs(self, names, max_offsets) -> None:
+        """The LMQs one put multi-dispatched to, in one call (core/broker/arrival.py):
+        each name's waiters woken once."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        for name in names:
+            found = waiters.pop(name, None)
+            if found:
+                for ev in found:
+                    ev.set()
 
     def wake_all(self) -> None:
         for waiters in self._waiters.values():

@@ -30,6 +30,15 @@ from .common import error, java_int
 
 _rng = random.Random()
 
+
+class SendRefused(Exception):
+    """A send refused by its checks: the response code and remark it is answered with."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(code, remark)
+        self.code = code
+        self.remark = remark
+
 # Header field names: (V1 long name, V2 letter).
 _F_GROUP = ("producerGroup", "a")
 _F_TOPIC = ("topic", "b")
@@ -212,7 +221,7 @@ def _status_code(status_name: str) -> int:
 # The same by status, for the hot path (Enum.name is a property lookup).
 _CODE_BY_STATUS = {st: _status_code(st.name) for st in PutStatus}
 # Codes of a stored message (the send response carries its msgId and offsets).
-_STORED_CODES = (
+STORED_CODES = (
     ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE,
 )
@@ -252,18 +261,17 @@ class SendProcessor:
         self._sendable: set[str] = set()
 
     # ------------------------------------------------------------------ checks
-    def _check(self, cmd: RemotingCommand, h: SendHeader, remote: str):
-        """Java's msgCheck (docs/protocol.md §5.1 steps 1-3): returns (TopicConfig, queue id) or a response."""
+    def _check(self, h: SendHeader, remote: str):
+        """Java's msgCheck (docs/protocol.md §5.1 steps 1-3): (TopicConfig, queue id), or
+        SendRefused."""
         broker = self.broker
         if not PermName.is_writeable(self.config.broker_permission):
-            return error(
-                cmd, ResponseCode.NO_PERMISSION,
+            raise SendRefused(
+                ResponseCode.NO_PERMISSION,
                 f"the broker[{broker.broker_addr}] sending message is forbidden",
             )
         if h.topic not in self._sendable:
-            refused = self._check_name(cmd, h.topic)
-            if refused is not None:
-                return refused
+            self._check_name(h.topic)
         tcm = broker.topic_config_manager
         tc: TopicConfig | None = tcm.get(h.topic)
         if tc is None:
@@ -275,19 +283,19 @@ class SendProcessor:
                     h.topic, h.default_topic, h.default_topic_queue_nums, sys_flag
                 )
             if tc is None:
-                return error(
-                    cmd, ResponseCode.TOPIC_NOT_EXIST,
+                raise SendRefused(
+                    ResponseCode.TOPIC_NOT_EXIST,
                     f"topic[{h.topic}] not exist, apply first please!",
                 )
         if not PermName.is_writeable(tc.perm):
-            return error(
-                cmd, ResponseCode.NO_PERMISSION,
+            raise SendRefused(
+                ResponseCode.NO_PERMISSION,
                 f"the topic[{h.topic}] sending message is forbidden",
             )
         queue_id = h.queue_id
         if queue_id >= tc.read_queue_nums and queue_id >= tc.write_queue_nums:  # queue_nums
-            return error(
-                cmd, ResponseCode.SYSTEM_ERROR,
+            raise SendRefused(
+                ResponseCode.SYSTEM_ERROR,
                 f"request queueId[{queue_id}] is illegal, topic:[{h.topic}] "
                 f"topicConfig.writeQueueNums:[{tc.write_queue_nums}] "
                 f"consumer queue nums:[{tc.read_queue_nums}] Producer:[{remote}]",
@@ -296,42 +304,42 @@ class SendProcessor:
             queue_id = _rng.randrange(max(1, tc.write_queue_nums))
         return tc, queue_id
 
-    def _check_name(self, cmd: RemotingCommand, topic: str):
-        """The checks of docs/protocol.md §5.1 step 1 that depend on the name only (remembered when passed)."""
+    def _check_name(self, topic: str) -> None:
+        """The checks of docs/protocol.md §5.1 step 1 that depend on the name only
+        (remembered when passed); SendRefused."""
         reason = names.validate_topic(topic)
         if reason is not None:
-            return error(cmd, ResponseCode.SYSTEM_ERROR, reason)
+            raise SendRefused(ResponseCode.SYSTEM_ERROR, reason)
         if topic in names.NOT_ALLOWED_SEND_TOPICS:
-            return error(
-                cmd, ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
+            raise SendRefused(
+                ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
             )
         if names.is_lmq(topic):
             # LMQs are written through INNER_MULTI_DISPATCH of a normal topic (docs/protocol.md §10.2).
-            return error(
-                cmd, ResponseCode.NO_PERMISSION,
+            raise SendRefused(
+                ResponseCode.NO_PERMISSION,
                 f"Sending message to topic[{topic}] is forbidden: LMQs are filled through "
                 f"the {MessageConst.INNER_MULTI_DISPATCH} property",
             )
         if len(self._sendable) >= _SENDABLE_MAX:
             self._sendable.clear()
         self._sendable.add(topic)
-        return None
 
-    def _retry_or_dlq(self, cmd: RemotingCommand, h: SendHeader, inner: InnerMessage):
-        """docs/protocol.md §5.1 step 4: a %RETRY% message consumed too often goes to %DLQ%<group>.
-        Returns None to go on, or an error response."""
+    def _retry_or_dlq(self, version: int, h: SendHeader, inner: InnerMessage) -> None:
+        """docs/protocol.md §5.1 step 4: a %RETRY% message consumed too often goes to
+        %DLQ%<group>; SendRefused."""
         if not names.is_retry_topic(h.topic):
             return None
         group = h.topic[len(names.RETRY_GROUP_TOPIC_PREFIX):]
         sg = self.broker.subscription_group_manager.find_or_create(group)
         if sg is None:
-            return error(
-                cmd, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+            raise SendRefused(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
                 f"subscription group not exist, {group}",
             )
         max_times = sg.retry_max_times
         # Java honours the header's maxReconsumeTimes only for clients >= V3_4_9 (docs/protocol.md §1.2).
-        if cmd.version >= MQVersion.V3_4_9 and h.max_reconsume_times is not None:
+        if version >= MQVersion.V3_4_9 and h.max_reconsume_times is not None:
             max_times = h.max_reconsume_times
         if h.reconsume_times >= max_times:
             dlq = names.dlq_topic(group)
@@ -340,7 +348,6 @@ class SendProcessor:
             )
             inner.topic = dlq
             inner.queue_id = _rng.randrange(max(1, tc.write_queue_nums))
-        return None
 
     def _base_properties(self, h: SendHeader) -> dict[str, str]:
         props = decode_properties(h.properties)
@@ -351,17 +358,25 @@ class SendProcessor:
     # ------------------------------------------------------------------ handler
     async def handle(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         h = decode_send_header(cmd)
-        remote = ctx.remote_addr
-        checked = self._check(cmd, h, remote)
-        if isinstance(checked, RemotingCommand):
-            return checked
-        _tc, queue_id = checked
-        body = cmd.body_bytes()
+        try:
+            result, queue_id = await self.store(
+                h, cmd.body_bytes(), ctx.remote_addr, self._may_write_inner(ctx), cmd.version)
+        except SendRefused as refused:
+            return error(cmd, refused.code, refused.remark)
+        return self._response(cmd, result, queue_id)
+
+    async def store(self, h: SendHeader, body: bytes, remote: str, may_inner: bool,
+                    version: int):
+        """Every check of a send and its put (the request's path and LocalSend's):
+        (PutResult, queue id answered), or SendRefused with the response code. A SYNC
+        flush or SYNC_MASTER put returns once flushed / replicated, as the put does.
+        `may_inner`: the sender may set INNER_MULTI_DISPATCH (docs/acl.md §4)."""
+        _tc, queue_id = self._check(h, remote)
         if h.batch:
-            return await self._send_batch(ctx, cmd, h, queue_id, body, remote)
+            return await self._send_batch(h, queue_id, body, remote, may_inner)
         if len(body) > self.config.max_message_size:
-            return error(
-                cmd, ResponseCode.MESSAGE_ILLEGAL,
+            raise SendRefused(
+                ResponseCode.MESSAGE_ILLEGAL,
                 f"the message body size over max value, MAX: {self.config.max_message_size}",
             )
         broker = self.broker
@@ -373,16 +388,14 @@ class SendProcessor:
                     # A consumer's send-back copies the consumed message's properties.
                     for key in reserved:
                         del props[key]
-                elif not self._may_write_inner(ctx):
-                    return _reserved_refusal(cmd, reserved[0])
+                elif not may_inner:
+                    raise _reserved_refusal(reserved[0])
         inner = InnerMessage(
             h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
             broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
         )
         if h.topic.startswith(names.RETRY_GROUP_TOPIC_PREFIX):
-            failed = self._retry_or_dlq(cmd, h, inner)
-            if failed is not None:
-                return failed
+            self._retry_or_dlq(version, h, inner)
         response_queue_id = inner.queue_id
         delay = props.get(MessageConst.DELAY_TIME_LEVEL)
         delayed = _positive_int(delay) if delay else False
@@ -394,8 +407,8 @@ class SendProcessor:
         if tran and tran.lower() == "true" and not (inner.reconsume_times > 0 and delayed):
             service = broker.transaction_service
             if service is None:
-                return error(
-                    cmd, ResponseCode.NO_PERMISSION,
+                raise SendRefused(
+                    ResponseCode.NO_PERMISSION,
                     f"the broker[{broker.broker_addr}] sending transaction message is forbidden",
                 )
             # Apache checks a half message's delivery time at its send (its put runs the
@@ -403,7 +416,7 @@ class SendProcessor:
             if timed and broker.schedule_service is not None:
                 refused = broker.schedule_service.check_timer(inner)
                 if refused is not None:
-                    return error(cmd, ResponseCode.MESSAGE_ILLEGAL, refused)
+                    raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, refused)
             service.prepare(inner)
         elif (
             timed
@@ -413,10 +426,9 @@ class SendProcessor:
         ):
             refused = broker.schedule_service.check_timer(inner)  # Apache: WHEEL_TIMER_MSG_ILLEGAL
             if refused is not None:
-                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, refused)
+                raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, refused)
             broker.schedule_service.hold(inner)
-        result = await broker.put_message(inner)
-        return self._response(cmd, result, response_queue_id)
+        return await broker.put_message(inner), response_queue_id
 
     def _may_write_inner(self, ctx) -> bool:
         return may_write_inner(
@@ -426,9 +438,8 @@ class SendProcessor:
         )
 
     @staticmethod
-    def _check_batch_inner(cmd: RemotingCommand, h: SendHeader, batch_props: dict,
-                           body: bytes):
-        """Refusal if the batch or one of its messages sets a reserved property."""
+    def _check_batch_inner(h: SendHeader, batch_props: dict, body: bytes) -> None:
+        """SendRefused if the batch or one of its messages sets a reserved property."""
         reserved = []
         if h.properties and _INNER_MARK in h.properties:
             reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
@@ -436,30 +447,28 @@ class SendProcessor:
             try:
                 items = decode_batch(body)
             except RecordError:
-                return None  # answered as a malformed batch below
+                return  # answered as a malformed batch below
             for item in items:
                 props = decode_properties(item.properties)
                 reserved = [k for k in RESERVED_PROPERTIES if k in props]
                 if reserved:
                     break
         if reserved:
-            return _reserved_refusal(cmd, reserved[0])
-        return None
+            raise _reserved_refusal(reserved[0])
 
-    async def _send_batch(
-        self, ctx, cmd: RemotingCommand, h: SendHeader, queue_id: int, body: bytes, remote: str
-    ) -> RemotingCommand:
+    async def _send_batch(self, h: SendHeader, queue_id: int, body: bytes, remote: str,
+                          may_inner: bool):
         limit = self.config.max_message_size
         if names.is_retry_topic(h.topic):
-            return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "retry topic is not allowed for batch")
+            raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, "retry topic is not allowed for batch")
         tran = MessageSysFlag.transaction_value(h.sys_flag)
         if tran != MessageSysFlag.TRANSACTION_NOT_TYPE and (
             # lmq extension: a prepared batch becomes one half message (transaction_batch.py)
             tran != MessageSysFlag.TRANSACTION_PREPARED_TYPE
             or self.broker.transaction_service is None
         ):
-            return error(
-                cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction"
+            raise SendRefused(
+                ResponseCode.MESSAGE_ILLEGAL, "batch message does not support transaction"
             )
         sys_flag = h.sys_flag
         if sys_flag & MessageSysFlag.COMPRESSED:
@@ -468,30 +477,29 @@ class SendProcessor:
             try:
                 body = await inflate_async(body, limit)
             except InflateLimitError:
-                return error(
-                    cmd, ResponseCode.MESSAGE_ILLEGAL,
+                raise SendRefused(
+                    ResponseCode.MESSAGE_ILLEGAL,
                     f"the message body size over max value, MAX: {limit}",
-                )
+                ) from None
             except ValueError as exc:
-                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, f"cannot inflate batch body: {exc}")
+                raise SendRefused(ResponseCode.MESSAGE_ILLEGAL,
+                                  f"cannot inflate batch body: {exc}") from None
             sys_flag &= ~MessageSysFlag.COMPRESSED
         elif len(body) > limit:
-            return error(
-                cmd, ResponseCode.MESSAGE_ILLEGAL,
+            raise SendRefused(
+                ResponseCode.MESSAGE_ILLEGAL,
                 f"the message body size over max value, MAX: {limit}",
             )
         broker = self.broker
         batch_props = self._base_properties(h)
-        if not self._may_write_inner(ctx):
-            refused = self._check_batch_inner(cmd, h, batch_props, body)
-            if refused is not None:
-                return refused
+        if not may_inner:
+            self._check_batch_inner(h, batch_props, body)
         if tran == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
             half = prepare_batch(broker.transaction_service, h, queue_id, body, batch_props,
                                  sys_flag, broker.encode_client_host(remote), broker.store_host)
             if isinstance(half, str):
-                return error(cmd, ResponseCode.MESSAGE_ILLEGAL, half)
-            return self._response(cmd, await broker.put_message(half), queue_id)
+                raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, half)
+            return await broker.put_message(half), queue_id
         if (body and not _batch_props_have(body, _DELAY_MARK)
                 and MessageConst.DELAY_TIME_LEVEL not in batch_props):
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
@@ -501,22 +509,22 @@ class SendProcessor:
                 h.born_timestamp, broker.encode_client_host(remote), broker.store_host,
                 h.reconsume_times,
             ))
-            return self._response(cmd, result, queue_id)
+            return result, queue_id
         try:
             items = decode_batch(body)
         except RecordError as exc:
-            return error(cmd, ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}")
+            raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
         if not items:
-            return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+            raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
         if _positive_int(batch_props.get(MessageConst.DELAY_TIME_LEVEL)):
-            return error(cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
+            raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
         born_host = broker.encode_client_host(remote)
         inners = []
         for item in items:
             props = decode_properties(item.properties)
             if _positive_int(props.get(MessageConst.DELAY_TIME_LEVEL)):
-                return error(
-                    cmd, ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay"
+                raise SendRefused(
+                    ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay"
                 )
             props.pop(MessageConst.WAIT_STORE_MSG_OK, None)
             # Java appends the batch-level properties after each sub-message's own.
@@ -535,15 +543,12 @@ class SendProcessor:
                     reconsume_times=h.reconsume_times,
                 )
             )
-        result = await broker.put_messages(inners)
-        return self._response(cmd, result, queue_id)
+        return await broker.put_messages(inners), queue_id
 
     def _response(self, cmd: RemotingCommand, result, queue_id: int) -> RemotingCommand:
-        code = _CODE_BY_STATUS.get(result.status)
-        if code is None:
-            code = _status_code(result.status.name)
-        if code and code not in _STORED_CODES:
-            return error(cmd, code, result.remark or f"put message failed: {result.status.name}")
+        code = put_code(result)
+        if code and code not in STORED_CODES:
+            return error(cmd, code, put_failure(result))
         ids = result.msg_ids
         # Every value a JSON string: the C++ decoder reads numbers as 0 (docs/protocol.md §1.4 rule 3).
         ext = {
@@ -559,9 +564,21 @@ class SendProcessor:
         )
 
 
-def _reserved_refusal(cmd: RemotingCommand, key: str) -> RemotingCommand:
-    return error(
-        cmd, ResponseCode.NO_PERMISSION,
+def put_code(result) -> int:
+    """The response code of a put's result (SUCCESS, a stored-but code of STORED_CODES,
+    or a refusal)."""
+    code = _CODE_BY_STATUS.get(result.status)
+    return _status_code(result.status.name) if code is None else code
+
+
+def put_failure(result) -> str:
+    """The remark of a put that stored nothing."""
+    return result.remark or f"put message failed: {result.status.name}"
+
+
+def _reserved_refusal(key: str) -> SendRefused:
+    return SendRefused(
+        ResponseCode.NO_PERMISSION,
         f"the message property {key} is reserved for the broker and gateways",
     )
 
@@ -586,4 +603,5 @@ def register(table, broker) -> None:
         table.register(code, proc.handle, inline=not (broker.sync_flush or broker.sync_master))
 
 
-__all__ = ["HeaderError", "SendHeader", "SendProcessor", "decode_send_header", "register"]
+__all__ = ["STORED_CODES", "HeaderError", "SendHeader", "SendProcessor", "SendRefused",
+           "decode_send_header", "put_code", "put_failure", "register"]
