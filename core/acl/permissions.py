@@ -135,6 +135,15 @@ def gateway_only(resource: str) -> bool:
     return resource.startswith(GATEWAY_TOPIC_PREFIXES)
 
 
+def send_resource(topic: str) -> tuple[str, int]:
+    """The (resource, needed permission) of a send to `topic`: SUB on the group for a
+    retry topic (a consumer sending a message back), else PUB on the topic."""
+    group = _retry_group(topic)
+    if group is not None:
+        return group_resource(group), SUB
+    return topic, PUB
+
+
 def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
     """(resource, needed permission) pairs of one request; empty for other codes.
 
@@ -145,12 +154,7 @@ def request_resources(cmd: RemotingCommand) -> Iterator[tuple[str, int]]:
     code = cmd.code
     if code == R.SEND_MESSAGE or code == R.SEND_MESSAGE_V2 or code == R.SEND_BATCH_MESSAGE:
         long_names = code == R.SEND_MESSAGE
-        topic = str(ext.get("topic" if long_names else "b") or "")
-        group = _retry_group(topic)
-        if group is not None:
-            yield group_resource(group), SUB
-        else:
-            yield topic, PUB
+        yield send_resource(str(ext.get("topic" if long_names else "b") or ""))
     elif code == R.CONSUMER_SEND_MSG_BACK:
         yield group_resource(str(ext.get("group") or "")), SUB
         origin = ext.get("originTopic")

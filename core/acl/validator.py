@@ -177,6 +177,35 @@ class PlainAclGuard:
             resources = list(request_resources(cmd))
         except BodyTooLarge as exc:
             raise AclError(str(exc)) from None
+        self._check_resources(account, resources)
+
+    def in_process_refusal(self, access_key: str | None,
+                           resources: list[tuple[str, int]]) -> str | None:
+        """Why an in-process call (core/broker/local_send.py) made with `access_key`'s
+        rights may not touch `resources`, as a request of that account would be refused
+        (None: allowed). An in-process peer is trusted when `trust_in_process` is set."""
+        if self.trust_in_process:
+            return None
+        config = self._config
+        account = config.accounts.get(access_key) if access_key else None
+        if account is None:
+            return _EXCEPTION + (f"No acl config for {_printable(access_key)}" if access_key
+                                 else "No accessKey is configured")
+        if account.admin and not account.perms:
+            return None
+        try:
+            self._check_resources(account, resources)
+        except AclError as exc:
+            return _EXCEPTION + str(exc)
+        return None
+
+    def principal(self, access_key: str | None) -> Principal | None:
+        """The principal of an account (None: no such account)."""
+        return self._principals.get(access_key) if access_key else None
+
+    @staticmethod
+    def _check_resources(account: Account, resources: list[tuple[str, int]]) -> None:
+        perms = account.perms
         gateway = account.admin or account.inner_properties
         for resource, needed in resources:
             if not gateway and gateway_only(resource):

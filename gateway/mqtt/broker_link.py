@@ -51,7 +51,7 @@ from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkRead
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
 from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import MqttMessage
-from gateway.mqtt.store_request import StoredProperties, batch_body, batch_body_py, offset_ids
+from gateway.mqtt.store_request import StoredProperties, local_header, offset_ids, request_ext
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
 
 __all__ = ["AckSink", "BrokerLink", "LmqState", "PublishDone", "SEND_FAILED", "QUOTA_EXCEEDED"]
@@ -159,10 +159,6 @@ class BrokerLink(LinkReads, LinkCluster):
         self.advanced: dict[str, int] = {}
         self._sent_chunks = 0  # sends answered (or failed) so far
         self._late: list[LmqState] = []
-        self._ext_base = {
-            "a": "MQTT_GATEWAY", "b": config.store_topic, "c": "TBW102",
-            "d": str(config.store_queues), "h": "0", "j": "0", "k": "false",
-        }
         #: topic_mismatch: LMQ entries skipped because their topic did not match the filter
         self.stats = {"stored": 0, "failed": 0, "rounds": 0, "topic_mismatch": 0, "pulls": 0}
         #: closed while a delivery task falls behind: publishing connections stop reading
@@ -171,6 +167,9 @@ class BrokerLink(LinkReads, LinkCluster):
         #: cannot push readers out of the LMQs' recent entries (flow.py)
         self.dispatch_bound = min(config.max_pending_publishes, config.backpressure_lag)
         self._props = StoredProperties()
+        #: The broker of this process, stored to without requests (`attach_local`).
+        self.local_send: Any = None
+        self.local_broker: str | None = None
         #: when "no master broker" was last logged (None: not in such an episode), and
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
@@ -526,41 +525,33 @@ class BrokerLink(LinkReads, LinkCluster):
             st.remember_run(first, msgs)
 
     async def _send(self, broker: str, qid: int, reqs: list[_Request]) -> int:
-        ext = dict(self._ext_base)
-        ext["e"] = str(qid)
-        ext["f"] = "0"
-        ext["g"] = str(int(time.time() * 1000))
-        mq = MessageQueue(self.config.store_topic, broker, qid)
-        if len(reqs) == 1:
-            req = reqs[0]
-            ext["i"] = self._props.of(req.msg, req.lmqs).decode()
-            ext["m"] = "false"
-            body: bytes = bytes(req.msg.payload)
-            batch = False
+        props, body, batch = self._props.request(reqs)
+        born = int(time.time() * 1000)
+        local = self.local_send
+        if local is not None and broker == self.local_broker:
+            # The broker of this process (`attach_local`): no request (store-api.md).
+            header = local_header(self.config, qid, props, batch, born)
         else:
-            # The batch body (docs/protocol.md §7.7): one header, the payload and the
-            # (memoized) properties per message, framed in one call (store_request.py).
-            payloads, props = self._props.parts(reqs)
-            try:
-                body = batch_body(payloads, props)
-            except TypeError:  # a payload not of type bytes (the C takes bytes only)
-                body = batch_body_py(payloads, props)
-            ext["i"] = ""
-            ext["m"] = "true"
-            batch = True
+            ext = request_ext(self.config, qid, props, batch, born)
+            mq = MessageQueue(self.config.store_topic, broker, qid)
         err: Exception | None = None
         for _attempt in range(SEND_ATTEMPTS):
             try:
-                addr = self.addr(broker)
-                # Connect apart from the request: a failure here has certainly sent nothing.
-                await self.client.api.remoting.connection(addr)
-            except (MQClientError, RemotingError) as exc:
-                err = exc
-                await self._refresh_after_error()
-                continue
-            try:
-                result = await self.client.api.send_message(
-                    addr, mq, ext, body, batch=batch, uniq_id="", timeout=SEND_TIMEOUT_S)
+                if local is not None and broker == self.local_broker:
+                    ids = ",".join((await local.send(header, body)).result.msg_ids)
+                else:
+                    try:
+                        addr = self.addr(broker)
+                        # Connect apart from the request: a failure here has certainly
+                        # sent nothing.
+                        await self.client.api.remoting.connection(addr)
+                    except (MQClientError, RemotingError) as exc:
+                        err = exc
+                        await self._refresh_after_error()
+                        continue
+                    result = await self.client.api.send_message(
+                        addr, mq, ext, body, batch=batch, uniq_id="", timeout=SEND_TIMEOUT_S)
+                    ids = result.offset_msg_id if result is not None else None
             except MQClientError as exc:
                 # The broker answered with an error (MQBrokerError), or the client refused
                 # the request locally: nothing was stored, sending again is safe.
@@ -578,7 +569,7 @@ class BrokerLink(LinkReads, LinkCluster):
                 await self._refresh_after_error()
                 return SEND_FAILED
             # Offset msgId = store host + 8-byte commitlog offset (hex), one per message.
-            offsets = offset_ids(result.offset_msg_id, len(reqs)) if result is not None else None
+            offsets = offset_ids(ids, len(reqs)) if ids is not None else None
             if offsets is not None:
                 for req, offset in zip(reqs, offsets, strict=True):
                     msg = req.msg
@@ -588,6 +579,17 @@ class BrokerLink(LinkReads, LinkCluster):
         log.warning("store of %d MQTT message(s) on %s failed: %r", len(reqs), broker, err)
         illegal = getattr(err, "code", None) == ResponseCode.MESSAGE_ILLEGAL
         return QUOTA_EXCEEDED if illegal else SEND_FAILED
+
+    def attach_local(self, core_broker: Any) -> None:
+        """Store through `core_broker`'s send checks and put directly (LocalSend): it
+        runs in this process (`lmq serve`). Without it (or with a broker in
+        apache_strict mode) every store is a SEND request. The gateway's account
+        (`broker_access_key`) is the one checked when the broker's ACL does not trust
+        in-process peers."""
+        from core.broker.local_send import LocalSend
+
+        self.local_send = LocalSend.of(core_broker, self.config.broker_access_key)
+        self.local_broker = core_broker.config.broker_name
 
     # -- several gateways -------------------------------------------------------------
 

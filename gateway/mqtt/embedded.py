@@ -45,6 +45,7 @@ class MqttService:
             broker = server.broker
             client.remoting.register_local(broker.broker_addr, broker.table)
             self.gateway = MqttGateway(cfg, client)
+            self.gateway.link.attach_local(broker)  # stores without requests
             if self._stopped:
                 task_status.started(None)
                 return

@@ -11,6 +11,7 @@ import os
 from string import hexdigits
 from typing import TYPE_CHECKING
 
+from core.broker.processors.send import SendHeader
 from core.common.codec import BATCH_HEAD
 from core.common.codec import INT16 as _INT16
 from core.common.properties import MessageConst, encode_properties
@@ -20,11 +21,15 @@ from gateway.mqtt.packets import NO_PROPERTIES
 if TYPE_CHECKING:
     from gateway.mqtt.broker_link import _Request
 
-__all__ = ["PROPERTIES_MEMO", "StoredProperties", "batch_body", "batch_body_py", "offset_ids",
-           "offset_ids_py"]
+__all__ = ["PROPERTIES_MEMO", "StoredProperties", "batch_body", "batch_body_py", "local_header",
+           "offset_ids", "offset_ids_py", "request_ext"]
 
 #: Memoized properties strings of simple messages (see StoredProperties.of).
 PROPERTIES_MEMO = 65536
+
+#: The producer group and default topic of the gateway's store requests.
+STORE_GROUP = "MQTT_GATEWAY"
+STORE_DEFAULT_TOPIC = "TBW102"
 
 _SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: header + properties length
 _HEX = frozenset(hexdigits)
@@ -57,6 +62,21 @@ class StoredProperties:
                 memo.clear()
             memo[key] = pb
         return pb
+
+    def request(self, reqs: list[_Request]) -> tuple[str, bytes, bool]:
+        """(properties string, body, batch) of a store request of `reqs`: one message
+        with its properties in the header, or a batch body (docs/protocol.md §7.7) with
+        one header, the payload and the (memoized) properties per message, framed in
+        one call."""
+        if len(reqs) == 1:
+            req = reqs[0]
+            return self.of(req.msg, req.lmqs).decode(), bytes(req.msg.payload), False
+        payloads, props = self.parts(reqs)
+        try:
+            body = batch_body(payloads, props)
+        except TypeError:  # a payload not of type bytes (the C takes bytes only)
+            body = batch_body_py(payloads, props)
+        return "", body, True
 
     def parts(self, reqs: list[_Request]) -> tuple[list[bytes], list[bytes]]:
         """The payloads and properties strings of a batch's requests. A run of one
@@ -120,3 +140,19 @@ if os.environ.get("LMQ_PURE_PYTHON", "") in ("", "0"):
         from core._speedups import batch_body, offset_ids  # noqa: F811
     except ImportError:
         pass
+
+
+def request_ext(config, qid: int, props: str, batch: bool, born_ms: int) -> dict[str, str]:
+    """The header fields of the gateway's SEND_BATCH_MESSAGE / SEND_MESSAGE_V2."""
+    return {
+        "a": STORE_GROUP, "b": config.store_topic, "c": STORE_DEFAULT_TOPIC,
+        "d": str(config.store_queues), "e": str(qid), "f": "0", "g": str(born_ms), "h": "0",
+        "i": props, "j": "0", "k": "false", "m": "true" if batch else "false",
+    }
+
+
+def local_header(config, qid: int, props: str, batch: bool, born_ms: int) -> SendHeader:
+    """The header of a store request sent in process (core/broker/local_send.py): the
+    fields BrokerLink's SEND_BATCH_MESSAGE / SEND_MESSAGE_V2 carries, as values."""
+    return SendHeader(STORE_GROUP, config.store_topic, STORE_DEFAULT_TOPIC, config.store_queues,
+                      qid, 0, born_ms, 0, props, 0, False, None, batch)
