@@ -42,10 +42,12 @@ from gateway.amqp.fields import decode_shortstr, encode_shortstr
 from gateway.amqp.methods import BasicDeliver, BasicPublish, Method, decode_method
 from gateway.amqp.properties import (
     EMPTY_PROPERTIES,
+    PROPERTIES_MEMO,
     BasicProperties,
     decode_properties,
     encode_properties,
 )
+from gateway.amqp.publish_scan import scan_publishes
 
 __all__ = [
     "AmqpDecoder",
@@ -246,6 +248,13 @@ class AmqpDecoder:
                 raise AmqpError(FRAME_ERROR, f"frame-end octet {buf[stop]:#04x}, expected 0xce")
             if kind == FRAME_METHOD and channel and buf[pos + 7:pos + 11] == _PUBLISH_IDS and \
                     channel not in self._pending:
+                run, after = scan_publishes(buf, pos, limit, self.max_message_size,
+                                            self._pending, PROPERTIES_MEMO, Content,
+                                            BasicPublish)
+                if run:  # the common publishes of this read in one call (publish_scan.py)
+                    events += run
+                    pos = after
+                    continue
                 whole = self._whole_publish(buf, pos + 7, stop, end, channel, limit)
                 if whole is not None:
                     events.append(whole[0])

@@ -190,8 +190,14 @@ class ServerConnection:
         except AmqpError as exc:
             self.close(exc.reply_code, exc.text, exc.class_id, exc.method_id)
             return events
+        channels = self._channels
         for frame in frames:
-            if self._state is _State.ENDED:
+            state = self._state
+            if type(frame) is Content and state is _State.RUNNING and \
+                    channels.get(frame.channel) is False:
+                events.append(ContentReceived(frame))  # _handle's answer, without the walk
+                continue
+            if state is _State.ENDED:
                 break
             try:
                 self._handle(frame, events)
