@@ -113,10 +113,10 @@ class AmqpSession:
         #: Writes what the connection has queued to the socket (set by the server).
         self.flush: Callable[[], Awaitable[None]] = _no_flush
         # Publishes received, not yet stored: (properties, body, confirm entry, channel,
-        # channel state); stored by `_store_loop` in the broker's nursery.
+        # channel state); stored by `_store`, in the reader's task (`store_queued`) or as
+        # a task of the broker's nursery.
         self._pubs: list[tuple] = []
         self._pub_bytes = 0
-        self._pub_wake = trio.Event()
         self._pub_space = trio.Event()
         self._storing = False
         self._ended = False
@@ -181,10 +181,26 @@ class AmqpSession:
             entry = [state.next_publish_tag, None]
             state.next_publish_tag += 1
             state.confirms.append(entry)
-        self._queue_pubs([(pb, content.body, entry, content.channel, state)])
+        self._queue_pubs([(pb, content.body, entry, content.channel, state)], start=False)
         return True
 
+    async def store_queued(self, inline: bool) -> None:
+        """After a read's events: store what `publish_now` queued. `inline` (the read
+        drained the socket: nothing more is waiting to be read) stores it in this task,
+        so a lone publish is read, stored and confirmed in one scheduler pass (a pika
+        publisher waits for each confirm); else a store task takes it, and the next
+        read overlaps its store (a busy publisher's batches grow)."""
+        if not self._pubs or self._storing:
+            return
+        if inline and not self._ended:
+            self._begin_storing()
+            await self._store()
+        else:
+            self._start_storing()
+
     async def handle(self, event: Any) -> None:
+        if self._pubs and not self._storing:
+            self._start_storing()  # what publish_now queued goes first (barriers wait on it)
         kind = type(event)
         if kind is ChannelClosed:
             await self._drop_channel(event.channel)
@@ -245,7 +261,9 @@ class AmqpSession:
         exclusive queues go."""
         # Publishes already received are stored (bounded by the caller's deadline).
         self._ended = True
-        self._pub_wake.set()
+        if self._pubs and not self._storing:  # queued by publish_now, not yet taken
+            self._begin_storing()
+            await self._store()
         if self._storing:
             await self._stores_done.wait()
         for channel in list(self.channels):
@@ -485,24 +503,33 @@ class AmqpSession:
         return lmqs, trim, bool(refused)
 
     async def _enqueue(self, pubs: list[tuple]) -> None:
-        """Hand publishes to the store loop (started on demand); back-pressure."""
+        """Hand publishes to a store task (started on demand); back-pressure."""
         self._queue_pubs(pubs)
         while self._pub_bytes > self.broker.config.max_publish_backlog_bytes:
             await self._pub_space.wait()  # back-pressure: stop reading this socket
 
-    def _queue_pubs(self, pubs: list[tuple]) -> None:
-        broker = self.broker
+    def _queue_pubs(self, pubs: list[tuple], start: bool = True) -> None:
+        """Queue publishes for storing; `start`: have a store task take them now (else
+        the reader's `store_queued`, or its next `handle`, sees to them)."""
         for pub in pubs:
             self._pubs.append(pub)
             self._pub_bytes += len(pub[0]) + len(pub[1])
-        if not self._storing:
-            if broker.nursery is None:
-                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
-                                "running")
-            self._storing = True
-            self._stores_done = trio.Event()
-            broker.nursery.start_soon(self._store_loop)
-        self._pub_wake.set()
+        if start:
+            self._start_storing()
+
+    def _begin_storing(self) -> None:
+        self._storing = True
+        self._stores_done = trio.Event()
+
+    def _start_storing(self) -> None:
+        """A store task takes the queued publishes (started unless one runs)."""
+        if self._storing:
+            return
+        nursery = self.broker.nursery
+        if nursery is None:
+            raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
+        self._begin_storing()
+        nursery.start_soon(self._store)
 
     def _confirm(self, channel: int, state: _Channel) -> None:
         """Send the confirms of `channel` that are settled, in publish order (a run of
@@ -523,20 +550,17 @@ class AmqpSession:
         if last_ack:
             self.conn.send(channel, BasicAck(last_ack, True))
 
-    async def _store_loop(self) -> None:
-        """Store this connection's publishes in order, one batch at a time: while one is
-        on the wire the next accumulates. All of a connection's publishes go to one store
-        queue, so they reach every queue in the order they were published."""
+    async def _store(self) -> None:
+        """Store this connection's publishes in order, one batch at a time, until none is
+        queued (`_storing` is set by the caller: one task at a time does this). Run by the
+        reader's task (`store_queued`, `ended`) or as a task of the broker's nursery, which
+        publishes queued meanwhile keep going (a batch accumulates while one is on the
+        wire). All of a connection's publishes go to one store queue, so they reach every
+        queue in the order they were published."""
         broker = self.broker
         qid = self.id % broker.config.store_queues
         try:
-            while True:
-                if not self._pubs:
-                    if self._ended:
-                        return
-                    await self._pub_wake.wait()
-                    self._pub_wake = trio.Event()
-                    continue
+            while self._pubs:
                 size = 0
                 n = 0
                 for pb, body, *_ in self._pubs:
@@ -570,9 +594,9 @@ class AmqpSession:
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
         except Exception:
-            # A bug here must not take the gateway down (this task runs in the broker's
+            # A bug here must not take the gateway down (this may run in the broker's
             # nursery): nack what is waiting and let the connection go on.
-            log.exception("AMQP store loop failed")
+            log.exception("AMQP store of publishes failed")
             pending, self._pubs, self._pub_bytes = self._pubs, [], 0
             for _, _, entry, channel, state in pending:
                 if entry is not None:

@@ -1,0 +1,60 @@
+"""A publisher that waits for each confirm (pika's BlockingConnection) costs the gateway
+one trio scheduler pass per message: the publish is read, stored in-process and confirmed
+by the connection's own task (AmqpSession.store_queued), not handed to the store loop (a
+second task, a second pass). Busy publishers still use the store loop: their reads fill
+the buffer, and the next read overlaps the store."""
+
+from __future__ import annotations
+
+import trio
+
+from gateway.amqp.codec import encode_content
+from gateway.amqp.methods import BasicPublish
+from gateway.amqp.properties import BasicProperties
+from tests.gateway.amqp.broker_harness import confirm_client, run_gateway
+
+MESSAGES = 300
+
+
+class _Passes(trio.abc.Instrument):
+    """Scheduler passes: trio waits for I/O once per pass of its run loop."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.passes += 1
+
+
+def test_a_publish_waiting_for_its_confirm_costs_one_scheduler_pass(tmp_path):
+    def client(gw):
+        c, ch = confirm_client(gw.port, "one.pass")
+        frame = encode_content(ch, BasicPublish(routing_key="one.pass"), BasicProperties(),
+                               b"x" * 1024, c.frame_max)
+        try:
+            for _ in range(20):  # warm up (first stores create the queue's files)
+                c.sock.sendall(frame)
+                c._expect(ch, "BasicAck")
+            counter = _Passes()
+
+            async def add() -> None:
+                trio.lowlevel.add_instrument(counter)
+
+            async def remove() -> None:
+                trio.lowlevel.remove_instrument(counter)
+
+            gw.call(add)
+            tags = []
+            for _ in range(MESSAGES):
+                c.sock.sendall(frame)
+                tags.append(c._expect(ch, "BasicAck").delivery_tag)
+            gw.call(remove)
+        finally:
+            c.close()
+        return counter.passes, tags
+
+    passes, tags = run_gateway(tmp_path, client, local=True)
+    assert tags == list(range(21, 21 + MESSAGES))  # every publish confirmed, in order
+    # Two passes per message before (the store loop's task ran in a pass of its own);
+    # the margin is for the harness's timers (route log heartbeats, the flush timer).
+    assert passes < 1.4 * MESSAGES, passes / MESSAGES
