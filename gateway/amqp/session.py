@@ -561,29 +561,32 @@ class AmqpSession:
         qid = self.id % broker.config.store_queues
         try:
             while self._pubs:
-                size = 0
-                n = 0
-                for pb, body, *_ in self._pubs:
-                    if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
-                        break
-                    size += len(pb) + len(body)
-                    n += 1
-                batch, self._pubs = self._pubs[:n], self._pubs[n:]
-                ok = await broker.store_batch(qid, [(pb, body) for pb, body, *_ in batch])
+                size = self._pub_bytes  # (all queued: no other batch is on the wire)
+                if size <= MAX_BATCH_BYTES:
+                    batch, self._pubs = self._pubs, []
+                else:
+                    size = n = 0
+                    for pb, body, *_ in self._pubs:
+                        if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
+                            break
+                        size += len(pb) + len(body)
+                        n += 1
+                    batch, self._pubs = self._pubs[:n], self._pubs[n:]
+                ok = await broker.store_batch(qid, batch)
                 if ok is None:
                     # The broker refused the batch as a whole (e.g. one message too big):
                     # store them one by one so only the culprits are nacked.
-                    results = [await broker.store_batch(qid, [(pb, body)])
-                               for pb, body, *_ in batch]
+                    results = [await broker.store_batch(qid, [pub]) for pub in batch]
                 else:
-                    results = [ok] * len(batch)
+                    results = None
                 self._pub_bytes -= size
                 self._pub_space.set()
                 self._pub_space = trio.Event()
                 touched = {}
-                for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
+                for i, (_, _, entry, channel, state) in enumerate(batch):
                     if entry is not None:
                         # A third item: a reject-publish queue refused it (Basic.Nack).
+                        stored = ok if results is None else results[i]
                         entry[1] = bool(stored) and len(entry) == 2
                         touched[channel] = state
                 for channel, state in touched.items():
