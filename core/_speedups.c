@@ -2282,6 +2282,20 @@ static PyObject *amqp_tuple(PyObject *type, Py_ssize_t n, PyObject **items)
     return t;
 }
 
+static long long amqp_frame(const unsigned char *p, Py_ssize_t n, Py_ssize_t at,
+                            unsigned kind, unsigned channel, long long limit)
+{
+    /* The payload size of a complete frame of `kind` on `channel` at `at` (its end octet
+     * there and 0xCE, its payload at most `limit` octets), else -1. */
+    if (n - at < 7 || p[at] != kind || (((unsigned)p[at + 1] << 8) | p[at + 2]) != channel)
+        return -1;
+    long long size = ((long long)p[at + 3] << 24) | ((long long)p[at + 4] << 16) |
+                     ((long long)p[at + 5] << 8) | p[at + 6];
+    if (size > limit || size >= n - at - 7 || p[at + 7 + size] != 0xCE)
+        return -1;
+    return size;
+}
+
 static PyObject *amqp_shortstr(const unsigned char *p, Py_ssize_t n, PyObject **prev,
                                const unsigned char **prev_p, Py_ssize_t *prev_n)
 {
@@ -2318,7 +2332,7 @@ static PyObject *sp_scan_amqp_publishes(PyObject *self, PyObject *const *args,
                         "dicts, content and publish tuple subclasses");
         return NULL;
     }
-    PyObject *run = PyList_New(0);
+    PyObject *run = PyList_New(0), *ret = NULL;
     if (!run)
         return NULL;
     /* The previous message's strings and properties (borrowed from `run`). */
@@ -2328,77 +2342,43 @@ static PyObject *sp_scan_amqp_publishes(PyObject *self, PyObject *const *args,
     while (n - pos >= 7) {
         Py_ssize_t at = (Py_ssize_t)pos;
         unsigned channel = ((unsigned)p[at + 1] << 8) | p[at + 2];
-        unsigned long long size = ((unsigned long long)p[at + 3] << 24) |
-                                  ((unsigned long long)p[at + 4] << 16) |
-                                  ((unsigned long long)p[at + 5] << 8) | p[at + 6];
-        if (p[at] != 1 || !channel || (long long)size > limit || size < 9 ||
-            (long long)size >= n - at - 7)
+        long long size = channel ? amqp_frame(p, n, at, 1, channel, limit) : -1;
+        if (size < 9 || memcmp(p + at + 7, "\x00\x3c\x00\x28", 4) != 0)
             break;
-        Py_ssize_t stop = at + 7 + (Py_ssize_t)size;
-        if (p[stop] != 0xCE || memcmp(p + at + 7, "\x00\x3c\x00\x28", 4) != 0)
+        Py_ssize_t stop = at + 7 + (Py_ssize_t)size, h = stop + 1;  /* the content header */
+        long long hsize = amqp_frame(p, n, h, 2, channel, limit);
+        if (hsize < 14)
             break;
-        PyObject *ch_obj = PyLong_FromUnsignedLong(channel);
-        if (!ch_obj)
-            goto fail;
-        int busy = PyDict_Contains(pending, ch_obj);
-        if (busy != 0) {
-            Py_DECREF(ch_obj);
-            if (busy < 0)
-                goto fail;
-            break;
-        }
-        Py_ssize_t h = stop + 1;  /* the content header frame */
-        if (n - h < 7) {
-            Py_DECREF(ch_obj);
-            break;
-        }
-        unsigned hch = ((unsigned)p[h + 1] << 8) | p[h + 2];
-        unsigned long long hsize = ((unsigned long long)p[h + 3] << 24) |
-                                   ((unsigned long long)p[h + 4] << 16) |
-                                   ((unsigned long long)p[h + 5] << 8) | p[h + 6];
-        if (p[h] != 2 || hch != channel || hsize < 14 || (long long)hsize > limit ||
-            (long long)hsize >= n - h - 7 || p[h + 7 + hsize] != 0xCE) {
-            Py_DECREF(ch_obj);
-            break;
-        }
         Py_ssize_t hstop = h + 7 + (Py_ssize_t)hsize;
         unsigned class_id = ((unsigned)p[h + 7] << 8) | p[h + 8];
         unsigned long long body_size = 0;
         for (int i = 0; i < 8; i++)
             body_size = (body_size << 8) | p[h + 11 + i];
-        if (class_id != 60 || body_size > (unsigned long long)max_size) {
-            Py_DECREF(ch_obj);
+        if (class_id != 60 || body_size > (unsigned long long)max_size)
             break;
-        }
         Py_ssize_t after = hstop + 1, b0 = 0;
         if (body_size) {
-            Py_ssize_t b = after;  /* the body frame */
-            if (n - b < 7) {
-                Py_DECREF(ch_obj);
+            long long bsize = amqp_frame(p, n, after, 3, channel, limit);  /* the body */
+            if (bsize < 0 || (unsigned long long)bsize != body_size)
                 break;
-            }
-            unsigned bch = ((unsigned)p[b + 1] << 8) | p[b + 2];
-            unsigned long long bsize = ((unsigned long long)p[b + 3] << 24) |
-                                       ((unsigned long long)p[b + 4] << 16) |
-                                       ((unsigned long long)p[b + 5] << 8) | p[b + 6];
-            if (p[b] != 3 || bch != channel || bsize != body_size ||
-                (long long)bsize > limit || (long long)bsize >= n - b - 7 ||
-                p[b + 7 + bsize] != 0xCE) {
-                Py_DECREF(ch_obj);
-                break;
-            }
-            b0 = b + 7;
+            b0 = after + 7;
             after = b0 + (Py_ssize_t)bsize + 1;
         }
         /* ticket:uint16 exchange:shortstr routing_key:shortstr bits:octet, nothing more */
         Py_ssize_t m = at + 7, x0 = m + 7, x1 = x0 + p[m + 6];
-        if (x1 >= stop) {
-            Py_DECREF(ch_obj);
+        if (x1 >= stop)
             break;
-        }
         Py_ssize_t k0 = x1 + 1, k1 = k0 + p[x1];
-        if (k1 + 1 != stop) {
+        if (k1 + 1 != stop)
+            break;
+        PyObject *ch_obj = PyLong_FromUnsignedLong(channel);
+        if (!ch_obj)
+            goto fail;
+        int busy = PyDict_Contains(pending, ch_obj);  /* a content under way there */
+        if (busy != 0) {
             Py_DECREF(ch_obj);
+            if (busy < 0)
+                goto fail;
             break;
         }
         Py_ssize_t rn = hstop - (h + 19);
@@ -2453,18 +2433,18 @@ static PyObject *sp_scan_amqp_publishes(PyObject *self, PyObject *const *args,
         PyObject *event = amqp_tuple(content, 5, items);
         if (!event)
             goto fail;
-        int rc = PyList_Append(run, event);
-        Py_DECREF(event);
-        if (rc < 0)
-            goto fail;
-        praw = raw;  /* borrowed: `run` holds them */
+        praw = raw;  /* borrowed from `event`, which `run` holds once appended */
         pprops = props;
         pos = after;
+        int appended = PyList_Append(run, event);
+        Py_DECREF(event);
+        if (appended < 0)
+            goto fail;
     }
-    return Py_BuildValue("(NL)", run, pos);
+    ret = Py_BuildValue("(OL)", run, pos);
 fail:
     Py_DECREF(run);
-    return NULL;
+    return ret;
 }
 /* ==== end s6-amqpub ==== */
 
