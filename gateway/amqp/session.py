@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from gateway.amqp import errors
-from gateway.amqp.broker import MAX_BATCH_BYTES, AmqpBroker
+from gateway.amqp.broker import AmqpBroker
 from gateway.amqp.codec import encode_content
 from gateway.amqp.connection import (
     ChannelClosed,
@@ -71,6 +71,7 @@ from gateway.amqp.methods import (
     TxSelect,
     TxSelectOk,
 )
+from gateway.amqp.publish_store import PublishStore
 from gateway.amqp.queue_args import parse_expiration
 
 __all__ = ["AmqpSession"]
@@ -102,7 +103,7 @@ async def _no_flush() -> None:
     return None
 
 
-class AmqpSession:
+class AmqpSession(PublishStore):
     """The broker side of one connection."""
 
     def __init__(self, conn: ServerConnection, broker: AmqpBroker) -> None:
@@ -112,15 +113,7 @@ class AmqpSession:
         self.channels: dict[int, _Channel] = {}
         #: Writes what the connection has queued to the socket (set by the server).
         self.flush: Callable[[], Awaitable[None]] = _no_flush
-        # Publishes received, not yet stored: (properties, body, confirm entry, channel,
-        # channel state); stored by `_store`, in the reader's task (`store_queued`) or as
-        # a task of the broker's nursery.
-        self._pubs: list[tuple] = []
-        self._pub_bytes = 0
-        self._pub_space = trio.Event()
-        self._storing = False
-        self._ended = False
-        self._stores_done = trio.Event()
+        self._init_store()  # publishes not yet stored (publish_store.py)
         self.username = ""
         self.vhost = "/"
         #: The user's permissions on the vhost (gateway/amqp/users.py); None: all allowed.
@@ -184,23 +177,13 @@ class AmqpSession:
         self._queue_pubs([(pb, content.body, entry, content.channel, state)], start=False)
         return True
 
-    async def store_queued(self, inline: bool) -> None:
-        """After a read's events: store what `publish_now` queued. `inline` (the read
-        drained the socket: nothing more is waiting to be read) stores it in this task,
-        so a lone publish is read, stored and confirmed in one scheduler pass (a pika
-        publisher waits for each confirm); else a store task takes it, and the next
-        read overlaps its store (a busy publisher's batches grow)."""
-        if not self._pubs or self._storing:
-            return
-        if inline and not self._ended:
-            self._begin_storing()
-            await self._store()
-        else:
-            self._start_storing()
-
     async def handle(self, event: Any) -> None:
         if self._pubs and not self._storing:
-            self._start_storing()  # what publish_now queued goes first (barriers wait on it)
+            try:  # what publish_now queued goes first (barriers wait on it)
+                self._start_storing()
+            except AmqpError as exc:  # the broker side stopped
+                self.conn.close(exc.reply_code, exc.text)
+                return
         kind = type(event)
         if kind is ChannelClosed:
             await self._drop_channel(event.channel)
@@ -501,111 +484,3 @@ class AmqpSession:
         if refused:
             lmqs = [lmq for lmq in lmqs if lmq not in refused]
         return lmqs, trim, bool(refused)
-
-    async def _enqueue(self, pubs: list[tuple]) -> None:
-        """Hand publishes to a store task (started on demand); back-pressure."""
-        self._queue_pubs(pubs)
-        while self._pub_bytes > self.broker.config.max_publish_backlog_bytes:
-            await self._pub_space.wait()  # back-pressure: stop reading this socket
-
-    def _queue_pubs(self, pubs: list[tuple], start: bool = True) -> None:
-        """Queue publishes for storing; `start`: have a store task take them now (else
-        the reader's `store_queued`, or its next `handle`, sees to them)."""
-        for pub in pubs:
-            self._pubs.append(pub)
-            self._pub_bytes += len(pub[0]) + len(pub[1])
-        if start:
-            self._start_storing()
-
-    def _begin_storing(self) -> None:
-        self._storing = True
-        self._stores_done = trio.Event()
-
-    def _start_storing(self) -> None:
-        """A store task takes the queued publishes (started unless one runs)."""
-        if self._storing:
-            return
-        nursery = self.broker.nursery
-        if nursery is None:
-            raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
-        self._begin_storing()
-        nursery.start_soon(self._store)
-
-    def _confirm(self, channel: int, state: _Channel) -> None:
-        """Send the confirms of `channel` that are settled, in publish order (a run of
-        acks as one Basic.Ack with multiple)."""
-        if self.channels.get(channel) is not state:
-            return  # the channel closed since: its confirms are moot
-        confirms = state.confirms
-        last_ack = 0
-        while confirms and confirms[0][1] is not None:
-            tag, ok = confirms.popleft()
-            if ok:
-                last_ack = tag
-                continue
-            if last_ack:
-                self.conn.send(channel, BasicAck(last_ack, True))
-                last_ack = 0
-            self.conn.send(channel, BasicNack(tag, False, False))
-        if last_ack:
-            self.conn.send(channel, BasicAck(last_ack, True))
-
-    async def _store(self) -> None:
-        """Store this connection's publishes in order, one batch at a time, until none is
-        queued (`_storing` is set by the caller: one task at a time does this). Run by the
-        reader's task (`store_queued`, `ended`) or as a task of the broker's nursery, which
-        publishes queued meanwhile keep going (a batch accumulates while one is on the
-        wire). All of a connection's publishes go to one store queue, so they reach every
-        queue in the order they were published."""
-        broker = self.broker
-        qid = self.id % broker.config.store_queues
-        try:
-            while self._pubs:
-                size = self._pub_bytes  # (all queued: no other batch is on the wire)
-                if size <= MAX_BATCH_BYTES:
-                    batch, self._pubs = self._pubs, []
-                else:
-                    size = n = 0
-                    for pb, body, *_ in self._pubs:
-                        if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
-                            break
-                        size += len(pb) + len(body)
-                        n += 1
-                    batch, self._pubs = self._pubs[:n], self._pubs[n:]
-                ok = await broker.store_batch(qid, batch)
-                if ok is None:
-                    # The broker refused the batch as a whole (e.g. one message too big):
-                    # store them one by one so only the culprits are nacked.
-                    results = [await broker.store_batch(qid, [pub]) for pub in batch]
-                else:
-                    results = None
-                self._pub_bytes -= size
-                self._pub_space.set()
-                self._pub_space = trio.Event()
-                touched = {}
-                for i, (_, _, entry, channel, state) in enumerate(batch):
-                    if entry is not None:
-                        # A third item: a reject-publish queue refused it (Basic.Nack).
-                        stored = ok if results is None else results[i]
-                        entry[1] = bool(stored) and len(entry) == 2
-                        touched[channel] = state
-                for channel, state in touched.items():
-                    self._confirm(channel, state)
-                if touched:
-                    try:
-                        await self.flush()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-        except Exception:
-            # A bug here must not take the gateway down (this may run in the broker's
-            # nursery): nack what is waiting and let the connection go on.
-            log.exception("AMQP store of publishes failed")
-            pending, self._pubs, self._pub_bytes = self._pubs, [], 0
-            for _, _, entry, channel, state in pending:
-                if entry is not None:
-                    entry[1] = False
-                    self._confirm(channel, state)
-            self._pub_space.set()
-        finally:
-            self._storing = False
-            self._stores_done.set()
