@@ -46,6 +46,7 @@ class PublishStore:
         so a lone publish is read, stored and confirmed in one scheduler pass (a pika
         publisher waits for each confirm); else a store task takes it, and the next
         read overlaps its store (a busy publisher's batches grow)."""
+        self._last_route = None  # (AmqpSession.publish_now's) this task may await now
         if not self._pubs or self._storing:
             return
         if inline or self.broker.nursery is None:

@@ -73,6 +73,7 @@ from gateway.amqp.methods import (
 )
 from gateway.amqp.publish_store import PublishStore
 from gateway.amqp.queue_args import parse_expiration
+from gateway.routing.route_table import BRIDGE_EXCHANGE
 
 __all__ = ["AmqpSession"]
 
@@ -119,6 +120,10 @@ class AmqpSession(PublishStore):
         #: The user's permissions on the vhost (gateway/amqp/users.py); None: all allowed.
         self.permissions: Any = None
         self._allowed: dict[tuple[str, str, str], bool] = {}
+        #: (exchange, routing key, raw properties, stored properties) of the last publish
+        #: `publish_now` took, valid until this task awaits (`handle`, `store_queued`):
+        #: the publishes of one read that repeat it skip routing and the properties cache.
+        self._last_route: tuple | None = None
 
     def opened(self, username: str, vhost: str, permissions: Any) -> None:
         """Connection.Open-Ok went out: the vhost's broker side and the user's rights."""
@@ -161,14 +166,23 @@ class AmqpSession(PublishStore):
         if self.permissions is not None and self._allowed.get(
                 ("write", "exchange", method.exchange or "amq.default")) is not True:
             return False
-        try:
-            lmqs = broker.route(method.exchange, method.routing_key, content.properties.headers)
-            if not lmqs or (broker.limited and not broker.limited.keys().isdisjoint(lmqs)):
+        raw = content.raw_properties
+        last = self._last_route
+        if last is not None and last[0] == method.exchange and \
+                last[1] == method.routing_key and last[2] == raw:
+            pb = last[3]  # as the previous publish of this read (nothing awaited since)
+        else:
+            try:
+                lmqs = broker.route(method.exchange, method.routing_key,
+                                    content.properties.headers)
+                if not lmqs or (broker.limited and not broker.limited.keys().isdisjoint(lmqs)):
+                    return False
+                pb = broker.stored_properties(method.exchange, method.routing_key,
+                                              content.properties, raw, lmqs)
+            except Exception:  # `handle` meets it again and answers it
                 return False
-            pb = broker.stored_properties(method.exchange, method.routing_key,
-                                          content.properties, content.raw_properties, lmqs)
-        except Exception:  # `handle` meets it again and answers it
-            return False
+            if method.exchange != BRIDGE_EXCHANGE:  # (whose properties carry a clock)
+                self._last_route = (method.exchange, method.routing_key, raw, pb)
         entry: list | None = None
         if state.confirm:
             entry = [state.next_publish_tag, None]
@@ -178,6 +192,7 @@ class AmqpSession(PublishStore):
         return True
 
     async def handle(self, event: Any) -> None:
+        self._last_route = None  # routes may change while this awaits
         if self._pubs and not self._storing:
             try:  # what publish_now queued goes first (barriers wait on it)
                 self._start_storing()
