@@ -58,3 +58,33 @@ def test_a_publish_waiting_for_its_confirm_costs_one_scheduler_pass(tmp_path):
     # Two passes per message before (the store loop's task ran in a pass of its own);
     # the margin is for the harness's timers (route log heartbeats, the flush timer).
     assert passes < 1.4 * MESSAGES, passes / MESSAGES
+
+
+def test_a_bind_between_two_publishes_of_one_read_routes_the_second(tmp_path):
+    """Publishes of one read that repeat the previous one reuse its routing; a method in
+    between (here a bind, sent in the same segment) makes the next publish route again."""
+    from gateway.amqp.codec import encode_method_frame
+    from gateway.amqp.methods import ExchangeDeclare, QueueBind, QueueDeclare
+
+    def client(gw):
+        c, ch = confirm_client(gw.port, "route.a")
+        try:
+            c.call(ch, QueueDeclare(queue="route.b"))
+            c.call(ch, ExchangeDeclare(exchange="route.x", exchange_type="direct"))
+            c.call(ch, QueueBind(queue="route.a", exchange="route.x", routing_key="k"))
+            pub = encode_content(ch, BasicPublish(exchange="route.x", routing_key="k"),
+                                 BasicProperties(), b"m", c.frame_max)
+            c.sock.sendall(pub + pub + encode_method_frame(
+                ch, QueueBind(queue="route.b", exchange="route.x", routing_key="k")) +
+                pub + pub)
+            tags = []
+            while len(tags) < 1 or tags[-1] < 4:
+                tags.append(c._expect(ch, "BasicAck").delivery_tag)
+            c._expect(ch, "QueueBindOk")
+            counts = [c.call(ch, QueueDeclare(queue=q, passive=True)).message_count
+                      for q in ("route.a", "route.b")]
+        finally:
+            c.close()
+        return counts
+
+    assert run_gateway(tmp_path, client, local=True) == [4, 2]
