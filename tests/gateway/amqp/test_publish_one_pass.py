@@ -2,7 +2,8 @@
 one trio scheduler pass per message: the publish is read, stored in-process and confirmed
 by the connection's own task (AmqpSession.store_queued), not handed to the store loop (a
 second task, a second pass). Busy publishers still use the store loop: their reads fill
-the buffer, and the next read overlaps the store."""
+the buffer, and the next read overlaps the store. The publishes of one read that repeat the previous
+one reuse its routing, until the task awaits (a method in between routes again)."""
 
 from __future__ import annotations
 
