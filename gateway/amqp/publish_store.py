@@ -42,7 +42,8 @@ class PublishStore:
 
     async def store_queued(self, inline: bool) -> None:
         """After a read's events: store what `publish_now` queued. `inline` (the read
-        drained the socket: nothing more is waiting to be read) stores it in this task,
+        drained the socket: nothing more is waiting to be read; and no writer waits for
+        the socket, which would hold this task up) stores it in this task,
         so a lone publish is read, stored and confirmed in one scheduler pass (a pika
         publisher waits for each confirm); else a store task takes it, and the next
         read overlaps its store (a busy publisher's batches grow)."""

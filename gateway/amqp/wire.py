@@ -47,8 +47,9 @@ class Wire:
 
     @property
     def drained(self) -> bool:
-        """The last read took less than a buffer's worth: nothing more was waiting."""
-        return self._drained
+        """The last read took less than a buffer's worth (nothing more was waiting), and
+        no writer waits for the socket to take more."""
+        return self._drained and not self._lock.locked()
 
     async def flush(self) -> None:
         """Write everything queued so far."""
