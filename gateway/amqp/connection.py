@@ -193,10 +193,17 @@ class ServerConnection:
         channels = self._channels
         for frame in frames:
             state = self._state
-            if type(frame) is Content and state is _State.RUNNING and \
+            kind = type(frame)
+            if (kind is Content or kind is MethodFrame) and state is _State.RUNNING and \
                     channels.get(frame.channel) is False:
-                events.append(ContentReceived(frame))  # _handle's answer, without the walk
-                continue
+                # _handle's answers on an open channel, without the walk: content, and
+                # the methods of classes it passes on (exchange, queue, basic, confirm, tx)
+                if kind is Content:
+                    events.append(ContentReceived(frame))
+                    continue
+                if frame.method.CLASS_ID >= 40:
+                    events.append(MethodReceived(frame.channel, frame.method))
+                    continue
             if state is _State.ENDED:
                 break
             try:

@@ -189,3 +189,25 @@ def test_decoder_with_either_scanner_matches_the_frame_path(seed, scanner, monke
     if seed % 2:
         data = PROTOCOL_HEADER + _mutate(rng, data[8:])
     assert _decode(data, None) == _decode(data, 1)
+
+
+def test_basic_ack_decoded_without_the_method_table_alike():
+    """The decoder reads a consumer's Basic.Ack (13 octets) itself; any tag and bit octet
+    decode as the method table decodes them, and other lengths still go that way."""
+    from gateway.amqp.codec import MethodFrame
+    from gateway.amqp.methods import decode_method
+
+    rng = random.Random(5)
+    for _ in range(500):
+        payload = struct.pack(">HHQB", 60, 80, rng.getrandbits(64), rng.randrange(256))
+        payload = payload + b"\x00" * rng.choice([0, 0, 0, 1])  # too long: 502 both ways
+        decoder = AmqpDecoder(role="client", frame_max=FRAME_MAX)
+        try:
+            expected = [MethodFrame(1, decode_method(payload))]
+        except AmqpError as exc:
+            with pytest.raises(AmqpError) as got:
+                decoder.feed(_frame(1, 1, payload))
+            assert got.value.reply_code == exc.reply_code
+            continue
+        events = decoder.feed(_frame(1, 1, payload))
+        assert events == expected and type(events[0].method) is BasicAck
