@@ -115,23 +115,24 @@ async def pull_all(client: ClientInstance, addr: str, topic: str) -> list:
 
 def run_gateway(tmp_path, client_fn: Callable[[Gateway], Any],
                 broker_config: AmqpBrokerConfig | None = None, *,
-                broker_kw: dict | None = None, local: bool = False, **server_kw) -> Any:
-    """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread.
-    `local`: the gateway reaches the broker in-process, as in `lmq serve`."""
+                broker_kw: dict | None = None, in_process: bool = False, **server_kw) -> Any:
+    """Start broker, route log and AMQP server; run `client_fn(gateway)` in a thread."""
     return run_gateways(tmp_path, lambda gws: client_fn(gws[0]), 1, broker_config,
-                        broker_kw=broker_kw, local=local, **server_kw)
+                        broker_kw=broker_kw, in_process=in_process, **server_kw)
 
 
 def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int,
                  broker_config: AmqpBrokerConfig | None = None, *,
-                 broker_kw: dict | None = None, local: bool = False, **server_kw) -> Any:
+                 broker_kw: dict | None = None, in_process: bool = False,
+                 **server_kw) -> Any:
     """`count` gateways (each its own broker client, route log and AMQP server) over one
-    broker; `client_fn(gateways)` runs in a thread."""
+    broker; `client_fn(gateways)` runs in a thread. `in_process`: the gateways pop and
+    acknowledge through the broker's POP service directly, as in `lmq serve`."""
     result: list[Any] = []
 
     async def gateway(nursery, server, i: int, client) -> tuple[Gateway, AmqpServer]:
         b = server.broker
-        if local:
+        if in_process:  # requests (stores, routes) in-process too, as in `lmq serve`
             client.remoting.register_local(b.broker_addr, b.table)
         routes = RouteLog(client, b.broker_addr, b.config.broker_name, f"amqp-gw-{i}",
                           RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,

@@ -54,7 +54,7 @@ def test_a_publish_waiting_for_its_confirm_costs_one_scheduler_pass(tmp_path):
             c.close()
         return counter.passes, tags
 
-    passes, tags = run_gateway(tmp_path, client, local=True)
+    passes, tags = run_gateway(tmp_path, client, in_process=True)
     assert tags == list(range(21, 21 + MESSAGES))  # every publish confirmed, in order
     # Two passes per message before (the store loop's task ran in a pass of its own);
     # the margin is for the harness's timers (route log heartbeats, the flush timer).
@@ -88,4 +88,4 @@ def test_a_bind_between_two_publishes_of_one_read_routes_the_second(tmp_path):
             c.close()
         return counts
 
-    assert run_gateway(tmp_path, client, local=True) == [4, 2]
+    assert run_gateway(tmp_path, client, in_process=True) == [4, 2]
