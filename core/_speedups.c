@@ -2425,6 +2425,202 @@ static PyObject *sp_batch_props_have(PyObject *self, PyObject *const *args, Py_s
 }
 /* ==== end s6-fanout ==== */
 
+/* ==== s6-amqpub: a read's run of AMQP basic.publish triples in one call ===============
+ * scan_amqp_publishes(buf, pos, limit, max_message_size, pending, memo, content, publish)
+ *   -> (run, pos)
+ * gateway/amqp/publish_scan.py has the contract and scan_publishes_py, the Python
+ * reference (tests compare the two on random and mutated streams). Consecutive publishes
+ * (method frame, content header, at most one body frame, all complete) become `content`
+ * tuples (channel, `publish`(ticket, exchange, routing_key, mandatory, immediate),
+ * properties, raw properties, body); the first frame that is anything else, or whose
+ * properties are not a key of `memo`, ends the run and is left to the Python decoder.
+ * `content` and `publish` must be tuple subclasses (namedtuples): they are filled as
+ * tuple.__new__ would, without calling their Python __new__. */
+static int amqp_tuple_type(PyObject *o)
+{
+    return PyType_Check(o) && PyType_IsSubtype((PyTypeObject *)o, &PyTuple_Type) &&
+           ((PyTypeObject *)o)->tp_alloc != NULL;
+}
+
+static PyObject *amqp_tuple(PyObject *type, Py_ssize_t n, PyObject **items)
+{
+    /* Steals the references in items (all non-NULL), also on failure. */
+    PyObject *t = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t)
+            PyTuple_SET_ITEM(t, i, items[i]);
+        else
+            Py_DECREF(items[i]);
+    }
+    return t;
+}
+
+static long long amqp_frame(const unsigned char *p, Py_ssize_t n, Py_ssize_t at,
+                            unsigned kind, unsigned channel, long long limit)
+{
+    /* The payload size of a complete frame of `kind` on `channel` at `at` (its end octet
+     * there and 0xCE, its payload at most `limit` octets), else -1. */
+    if (n - at < 7 || p[at] != kind || (((unsigned)p[at + 1] << 8) | p[at + 2]) != channel)
+        return -1;
+    long long size = ((long long)p[at + 3] << 24) | ((long long)p[at + 4] << 16) |
+                     ((long long)p[at + 5] << 8) | p[at + 6];
+    if (size > limit || size >= n - at - 7 || p[at + 7 + size] != 0xCE)
+        return -1;
+    return size;
+}
+
+static PyObject *amqp_shortstr(const unsigned char *p, Py_ssize_t n, PyObject **prev,
+                               const unsigned char **prev_p, Py_ssize_t *prev_n)
+{
+    /* A new reference to the decoded short string; the previous one again when its octets
+     * repeat (*prev is borrowed from the run being built). */
+    if (*prev && n == *prev_n && memcmp(p, *prev_p, n) == 0)
+        return Py_NewRef(*prev);
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "surrogateescape");
+    if (s) {
+        *prev = s;
+        *prev_p = p;
+        *prev_n = n;
+    }
+    return s;
+}
+
+static PyObject *sp_scan_amqp_publishes(PyObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs)
+{
+    long long pos, limit, max_size;
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (scan_src(args, nargs, 8, "scan_amqp_publishes",
+                 "scan_amqp_publishes(buf: bytes | bytearray, pos: int, limit: int, "
+                 "max_message_size: int, pending: dict, memo: dict, content: type, "
+                 "publish: type)", &p, &n, &pos) < 0 ||
+        as_i64(args[2], &limit, "limit") < 0 ||
+        as_i64(args[3], &max_size, "max message size") < 0)
+        return NULL;
+    PyObject *pending = args[4], *memo = args[5], *content = args[6], *publish = args[7];
+    if (!PyDict_CheckExact(pending) || !PyDict_CheckExact(memo) ||
+        !amqp_tuple_type(content) || !amqp_tuple_type(publish)) {
+        PyErr_SetString(PyExc_TypeError, "scan_amqp_publishes: pending and memo must be "
+                        "dicts, content and publish tuple subclasses");
+        return NULL;
+    }
+    PyObject *run = PyList_New(0), *ret = NULL;
+    if (!run)
+        return NULL;
+    /* The previous message's strings and properties (borrowed from `run`). */
+    PyObject *px = NULL, *pk = NULL, *praw = NULL, *pprops = NULL;
+    const unsigned char *px_p = NULL, *pk_p = NULL;
+    Py_ssize_t px_n = 0, pk_n = 0;
+    while (n - pos >= 7) {
+        Py_ssize_t at = (Py_ssize_t)pos;
+        unsigned channel = ((unsigned)p[at + 1] << 8) | p[at + 2];
+        long long size = channel ? amqp_frame(p, n, at, 1, channel, limit) : -1;
+        if (size < 9 || memcmp(p + at + 7, "\x00\x3c\x00\x28", 4) != 0)
+            break;
+        Py_ssize_t stop = at + 7 + (Py_ssize_t)size, h = stop + 1;  /* the content header */
+        long long hsize = amqp_frame(p, n, h, 2, channel, limit);
+        if (hsize < 14)
+            break;
+        Py_ssize_t hstop = h + 7 + (Py_ssize_t)hsize;
+        unsigned class_id = ((unsigned)p[h + 7] << 8) | p[h + 8];
+        unsigned long long body_size = 0;
+        for (int i = 0; i < 8; i++)
+            body_size = (body_size << 8) | p[h + 11 + i];
+        if (class_id != 60 || body_size > (unsigned long long)max_size)
+            break;
+        Py_ssize_t after = hstop + 1, b0 = 0;
+        if (body_size) {
+            long long bsize = amqp_frame(p, n, after, 3, channel, limit);  /* the body */
+            if (bsize < 0 || (unsigned long long)bsize != body_size)
+                break;
+            b0 = after + 7;
+            after = b0 + (Py_ssize_t)bsize + 1;
+        }
+        /* ticket:uint16 exchange:shortstr routing_key:shortstr bits:octet, nothing more */
+        Py_ssize_t m = at + 7, x0 = m + 7, x1 = x0 + p[m + 6];
+        if (x1 >= stop)
+            break;
+        Py_ssize_t k0 = x1 + 1, k1 = k0 + p[x1];
+        if (k1 + 1 != stop)
+            break;
+        PyObject *ch_obj = PyLong_FromUnsignedLong(channel);
+        if (!ch_obj)
+            goto fail;
+        int busy = PyDict_Contains(pending, ch_obj);  /* a content under way there */
+        if (busy != 0) {
+            Py_DECREF(ch_obj);
+            if (busy < 0)
+                goto fail;
+            break;
+        }
+        Py_ssize_t rn = hstop - (h + 19);
+        PyObject *raw, *props;
+        if (praw && rn == PyBytes_GET_SIZE(praw) &&
+            memcmp(PyBytes_AS_STRING(praw), p + h + 19, rn) == 0) {
+            raw = Py_NewRef(praw);
+            props = Py_NewRef(pprops);
+        } else {
+            raw = PyBytes_FromStringAndSize((const char *)p + h + 19, rn);
+            if (!raw) {
+                Py_DECREF(ch_obj);
+                goto fail;
+            }
+            props = PyDict_GetItemWithError(memo, raw);
+            if (!props) {
+                Py_DECREF(raw);
+                Py_DECREF(ch_obj);
+                if (PyErr_Occurred())
+                    goto fail;
+                break;  /* not decoded yet: the Python decoder does it (and fills memo) */
+            }
+            Py_INCREF(props);
+        }
+        PyObject *fields[5];
+        fields[0] = PyLong_FromLong(((long)p[m + 4] << 8) | p[m + 5]);
+        fields[1] = amqp_shortstr(p + x0, x1 - x0, &px, &px_p, &px_n);
+        fields[2] = amqp_shortstr(p + k0, k1 - k0, &pk, &pk_p, &pk_n);
+        fields[3] = PyBool_FromLong(p[k1] & 1);
+        fields[4] = PyBool_FromLong(p[k1] & 2);
+        PyObject *body = body_size
+            ? PyBytes_FromStringAndSize((const char *)p + b0, (Py_ssize_t)body_size)
+            : PyBytes_FromStringAndSize(NULL, 0);
+        if (!fields[0] || !fields[1] || !fields[2] || !body) {
+            for (int i = 0; i < 5; i++)
+                Py_XDECREF(fields[i]);
+            Py_XDECREF(body);
+            Py_DECREF(raw);
+            Py_DECREF(props);
+            Py_DECREF(ch_obj);
+            goto fail;
+        }
+        PyObject *method = amqp_tuple(publish, 5, fields);
+        if (!method) {
+            Py_DECREF(body);
+            Py_DECREF(raw);
+            Py_DECREF(props);
+            Py_DECREF(ch_obj);
+            goto fail;
+        }
+        PyObject *items[5] = {ch_obj, method, props, raw, body};
+        PyObject *event = amqp_tuple(content, 5, items);
+        if (!event)
+            goto fail;
+        praw = raw;  /* borrowed from `event`, which `run` holds once appended */
+        pprops = props;
+        pos = after;
+        int appended = PyList_Append(run, event);
+        Py_DECREF(event);
+        if (appended < 0)
+            goto fail;
+    }
+    ret = Py_BuildValue("(OL)", run, pos);
+fail:
+    Py_DECREF(run);
+    return ret;
+}
+/* ==== end s6-amqpub ==== */
+
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"crc32", sp_crc32, METH_O, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object."},
@@ -2467,6 +2663,11 @@ static PyMethodDef methods[] = {
     {"batch_props_have", (PyCFunction)(void (*)(void))sp_batch_props_have, METH_FASTCALL,
      "batch_props_have(body, needle) -> 1 | 0 | -1: needle in a batch's properties."},
     /* ==== end s6-fanout ==== */
+    /* ==== s6-amqpub ==== */
+    {"scan_amqp_publishes", (PyCFunction)(void (*)(void))sp_scan_amqp_publishes, METH_FASTCALL,
+     "scan_amqp_publishes(buf, pos, limit, max_message_size, pending, memo, content, "
+     "publish) -> (run, pos): a run of AMQP basic.publish triples decoded."},
+    /* ==== end s6-amqpub ==== */
     {NULL, NULL, 0, NULL},
 };
 

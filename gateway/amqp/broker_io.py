@@ -15,12 +15,12 @@ import trio
 from core.client import MessageQueue
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient
-from core.common.codec import BATCH_HEAD, INT16
 from core.common.properties import MessageConst, encode_properties
 from core.remoting.errors import RemotingError
 from gateway.amqp.model import quote_text
 from gateway.amqp.mqtt_bridge import add_mqtt_properties
 from gateway.amqp.queue_args import parse_expiration
+from gateway.mqtt.store_request import batch_body
 from gateway.routing.route_table import BRIDGE_EXCHANGE
 
 log = logging.getLogger("gateway.amqp.broker")
@@ -38,7 +38,6 @@ _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_COR
              ("message_id", "AMQP_MESSAGE_ID"))
 #: A batch of publishes is cut at this many octets (the broker takes 4 MiB bodies).
 MAX_BATCH_BYTES = 1024 * 1024
-_SUB_FIXED = BATCH_HEAD.size + 2  # a batch sub-message: its header + properties length
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
 ACK_BATCH = 512
 #: At most this many BATCH_ACK entries (one per queue and pop) in one request.
@@ -158,8 +157,8 @@ class BrokerTraffic:
             cache[cache_key] = out
         return out
 
-    async def store_batch(self, qid: int, items: list[tuple[bytes, bytes]]) -> bool | None:
-        """Store (properties, body) messages in store queue `qid`, in order, with one
+    async def store_batch(self, qid: int, items: list[tuple]) -> bool | None:
+        """Store (properties, body, ...) messages in store queue `qid`, in order, with one
         request: True once the broker stored them all; None when the broker refused the
         request (nothing stored: sending the messages one by one is safe); False when the
         outcome is unknown or a lone message was refused."""
@@ -172,15 +171,8 @@ class BrokerTraffic:
             body = items[0][1]
             batch = False
         else:
-            parts = []
-            add = parts.append
-            head = BATCH_HEAD.pack
-            for pb, payload in items:
-                add(head(_SUB_FIXED + len(payload) + len(pb), 0, 0, 0, len(payload)))
-                add(payload)
-                add(INT16.pack(len(pb)))
-                add(pb)
-            body = b"".join(parts)
+            # The MQTT link's batch body (one C call when the extension is built).
+            body = batch_body([item[1] for item in items], [item[0] for item in items])
             ext["i"] = ""
             ext["m"] = "true"
             batch = True

@@ -39,13 +39,15 @@ from gateway.amqp.errors import (
     BadProtocolHeader,
 )
 from gateway.amqp.fields import decode_shortstr, encode_shortstr
-from gateway.amqp.methods import BasicDeliver, BasicPublish, Method, decode_method
+from gateway.amqp.methods import BasicAck, BasicDeliver, BasicPublish, Method, decode_method
 from gateway.amqp.properties import (
     EMPTY_PROPERTIES,
+    PROPERTIES_MEMO,
     BasicProperties,
     decode_properties,
     encode_properties,
 )
+from gateway.amqp.publish_scan import scan_publishes
 
 __all__ = [
     "AmqpDecoder",
@@ -87,6 +89,7 @@ _FRAME_HEAD = struct.Struct(">BHI")
 _CONTENT_HEAD = struct.Struct(">HHQ")
 _METHOD_IDS = struct.Struct(">HH")
 _PUBLISH_IDS = _METHOD_IDS.pack(60, 40)
+_ACK_IDS = _METHOD_IDS.pack(60, 80)
 _TICKET = struct.Struct(">H")
 _DELIVER_TAG = struct.Struct(">QB")
 # A frame's end octet followed by the next frame's head (and, for a content header, its
@@ -246,6 +249,13 @@ class AmqpDecoder:
                 raise AmqpError(FRAME_ERROR, f"frame-end octet {buf[stop]:#04x}, expected 0xce")
             if kind == FRAME_METHOD and channel and buf[pos + 7:pos + 11] == _PUBLISH_IDS and \
                     channel not in self._pending:
+                run, after = scan_publishes(buf, pos, limit, self.max_message_size,
+                                            self._pending, PROPERTIES_MEMO, Content,
+                                            BasicPublish)
+                if run:  # the common publishes of this read in one call (publish_scan.py)
+                    events += run
+                    pos = after
+                    continue
                 whole = self._whole_publish(buf, pos + 7, stop, end, channel, limit)
                 if whole is not None:
                     events.append(whole[0])
@@ -310,7 +320,11 @@ class AmqpDecoder:
         if channel in self._pending:
             raise AmqpError(UNEXPECTED_FRAME, f"method frame on channel {channel} while "
                             "its content was expected")
-        method = _decode_publish(payload) if payload[:4] == _PUBLISH_IDS else decode_method(payload)
+        ids = payload[:4]
+        if ids == _ACK_IDS and len(payload) == 13:  # basic.ack: a consumer's, per message
+            tag, bits = _DELIVER_TAG.unpack_from(payload, 4)
+            return MethodFrame(channel, BasicAck(tag, bool(bits & 1)))
+        method = _decode_publish(payload) if ids == _PUBLISH_IDS else decode_method(payload)
         if not method.HAS_CONTENT:
             return MethodFrame(channel, method)
         if channel == 0:

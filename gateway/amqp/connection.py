@@ -190,8 +190,21 @@ class ServerConnection:
         except AmqpError as exc:
             self.close(exc.reply_code, exc.text, exc.class_id, exc.method_id)
             return events
+        channels = self._channels
         for frame in frames:
-            if self._state is _State.ENDED:
+            state = self._state
+            kind = type(frame)
+            if (kind is Content or kind is MethodFrame) and state is _State.RUNNING and \
+                    channels.get(frame.channel) is False:
+                # _handle's answers on an open channel, without the walk: content, and
+                # the methods of classes it passes on (exchange, queue, basic, confirm, tx)
+                if kind is Content:
+                    events.append(ContentReceived(frame))
+                    continue
+                if frame.method.CLASS_ID >= 40:
+                    events.append(MethodReceived(frame.channel, frame.method))
+                    continue
+            if state is _State.ENDED:
                 break
             try:
                 self._handle(frame, events)

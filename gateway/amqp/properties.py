@@ -11,7 +11,6 @@ are on the wire, in order, each in its own type (no bit packing).
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 from gateway.amqp.errors import SYNTAX_ERROR, AmqpError
@@ -23,7 +22,8 @@ from gateway.amqp.fields import (
     encode_table,
 )
 
-__all__ = ["BasicProperties", "decode_properties", "encode_properties", "EMPTY_PROPERTIES"]
+__all__ = ["BasicProperties", "decode_properties", "encode_properties", "EMPTY_PROPERTIES",
+           "PROPERTIES_MEMO"]
 
 _U16 = struct.Struct(">H")
 _U8 = struct.Struct(">B")
@@ -82,22 +82,29 @@ def encode_properties(props: BasicProperties) -> bytes:
 
 
 #: Property lists up to this size without `headers` are decoded once and then served from
-#: a small LRU cache: publishers repeat the same few (content type, delivery mode, ...), and
+#: `PROPERTIES_MEMO`: publishers repeat the same few (content type, delivery mode, ...), and
 #: the result is immutable. Anything with headers (a mutable dict) is decoded every time.
 _CACHED_MAX_SIZE = 128
 _HEADERS_FLAG_HIGH_OCTET = 0x20  # flag bit 13 = bit 5 of the first flag octet
+#: At most this many entries in PROPERTIES_MEMO; it starts over when full.
+PROPERTIES_MEMO_SIZE = 256
+#: Encoded property list -> its decoding, for the lists `decode_properties` shares (the
+#: publish scanner, gateway/amqp/publish_scan.py, looks its properties up here).
+PROPERTIES_MEMO: dict[bytes, BasicProperties] = {}
 
 
 def decode_properties(buf: Any, off: int = 0) -> BasicProperties:
     """Decode flags and property list at `off`, which must end exactly at the buffer's end."""
     if 2 <= len(buf) - off <= _CACHED_MAX_SIZE and not buf[off] & _HEADERS_FLAG_HIGH_OCTET:
-        return _decode_cached(bytes(buf[off:]))
+        raw = bytes(buf[off:])
+        props = PROPERTIES_MEMO.get(raw)
+        if props is None:
+            props = _decode(raw, 0)
+            if len(PROPERTIES_MEMO) >= PROPERTIES_MEMO_SIZE:
+                PROPERTIES_MEMO.clear()
+            PROPERTIES_MEMO[raw] = props
+        return props
     return _decode(buf, off)
-
-
-@lru_cache(maxsize=256)
-def _decode_cached(raw: bytes) -> BasicProperties:
-    return _decode(raw, 0)
 
 
 def _decode(buf: Any, off: int) -> BasicProperties:

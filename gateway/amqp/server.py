@@ -180,7 +180,7 @@ class AmqpServer:
         conn.peer_loopback = _is_loopback(stream)
         conn.peer = _peer(stream)
         session = AmqpSession(conn, self.broker) if self.broker is not None else None
-        # Consumer loops and the store loop write from their own tasks too.
+        # Consumer loops and store tasks write from their own tasks too.
         wire = Wire(stream, conn.data_to_send, cfg.read_size, self)
         flush = wire.flush
 
@@ -228,6 +228,8 @@ class AmqpServer:
                 await self._event(conn, session, event)
                 if type(event) is ConnectionOpened:
                     handshake_deadline = None
+            if session is not None:
+                await session.store_queued(wire.drained)
             await flush()
             if conn.closing and close_deadline is None:
                 close_deadline = trio.current_time() + cfg.close_linger_s

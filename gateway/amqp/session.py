@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from gateway.amqp import errors
-from gateway.amqp.broker import MAX_BATCH_BYTES, AmqpBroker
+from gateway.amqp.broker import AmqpBroker
 from gateway.amqp.codec import encode_content
 from gateway.amqp.connection import (
     ChannelClosed,
@@ -71,7 +71,9 @@ from gateway.amqp.methods import (
     TxSelect,
     TxSelectOk,
 )
+from gateway.amqp.publish_store import PublishStore
 from gateway.amqp.queue_args import parse_expiration
+from gateway.routing.route_table import BRIDGE_EXCHANGE
 
 __all__ = ["AmqpSession"]
 
@@ -102,7 +104,7 @@ async def _no_flush() -> None:
     return None
 
 
-class AmqpSession:
+class AmqpSession(PublishStore):
     """The broker side of one connection."""
 
     def __init__(self, conn: ServerConnection, broker: AmqpBroker) -> None:
@@ -112,20 +114,16 @@ class AmqpSession:
         self.channels: dict[int, _Channel] = {}
         #: Writes what the connection has queued to the socket (set by the server).
         self.flush: Callable[[], Awaitable[None]] = _no_flush
-        # Publishes received, not yet stored: (properties, body, confirm entry, channel,
-        # channel state); stored by `_store_loop` in the broker's nursery.
-        self._pubs: list[tuple] = []
-        self._pub_bytes = 0
-        self._pub_wake = trio.Event()
-        self._pub_space = trio.Event()
-        self._storing = False
-        self._ended = False
-        self._stores_done = trio.Event()
+        self._init_store()  # publishes not yet stored (publish_store.py)
         self.username = ""
         self.vhost = "/"
         #: The user's permissions on the vhost (gateway/amqp/users.py); None: all allowed.
         self.permissions: Any = None
         self._allowed: dict[tuple[str, str, str], bool] = {}
+        #: (exchange, routing key, raw properties, stored properties) of the last publish
+        #: `publish_now` took, valid until this task awaits (`handle`, `store_queued`):
+        #: the publishes of one read that repeat it skip routing and the properties cache.
+        self._last_route: tuple | None = None
 
     def opened(self, username: str, vhost: str, permissions: Any) -> None:
         """Connection.Open-Ok went out: the vhost's broker side and the user's rights."""
@@ -168,23 +166,39 @@ class AmqpSession:
         if self.permissions is not None and self._allowed.get(
                 ("write", "exchange", method.exchange or "amq.default")) is not True:
             return False
-        try:
-            lmqs = broker.route(method.exchange, method.routing_key, content.properties.headers)
-            if not lmqs or (broker.limited and not broker.limited.keys().isdisjoint(lmqs)):
+        raw = content.raw_properties
+        last = self._last_route
+        if last is not None and last[0] == method.exchange and \
+                last[1] == method.routing_key and last[2] == raw:
+            pb = last[3]  # as the previous publish of this read (nothing awaited since)
+        else:
+            try:
+                lmqs = broker.route(method.exchange, method.routing_key,
+                                    content.properties.headers)
+                if not lmqs or (broker.limited and not broker.limited.keys().isdisjoint(lmqs)):
+                    return False
+                pb = broker.stored_properties(method.exchange, method.routing_key,
+                                              content.properties, raw, lmqs)
+            except Exception:  # `handle` meets it again and answers it
                 return False
-            pb = broker.stored_properties(method.exchange, method.routing_key,
-                                          content.properties, content.raw_properties, lmqs)
-        except Exception:  # `handle` meets it again and answers it
-            return False
+            if method.exchange != BRIDGE_EXCHANGE:  # (whose properties carry a clock)
+                self._last_route = (method.exchange, method.routing_key, raw, pb)
         entry: list | None = None
         if state.confirm:
             entry = [state.next_publish_tag, None]
             state.next_publish_tag += 1
             state.confirms.append(entry)
-        self._queue_pubs([(pb, content.body, entry, content.channel, state)])
+        self._queue_pubs([(pb, content.body, entry, content.channel, state)], start=False)
         return True
 
     async def handle(self, event: Any) -> None:
+        self._last_route = None  # routes may change while this awaits
+        if self._pubs and not self._storing:
+            try:  # what publish_now queued goes first (barriers wait on it)
+                self._start_storing()
+            except AmqpError as exc:  # the broker side stopped
+                self.conn.close(exc.reply_code, exc.text)
+                return
         kind = type(event)
         if kind is ChannelClosed:
             await self._drop_channel(event.channel)
@@ -245,7 +259,9 @@ class AmqpSession:
         exclusive queues go."""
         # Publishes already received are stored (bounded by the caller's deadline).
         self._ended = True
-        self._pub_wake.set()
+        if self._pubs and not self._storing:  # queued by publish_now, not yet taken
+            self._begin_storing()
+            await self._store()
         if self._storing:
             await self._stores_done.wait()
         for channel in list(self.channels):
@@ -483,102 +499,3 @@ class AmqpSession:
         if refused:
             lmqs = [lmq for lmq in lmqs if lmq not in refused]
         return lmqs, trim, bool(refused)
-
-    async def _enqueue(self, pubs: list[tuple]) -> None:
-        """Hand publishes to the store loop (started on demand); back-pressure."""
-        self._queue_pubs(pubs)
-        while self._pub_bytes > self.broker.config.max_publish_backlog_bytes:
-            await self._pub_space.wait()  # back-pressure: stop reading this socket
-
-    def _queue_pubs(self, pubs: list[tuple]) -> None:
-        broker = self.broker
-        for pub in pubs:
-            self._pubs.append(pub)
-            self._pub_bytes += len(pub[0]) + len(pub[1])
-        if not self._storing:
-            if broker.nursery is None:
-                raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not "
-                                "running")
-            self._storing = True
-            self._stores_done = trio.Event()
-            broker.nursery.start_soon(self._store_loop)
-        self._pub_wake.set()
-
-    def _confirm(self, channel: int, state: _Channel) -> None:
-        """Send the confirms of `channel` that are settled, in publish order (a run of
-        acks as one Basic.Ack with multiple)."""
-        if self.channels.get(channel) is not state:
-            return  # the channel closed since: its confirms are moot
-        confirms = state.confirms
-        last_ack = 0
-        while confirms and confirms[0][1] is not None:
-            tag, ok = confirms.popleft()
-            if ok:
-                last_ack = tag
-                continue
-            if last_ack:
-                self.conn.send(channel, BasicAck(last_ack, True))
-                last_ack = 0
-            self.conn.send(channel, BasicNack(tag, False, False))
-        if last_ack:
-            self.conn.send(channel, BasicAck(last_ack, True))
-
-    async def _store_loop(self) -> None:
-        """Store this connection's publishes in order, one batch at a time: while one is
-        on the wire the next accumulates. All of a connection's publishes go to one store
-        queue, so they reach every queue in the order they were published."""
-        broker = self.broker
-        qid = self.id % broker.config.store_queues
-        try:
-            while True:
-                if not self._pubs:
-                    if self._ended:
-                        return
-                    await self._pub_wake.wait()
-                    self._pub_wake = trio.Event()
-                    continue
-                size = 0
-                n = 0
-                for pb, body, *_ in self._pubs:
-                    if n and size + len(pb) + len(body) > MAX_BATCH_BYTES:
-                        break
-                    size += len(pb) + len(body)
-                    n += 1
-                batch, self._pubs = self._pubs[:n], self._pubs[n:]
-                ok = await broker.store_batch(qid, [(pb, body) for pb, body, *_ in batch])
-                if ok is None:
-                    # The broker refused the batch as a whole (e.g. one message too big):
-                    # store them one by one so only the culprits are nacked.
-                    results = [await broker.store_batch(qid, [(pb, body)])
-                               for pb, body, *_ in batch]
-                else:
-                    results = [ok] * len(batch)
-                self._pub_bytes -= size
-                self._pub_space.set()
-                self._pub_space = trio.Event()
-                touched = {}
-                for (_, _, entry, channel, state), stored in zip(batch, results, strict=True):
-                    if entry is not None:
-                        # A third item: a reject-publish queue refused it (Basic.Nack).
-                        entry[1] = bool(stored) and len(entry) == 2
-                        touched[channel] = state
-                for channel, state in touched.items():
-                    self._confirm(channel, state)
-                if touched:
-                    try:
-                        await self.flush()
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-        except Exception:
-            # A bug here must not take the gateway down (this task runs in the broker's
-            # nursery): nack what is waiting and let the connection go on.
-            log.exception("AMQP store loop failed")
-            pending, self._pubs, self._pub_bytes = self._pubs, [], 0
-            for _, _, entry, channel, state in pending:
-                if entry is not None:
-                    entry[1] = False
-                    self._confirm(channel, state)
-            self._pub_space.set()
-        finally:
-            self._storing = False
-            self._stores_done.set()

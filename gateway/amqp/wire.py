@@ -45,6 +45,12 @@ class Wire:
         self._drained = True  # the last read took less than read_size
         self._meter = meter  # its `bytes_out` counts the octets written
 
+    @property
+    def drained(self) -> bool:
+        """The last read took less than a buffer's worth (nothing more was waiting), and
+        no writer waits for the socket to take more."""
+        return self._drained and not self._lock.locked()
+
     async def flush(self) -> None:
         """Write everything queued so far."""
         out = self._take()
@@ -74,7 +80,9 @@ class Wire:
         """The next octets (b"" at end of stream); cancellable while it waits."""
         sock = self._sock
         if sock is None:
-            return await self.stream.receive_some(self._read_size)
+            data = await self.stream.receive_some(self._read_size)
+            self._drained = len(data) < self._read_size
+            return data
         if self._drained:
             await trio.lowlevel.wait_readable(sock)
         else:

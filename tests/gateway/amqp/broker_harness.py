@@ -132,6 +132,8 @@ def run_gateways(tmp_path, client_fn: Callable[[list[Gateway]], Any], count: int
 
     async def gateway(nursery, server, i: int, client) -> tuple[Gateway, AmqpServer]:
         b = server.broker
+        if in_process:  # requests (stores, routes) in-process too, as in `lmq serve`
+            client.remoting.register_local(b.broker_addr, b.table)
         routes = RouteLog(client, b.broker_addr, b.config.broker_name, f"amqp-gw-{i}",
                           RouteLogConfig(pull_suspend_ms=500, heartbeat_interval_s=0.2,
                                          gateway_timeout_s=2.0, ack_timeout_s=10.0))
