@@ -14,6 +14,7 @@ request would have been answered with (same code, same remark).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from core.acl.permissions import send_resource
@@ -32,6 +33,8 @@ from .processors.send import (
 )
 
 __all__ = ["LOCAL_REMOTE", "LocalSend", "LocalSent"]
+
+log = logging.getLogger(__name__)
 
 #: The born host of messages stored in process (over the in-process transport a peer
 #: has a pseudo address too).
@@ -89,6 +92,10 @@ class LocalSend:
                 header, body, LOCAL_REMOTE, may_inner, SERVER_VERSION)
         except SendRefused as refused:
             raise self._refused(refused.code, refused.remark) from None
+        except Exception as exc:  # as the processor table answers a failing handler
+            log.error("in-process send failed (answered SYSTEM_ERROR)", exc_info=exc)
+            raise self._refused(ResponseCode.SYSTEM_ERROR,
+                                str(exc) or type(exc).__name__) from None
         code = put_code(result)
         if code and code not in STORED_CODES:
             raise self._refused(code, put_failure(result))

@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from core.broker.processors.send import SendHeader
 from core.client import MessageQueue
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient
@@ -62,6 +63,9 @@ class BrokerTraffic:
         self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
                           "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
                           "h": "0", "j": "0", "k": "false", "m": "false"}
+        #: The broker's send checks and put when it runs in this process
+        #: (core/broker/local_send.py; set by embedded.py): stores without requests.
+        self.local_send: Any = None
 
     def ack_later(self, pop: PopClient, message: Any) -> None:
         """Queue an acknowledgement (Basic.Ack): sent in the next batch, not waited for."""
@@ -176,10 +180,17 @@ class BrokerTraffic:
             ext["i"] = ""
             ext["m"] = "true"
             batch = True
-        mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
+        local = self.local_send
         try:
-            result = await self.client.api.send_message(
-                self.addr, mq, ext, body, batch=batch, uniq_id="", timeout=cfg.send_timeout_s)
+            if local is not None:  # the broker of this process: no request (store-api.md)
+                result = await local.send(SendHeader(
+                    ext["a"], ext["b"], ext["c"], cfg.store_queues, qid, 0, int(ext["g"]), 0,
+                    ext["i"], 0, False, None, batch), body)
+            else:
+                mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
+                result = await self.client.api.send_message(
+                    self.addr, mq, ext, body, batch=batch, uniq_id="",
+                    timeout=cfg.send_timeout_s)
         except MQClientError as exc:
             # The broker answered with an error (or the client refused locally): nothing
             # was stored.

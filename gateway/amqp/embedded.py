@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from core.broker.local_send import LocalSend
 from core.client import ClientInstance
 from gateway.amqp.broker import AmqpBroker, AmqpBrokerConfig
 from gateway.amqp.server import AmqpServer, AmqpServerConfig
@@ -79,6 +80,7 @@ class AmqpService:
                 routes = RouteLog(client, addr, name, gateway_id)
                 broker = AmqpBroker(client, addr, name, routes, self.broker_config)
                 broker.attach_local(core)  # pops and acks without requests
+                broker.local_send = LocalSend.of(core)  # stores without requests
                 self.server = AmqpServer(self.config, broker=broker)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(routes.run)
