@@ -169,7 +169,8 @@ class BrokerLink(LinkReads, LinkCluster):
         self._props = StoredProperties()
         #: The broker of this process, stored to without requests (`attach_local`).
         self.local_send: Any = None
-        self.local_broker: str | None = None
+        #: its address: used while it is the master the cluster names (`brokers`)
+        self.local_addr: str | None = None
         #: when "no master broker" was last logged (None: not in such an episode), and
         #: how often it was seen since without being logged
         self._no_master_logged_at: float | None = None
@@ -528,7 +529,9 @@ class BrokerLink(LinkReads, LinkCluster):
         props, body, batch = self._props.request(reqs)
         born = int(time.time() * 1000)
         local = self.local_send
-        if local is not None and broker == self.local_broker:
+        if local is not None and self.brokers.get(broker) != self.local_addr:
+            local = None  # not (or no longer) the master of this process
+        if local is not None:
             # The broker of this process (`attach_local`): no request (store-api.md).
             header = local_header(self.config, qid, props, batch, born)
         else:
@@ -537,7 +540,7 @@ class BrokerLink(LinkReads, LinkCluster):
         err: Exception | None = None
         for _attempt in range(SEND_ATTEMPTS):
             try:
-                if local is not None and broker == self.local_broker:
+                if local is not None:
                     ids = ",".join((await local.send(header, body)).result.msg_ids)
                 else:
                     try:
@@ -581,15 +584,16 @@ class BrokerLink(LinkReads, LinkCluster):
         return QUOTA_EXCEEDED if illegal else SEND_FAILED
 
     def attach_local(self, core_broker: Any) -> None:
-        """Store through `core_broker`'s send checks and put directly (LocalSend): it
-        runs in this process (`lmq serve`). Without it (or with a broker in
+        """Store through `core_broker`'s send checks and put directly (LocalSend) while
+        it is the master of its broker name: it runs in this process (`lmq serve`).
+        Without it (or with a broker in
         apache_strict mode) every store is a SEND request. The gateway's account
         (`broker_access_key`) is the one checked when the broker's ACL does not trust
         in-process peers."""
         from core.broker.local_send import LocalSend
 
         self.local_send = LocalSend.of(core_broker, self.config.broker_access_key)
-        self.local_broker = core_broker.config.broker_name
+        self.local_addr = core_broker.broker_addr
 
     # -- several gateways -------------------------------------------------------------
 

@@ -86,3 +86,40 @@ def test_broker_refusal_nacks_the_publish(tmp_path, store_requests, in_process):
     failed = run_gateway(tmp_path, client, in_process=in_process,
                          broker_kw={"max_message_size": 2048})
     assert failed >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_confirmed_publishes_survive_kill_9_of_lmq_serve_with_sync_flush(tmp_path):
+    """`lmq serve --flush sync` stores in process; what pika saw confirmed before the
+    process was killed with -9 is all there after a restart."""
+    from tests.gateway.amqp.test_serve_amqp import _stop, start_with_pika
+
+    count = 200
+    proc, conn = start_with_pika(tmp_path, "--flush", "sync")
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("dur-store", durable=True)
+        for i in range(count):  # each confirmed (pika raises on a nack)
+            ch.basic_publish("", "dur-store", f"d{i}".encode(),
+                             pika.BasicProperties(delivery_mode=2))
+        proc.kill()  # -9, right after the last confirm
+        proc.wait(30)
+    finally:
+        _stop(proc)
+    proc, conn = start_with_pika(tmp_path, "--flush", "sync")
+    try:
+        ch = conn.channel()
+        got = []
+        for method, _, body in ch.consume("dur-store", inactivity_timeout=10):
+            if method is None:
+                break
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+            if len(got) == count:
+                break
+        conn.close()
+    finally:
+        _stop(proc)
+    assert got == [f"d{i}".encode() for i in range(count)]
