@@ -23,14 +23,8 @@ from core.remoting.codec import SERVER_VERSION
 from core.remoting.codes import ResponseCode
 from core.store.results import PutResult
 
-from .processors.send import (
-    STORED_CODES,
-    SendHeader,
-    SendProcessor,
-    SendRefused,
-    put_code,
-    put_failure,
-)
+from .processors import send
+from .processors.send import SendHeader, SendProcessor, SendRefused
 
 __all__ = ["LOCAL_REMOTE", "LocalSend", "LocalSent"]
 
@@ -96,9 +90,9 @@ class LocalSend:
             log.error("in-process send failed (answered SYSTEM_ERROR)", exc_info=exc)
             raise self._refused(ResponseCode.SYSTEM_ERROR,
                                 str(exc) or type(exc).__name__) from None
-        code = put_code(result)
-        if code and code not in STORED_CODES:
-            raise self._refused(code, put_failure(result))
+        code = send.put_code(result)
+        if code and code not in send.STORED_CODES:
+            raise self._refused(code, send.put_failure(result))
         return LocalSent(code, queue_id, result)
 
     def _refused(self, code: int, remark: str) -> MQBrokerError:

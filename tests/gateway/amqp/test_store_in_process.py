@@ -10,7 +10,9 @@ import pytest
 from core.broker.local_send import LocalSend
 from core.client.api import MQClientAPI
 from gateway.amqp.broker import AmqpBroker, AmqpBrokerConfig
+from tests.gateway.amqp import test_consume_in_process
 from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
+from tests.gateway.amqp.test_consume_in_process import pop_requests  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,47 +42,25 @@ def store_requests(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("in_process", [True, False])
-def test_pika_publishes_stored_without_send_requests(tmp_path, store_requests, in_process):
-    count = 40
-
-    def client(gw: Gateway):
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("stored")
-        ch.confirm_delivery()
-        for i in range(count):  # each confirmed: stored under the flush policy
-            ch.basic_publish("", "stored", f"m{i}".encode())
-        got = []
-        for method, _, body in ch.consume("stored", inactivity_timeout=10):
-            assert method is not None, "no delivery"
-            got.append(body)
-            ch.basic_ack(method.delivery_tag)
-            if len(got) == count:
-                break
-        ch.cancel()
-        conn.close()
-        return got, gw.broker.local_send
-
-    got, local = run_gateway(tmp_path, client, in_process=in_process)
-    assert got == [f"m{i}".encode() for i in range(count)]
-    if in_process:
-        assert store_requests == []
-        assert local.sends > 0
-    else:
-        assert store_requests
+def test_pika_publishes_stored_without_send_requests(tmp_path, store_requests, pop_requests,  # noqa: F811
+                                                     in_process):
+    """test_consume_in_process's pika round trip (publishes confirmed, consumed, acked),
+    with LocalSend attached: no store request in process, requests when detached."""
+    test_consume_in_process.test_consume_and_acks_in_process_send_no_pop_requests(
+        tmp_path, pop_requests, in_process)
+    assert bool(store_requests) is not in_process
 
 
 @pytest.mark.parametrize("in_process", [True, False])
 def test_broker_refusal_nacks_the_publish(tmp_path, store_requests, in_process):
     def client(gw: Gateway):
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("small")
-        ch.confirm_delivery()
-        ch.basic_publish("", "small", b"fits")
-        with pytest.raises(pika.exceptions.NackError):
-            ch.basic_publish("", "small", b"x" * 4096)
-        conn.close()
+        with pika.BlockingConnection(params(gw.port)) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("small")
+            ch.basic_publish("", "small", b"fits")
+            with pytest.raises(pika.exceptions.NackError):
+                ch.basic_publish("", "small", b"x" * 4096)
         return gw.broker.stats["failed"]
 
     failed = run_gateway(tmp_path, client, in_process=in_process,
