@@ -99,6 +99,7 @@ def test_a_reader_round_completes_when_its_connection_is_taken_over(monkeypatch)
     with GatewayServer() as srv:
         sub = _subscriber(srv, "lat/t")
         pub = _publisher(srv, "pub")
+        srv.gateway.link.local_send = None  # the store request path (as over TCP)
         api = srv.gateway.link.client.api
         send = api.send_message
         entered = threading.Event()

@@ -216,6 +216,8 @@ def test_send_timing_out_after_store_is_not_stored_twice(server):
     pub.send(Publish("dupstore/t", b"m0", 2, packet_id=1))
     assert pub.recv_type(Pubrec).reason_code == 0
     assert sub.get().payload == b"m0"  # the LMQ tail is known from here on
+    local = link.local_send
+    server.call(setattr, link, "local_send", None)  # the request path (as over TCP)
     real = api.send_message
     calls = []
 
@@ -231,6 +233,7 @@ def test_send_timing_out_after_store_is_not_stored_twice(server):
         assert pub.recv_type(Pubrec).reason_code == 0x80
     finally:
         server.call(delattr, api, "send_message")
+        server.call(setattr, link, "local_send", local)
     assert calls == [1]  # not sent again
     pub.send(Publish("dupstore/t", b"m2", 2, packet_id=3))
     assert pub.recv_type(Pubrec).reason_code == 0
