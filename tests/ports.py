@@ -14,7 +14,7 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "port_free"]
 
 SPAN = 12000  # ports below the ephemeral range to draw from
 _given: set[int] = set()
@@ -36,10 +36,11 @@ def _range() -> tuple[int, int]:
     return start, low
 
 
-def _bindable(port: int) -> bool:
+def port_free(port: int, host: str = "0.0.0.0") -> bool:
+    """Whether `port` can be bound on `host` now (all interfaces by default)."""
     with socket.socket() as s:
         try:
-            s.bind(("0.0.0.0", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -53,7 +54,7 @@ def free_port(taken: set[int] | None = None) -> int:
         _given.clear()  # long runs: the first ports are long closed again
     for _ in range(4 * (high - low)):
         port = _rng.randrange(low, high)
-        if port in _given or (taken is not None and port in taken) or not _bindable(port):
+        if port in _given or (taken is not None and port in taken) or not port_free(port):
             continue
         _given.add(port)
         if taken is not None:

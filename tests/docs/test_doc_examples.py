@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ports import port_free
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -95,15 +96,6 @@ def test_every_skipped_block_gives_a_reason():
         assert block.skip is None or len(block.skip) >= 5, f"{block.name}: reason too short"
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _can_unshare() -> bool:
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "nsenter", "ip")):
         return False
@@ -131,7 +123,7 @@ def live_server(tmp_path_factory):
             ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *serve],
             cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
         prefix = ["nsenter", f"--net=/proc/{proc.pid}/ns/net"]
-    elif all(_port_free(p) for p in DEFAULT_PORTS):
+    elif all(port_free(p, "127.0.0.1") for p in DEFAULT_PORTS):
         proc = subprocess.Popen(serve, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
         prefix = []
     else:
