@@ -190,6 +190,8 @@ class AmqpBroker(BrokerTraffic):
             child._pop_clients = self._pop_clients
             child.local_pop = self.local_pop
             child.ack_later = self.ack_later  # type: ignore[method-assign]
+            child.acks_settled = self.acks_settled  # type: ignore[method-assign]
+            child.local_send = self.local_send
             child.nursery = self.nursery
             child.decl = self.decl
             child.sac, child.expiry, child.presence = self.sac, self.expiry, self.presence

@@ -60,6 +60,9 @@ class BrokerTraffic:
         # groups in each round, while the previous round is on the wire.
         self._acks: list[tuple[PopClient, Any]] = []
         self._acks_ready = trio.Event()
+        # Rounds begun / ended, and an event set at the end of each (acks_settled).
+        self._ack_rounds = [0, 0]
+        self._ack_round_ended = trio.Event()
         self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
                           "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
                           "h": "0", "j": "0", "k": "false", "m": "false"}
@@ -72,6 +75,13 @@ class BrokerTraffic:
         self._acks.append((pop, message))
         self._acks_ready.set()
 
+    async def acks_settled(self) -> None:
+        """Return once every ack queued before the call was applied (in process) or its
+        request answered: Tx.Commit waits for this, so a commit-ok means the acks hold."""
+        target = self._ack_rounds[0] + (1 if self._acks else 0)
+        while self._ack_rounds[1] < target:
+            await self._ack_round_ended.wait()
+
     async def _ack_loop(self) -> None:
         while True:
             try:
@@ -83,6 +93,15 @@ class BrokerTraffic:
         await self._acks_ready.wait()
         self._acks_ready = trio.Event()
         batch, self._acks = self._acks, []
+        self._ack_rounds[0] += 1
+        try:
+            await self._ack_batch(batch)
+        finally:
+            self._ack_rounds[1] += 1
+            ended, self._ack_round_ended = self._ack_round_ended, trio.Event()
+            ended.set()
+
+    async def _ack_batch(self, batch: list[tuple[PopClient, Any]]) -> None:
         groups: dict[int, tuple[PopClient, list]] = {}
         for pop, m in batch:
             groups.setdefault(id(pop), (pop, []))[1].append(m)

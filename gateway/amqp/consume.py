@@ -472,7 +472,8 @@ class Deliveries:
         self._wake()
 
     async def commit(self) -> None:
-        """Tx.Commit: apply the acks, nacks and rejects of the transaction."""
+        """Tx.Commit: apply the acks, nacks and rejects of the transaction; returns once
+        they are applied."""
         pending, self.tx = self.tx or [], []
         for _, pop, m, queue, how in pending:
             if how == "ack":
@@ -482,6 +483,7 @@ class Deliveries:
             else:
                 await self.broker.policy.dead_letter(queue, pop, m, "rejected")
         self._wake()
+        await self.broker.acks_settled()  # commit-ok: the acks hold (as RabbitMQ)
 
     def rollback(self) -> None:
         """Tx.Rollback: the settled deliveries are unacknowledged again."""

@@ -74,6 +74,41 @@ def test_consume_and_acks_in_process_send_no_pop_requests(tmp_path, pop_requests
         assert RequestCode.BATCH_ACK_MESSAGE in pop_requests
 
 
+@pytest.mark.parametrize("in_process", [True, False])
+def test_tx_commit_ok_comes_after_the_acks_were_applied(tmp_path, monkeypatch, in_process):
+    """Basic.Ack is not answered, but Tx.CommitOk is: it goes out only once the ack round
+    holding the transaction's acks has ended (the ack then survives a kill -9)."""
+    import trio
+
+    from gateway.amqp.broker_io import BrokerTraffic
+
+    ended: list[int] = []
+    original = BrokerTraffic._ack_batch
+
+    async def slow_round(self, batch):
+        await trio.sleep(0.2)  # a round still running when the commit arrives
+        await original(self, batch)
+        ended.append(len(batch))
+
+    monkeypatch.setattr(BrokerTraffic, "_ack_batch", slow_round)
+
+    def client(gw: Gateway):
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("txq")
+        ch.basic_publish("", "txq", b"one")
+        ch.tx_select()
+        method, _, _ = ch.basic_get("txq")
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        ch.tx_commit()
+        seen = list(ended)  # read as soon as CommitOk arrived
+        conn.close()
+        return seen
+
+    assert run_gateway(tmp_path, client, in_process=in_process) == [1]
+
+
 @pytest.mark.parametrize("test", [
     test_broker_pika.test_consume_ack_round_trip_and_nack_requeue_redelivers,
     test_broker_pika.test_basic_get_and_unacked_requeued_on_close,
@@ -123,7 +158,8 @@ def test_prefetch_bounds_in_process_deliveries(tmp_path, pop_requests):
 def test_durable_queue_redelivers_after_kill_9_of_lmq_serve(tmp_path):
     """`lmq serve` pops in process; a delivery never acknowledged when the process is
     killed with -9 comes back (redelivered, once its invisibility deadline passed) after
-    a restart, an acknowledged one never."""
+    a restart, an acknowledged one never. Basic.Ack is not answered, so the test acks in
+    a transaction: Tx.CommitOk comes once the ack holds (as with RabbitMQ)."""
     config = tmp_path / "amqp.toml"
     config.write_text("invisible_ms = 2000\n")
 
@@ -137,15 +173,17 @@ def test_durable_queue_redelivers_after_kill_9_of_lmq_serve(tmp_path):
         ch.queue_declare("dur", durable=True)
         for body in (b"acked", b"unacked"):
             ch.basic_publish("", "dur", body, pika.BasicProperties(delivery_mode=2))
+        consumer = conn.channel()  # a confirm-mode channel cannot use transactions
+        consumer.tx_select()
         seen = []
-        for method, _, body in ch.consume("dur", inactivity_timeout=20):
+        for method, _, body in consumer.consume("dur", inactivity_timeout=20):
             assert method is not None, "no delivery"
             seen.append((body, method.redelivered))
             if body == b"acked":
-                ch.basic_ack(method.delivery_tag)
+                consumer.basic_ack(method.delivery_tag)
+                consumer.tx_commit()
             if len(seen) == 2:
                 break
-        conn.process_data_events(1.0)  # the ack round reaches the journal
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:

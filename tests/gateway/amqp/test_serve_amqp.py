@@ -25,9 +25,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def _serve(tmp_path: Path, *extra: str) -> subprocess.Popen:
     mqtt = () if "--mqtt-port" in extra else ("--no-mqtt",)
+    # Not the default gRPC port 8081: another test's server may hold it.
+    grpc = () if any(e.startswith("--grpc") or e == "--no-grpc" for e in extra) else ("--no-grpc",)
     return subprocess.Popen(
         [sys.executable, "-m", "lmq", "serve", "--data-dir", str(tmp_path / "data"),
-         "--namesrv-port", "0", "--broker-port", "0", *mqtt, *extra],
+         "--namesrv-port", "0", "--broker-port", "0", *mqtt, *grpc, *extra],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
