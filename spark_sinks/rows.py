@@ -19,7 +19,7 @@ from core.common.properties import MessageConst
 from gateway.mqtt.message import K_QOS as MQTT_QOS
 from gateway.mqtt.message import K_RETAIN as MQTT_RETAIN
 from gateway.mqtt.message import K_TOPIC as MQTT_TOPIC
-from gateway.mqtt.message import _get_text, _int
+from gateway.mqtt.message import get_text, int_or_none
 
 #: DDL of the source's rows (`spark.read.format("lmq").schema` cannot change it).
 SOURCE_SCHEMA_DDL = (
@@ -71,7 +71,7 @@ def user_headers(props: dict[str, str]) -> list[tuple[str, bytes]]:
 
 def mqtt_topic_of(props: dict[str, str]) -> str | None:
     """The MQTT topic the gateway stored with a message (plain or base64 form), or None."""
-    return _get_text(props, MQTT_TOPIC)
+    return get_text(props, MQTT_TOPIC)
 
 
 #: Properties the pull path adds to each message (not part of the stored message).
@@ -107,7 +107,7 @@ def to_record_batch(msgs: list[MessageExt], broker_name: str,
             qoss.append(None)
             retains.append(None)
         else:
-            qoss.append(_int(p.get(MQTT_QOS)) or 0)
+            qoss.append(int_or_none(p.get(MQTT_QOS)) or 0)
             retains.append(p.get(MQTT_RETAIN) == "1")
     n = len(msgs)
     columns = [

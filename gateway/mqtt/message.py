@@ -33,7 +33,8 @@ from core.common.sysflag import MessageSysFlag
 from core.store.record_view import RecordView
 from gateway.mqtt.packets import NO_PROPERTIES, Properties
 
-__all__ = ["MqttMessage", "from_message_ext", "from_record_view", "to_properties", "now_ms"]
+__all__ = ["MqttMessage", "from_message_ext", "from_record_view", "to_properties", "now_ms",
+           "get_text", "int_or_none"]
 
 K_TOPIC = "MQTT_TOPIC"
 K_QOS = "MQTT_QOS"
@@ -126,7 +127,8 @@ def _put_text(out: dict[str, str], key: str, value: str | None) -> None:
         out[key + "64"] = base64.b64encode(value.encode("utf-8")).decode("ascii")
 
 
-def _get_text(props: dict[str, str], key: str) -> str | None:
+def get_text(props: dict[str, str], key: str) -> str | None:
+    """A text property stored plain (`key`) or base64 (`key` + "64"), or None."""
     value = props.get(key)
     if value is not None:
         return value
@@ -167,7 +169,7 @@ def to_properties(msg: MqttMessage) -> dict[str, str]:
     return out
 
 
-def _int(value: str | None) -> int | None:
+def int_or_none(value: str | None) -> int | None:
     if value is None:
         return None
     try:
@@ -180,15 +182,15 @@ def from_properties(
     props: dict[str, str], payload: bytes, broker: str = "", commitlog_offset: int = -1
 ) -> MqttMessage | None:
     """Rebuild the MQTT message from stored properties; None if it is not one of ours."""
-    topic = _get_text(props, K_TOPIC)
+    topic = get_text(props, K_TOPIC)
     if not topic:
         return None
-    qos = _int(props.get(K_QOS)) or 0
+    qos = int_or_none(props.get(K_QOS)) or 0
     if qos not in (0, 1, 2):
         qos = 0
-    pfi = _int(props.get(K_PFI))
-    ct = _get_text(props, K_CT)
-    rt = _get_text(props, K_RT)
+    pfi = int_or_none(props.get(K_PFI))
+    ct = get_text(props, K_CT)
+    rt = get_text(props, K_RT)
     cd = None
     up: tuple[tuple[str, str], ...] = ()
     raw_cd = props.get(K_CD)
@@ -218,8 +220,8 @@ def from_properties(
         qos=qos,
         retain=props.get(K_RETAIN) == "1",
         props=v5,
-        expiry_at=_int(props.get(K_EXPIRY)),
-        sender=_get_text(props, K_CLIENT),
+        expiry_at=int_or_none(props.get(K_EXPIRY)),
+        sender=get_text(props, K_CLIENT),
         broker=broker,
         commitlog_offset=commitlog_offset,
     )
