@@ -26,7 +26,6 @@ class ArrivalNotifier:
 
     def __init__(self, hold: PullRequestHoldService) -> None:
         self.hold = hold
-        self.listeners: list[QueueListener] = []  # every queue, LMQs of a put one by one
         self.lmq_listeners: list[LmqListener] = []  # the LMQs of a put, in one call
         # Listeners of the queues on_dispatch is told about (a put's own queue), paired
         # with an LMQ listener that takes the multi-dispatched LMQs.
@@ -35,40 +34,30 @@ class ArrivalNotifier:
     def add_lmq(self, fn: LmqListener, other_queues: QueueListener | None = None) -> None:
         """Call `fn(names, max_offsets)` once per put with every LMQ it multi-dispatched
         to, and `other_queues(topic, queue_id, new_max_offset)` for every other dispatch:
-        what a listener of `listeners` gets, without one call per multi-dispatched LMQ."""
+        every arrival, without one call per multi-dispatched LMQ."""
         self.lmq_listeners.append(fn)
         if other_queues is not None:
             self.other_listeners.append(other_queues)
 
     def remove(self, fn: Callable[..., None]) -> None:
-        for listeners in (self.listeners, self.lmq_listeners, self.other_listeners):
+        for listeners in (self.lmq_listeners, self.other_listeners):
             if fn in listeners:
                 listeners.remove(fn)
 
     def on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
         self.hold.notify(topic, queue_id, max_offset)
-        for listeners in (self.listeners, self.other_listeners):
-            for fn in listeners:
-                try:
-                    fn(topic, queue_id, max_offset)
-                except Exception:
-                    log.exception("dispatch listener %r failed", fn)
+        for fn in self.other_listeners:
+            try:
+                fn(topic, queue_id, max_offset)
+            except Exception:
+                log.exception("dispatch listener %r failed", fn)
 
     def on_dispatch_lmqs(self, names: Iterable[str], max_offsets: Mapping[str, int]) -> None:
         """on_dispatch for the LMQs of one put, in one pass: held pulls, then the LMQ
-        listeners (one call each), then the per-queue listeners (one call per LMQ)."""
+        listeners (one call each)."""
         self.hold.notify_lmqs(names, max_offsets)
         for fn in self.lmq_listeners:
             try:
                 fn(names, max_offsets)
             except Exception:
                 log.exception("LMQ dispatch listener %r failed", fn)
-        listeners = self.listeners
-        if listeners:
-            for name in names:
-                mx = max_offsets[name]
-                for fn in listeners:
-                    try:
-                        fn(name, 0, mx)
-                    except Exception:
-                        log.exception("dispatch listener %r failed", fn)

@@ -200,11 +200,6 @@ class BrokerController:
                             getattr(self, "pop_service", None))  # set by processors/pop.py
                 if s is not None]
 
-    def add_dispatch_listener(self, fn: Callable[[str, int, int], None]) -> None:
-        """Also call `fn(topic, queue_id, new_max_offset)` after every dispatch (gateways
-        waiting on LMQs use it like the long-polling service does)."""
-        self.arrivals.listeners.append(fn)
-
     def add_lmq_dispatch_listener(self, fn: LmqListener, other_queues=None) -> None:
         """ArrivalNotifier.add_lmq: `fn(names, max_offsets)` once per multi-dispatching
         put, `other_queues` for every other dispatch (core/broker/arrival.py)."""
