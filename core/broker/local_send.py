@@ -23,6 +23,7 @@ from core.remoting.codec import SERVER_VERSION
 from core.remoting.codes import ResponseCode
 from core.store.results import PutResult
 
+from .pop.handoff import deferring
 from .processors import send
 from .processors.send import SendHeader, SendProcessor, SendRefused
 
@@ -82,8 +83,8 @@ class LocalSend:
         may_inner = self._may_inner(header.topic)
         self.sends += 1
         try:
-            result, queue_id = await self._processor.store(
-                header, body, LOCAL_REMOTE, may_inner, SERVER_VERSION)
+            result, queue_id = await deferring(self.broker, self._processor.store(
+                header, body, LOCAL_REMOTE, may_inner, SERVER_VERSION))  # (pop/handoff.py)
         except SendRefused as refused:
             raise self._refused(refused.code, refused.remark) from None
         except Exception as exc:  # as the processor table answers a failing handler

@@ -342,17 +342,18 @@ class PopClient:
     async def pop(self, topic: str, *, max_nums: int = 32, invisible_ms: int = 30_000,
                   poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
                   exp_type: str | None = None, exp: str | None = None,
-                  light: bool = False) -> PopResult:
+                  light: bool = False, hand_off=None) -> PopResult:
+        """`hand_off`: with the in-process service (`local`), a light pop that waits
+        hands what arrives meanwhile to it (docs/pop.md "Delivery at arrival")."""
         local = self.local
         if local is not None and light and not exp_type and not exp:
             batch, full = await local.pop(self.group, topic, max_nums, invisible_ms, poll_ms,
-                                          queue_id, init_mode, self.holder_id)
+                                          queue_id, init_mode, self.holder_id, hand_off)
             if full:
                 return PopResult(PopStatus.POLLING_FULL)
             if not batch.count:
                 return PopResult(PopStatus.NO_NEW_MSG, rest_num=batch.rest_num)
-            return self._light_result(_light_records(batch.buffers), batch.placed, None,
-                                      topic, batch.pop_time, invisible_ms, 0, batch.rest_num)
+            return self.local_result(batch, topic, invisible_ms)
         ext = {
             "consumerGroup": self.group, "topic": topic, "queueId": str(queue_id),
             "maxMsgNums": str(max_nums), "invisibleTime": str(invisible_ms),
@@ -406,6 +407,12 @@ class PopClient:
                 offset = int(handle.split(" ")[7])
             out.append(PopMessage(msg, topic, qid, offset, handle))
         return PopResult(PopStatus.FOUND, out, pop_time, invisible, int(h.get("restNum", 0)))
+
+    def local_result(self, batch, topic: str, invisible_ms: int) -> PopResult:
+        """The FOUND result of an in-process pop's `PopBatch` (`local.pop`, a hand-off's
+        pop) of `topic` under `invisible_ms`, with light records."""
+        return self._light_result(_light_records(batch.buffers), batch.placed, None, topic,
+                                  batch.pop_time, invisible_ms, 0, batch.rest_num)
 
     def _light_result(self, records: list[PopRecord], placed: list[tuple[int, int]],
                       starts: dict[str, str] | None, topic: str, pop_time: int,

@@ -16,10 +16,12 @@ import base64
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import unquote
 
 import trio
 
+from core.broker.pop.handoff import PARK, RETURN, WAKE
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
 from core.common.properties import MessageConst
@@ -180,9 +182,18 @@ _CONSUMERS: dict[Callable, int] = {}
 _DEFERRED: set[Callable] = set()
 
 
+def _wire_of(flush: Callable) -> Any:
+    """The `Wire` behind a channel's `flush` (the session's `_flush`, which awaits the
+    session's `flush`: its Wire's), when it can write without awaiting; else None (a
+    stand-in of the tests)."""
+    session = getattr(flush, "__self__", None)
+    wire = getattr(getattr(session, "flush", None), "__self__", None)
+    return wire if hasattr(wire, "write_now") else None
+
+
 class Consumer:
     __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries",
-                 "head")
+                 "head", "stash")
 
     def __init__(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
                  deliveries: Deliveries) -> None:
@@ -194,6 +205,12 @@ class Consumer:
         self.no_ack = no_ack
         self.cancelled = False
         self.head = deliver_head(tag)  # Basic.Deliver's first fields, encoded once
+        #: Messages a hand-off popped and left to the consumer's task (a delivery fault).
+        self.stash: list[PopMessage] | None = None
+
+    def take_arrival(self, parked: Any, after: dict) -> int:
+        """The hand-off of its parked pop (core/broker/pop/handoff.py)."""
+        return self.deliveries.deliver_now(self, parked, after)
 
 
 class Deliveries:
@@ -220,6 +237,7 @@ class Deliveries:
         #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
         self.tx: list | None = None
         self._room = trio.Event()
+        self._wire = _wire_of(flush)  # for deliveries at arrival (`deliver_now`)
 
     # ------------------------------------------------------------------ consumers
     def consume(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
@@ -327,69 +345,160 @@ class Deliveries:
     async def _consume(self, consumer: Consumer) -> None:
         cfg = self.broker.config
         queue = consumer.queue
-        checks = queue.args.checks_delivery
+        # Deliveries at arrival (deliver_now) when the socket can be written at once.
+        hand_off = consumer.take_arrival if self._wire is not None else None
         while not consumer.cancelled and not self.closed:
-            if queue.waiting and (queue.waiting[0] is not consumer
-                                  or not self.broker.sac.active(queue)):
-                # x-single-active-consumer: wait until the consumers before it are gone,
-                # here and on the other gateways (the queue's lock, sac.py).
-                await queue.active_changed.wait()
-                continue
-            room = batch = self._room_left()
-            if consumer.no_ack:
-                room = batch = cfg.pop_batch
-            if room <= 0:
-                await self._room.wait()
-                continue
-            try:
-                result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
-                                                invisible_ms=cfg.invisible_ms,
-                                                poll_ms=cfg.poll_ms, light=True)
-            except _BROKER_ERRORS as exc:
-                log.warning("AMQP consumer pop failed: %r", exc)
-                await trio.sleep(RETRY_DELAY_S)
-                await self.broker.register_holder()
-                continue
-            if result.status is not PopStatus.FOUND:
-                if result.status == PopStatus.POLLING_FULL:
+            messages = consumer.stash
+            if messages is not None:  # popped by a hand-off, left to this task
+                consumer.stash = None
+            else:
+                if queue.waiting and (queue.waiting[0] is not consumer
+                                      or not self.broker.sac.active(queue)):
+                    # x-single-active-consumer: wait until the consumers before it are
+                    # gone, here and on the other gateways (the queue's lock, sac.py).
+                    await queue.active_changed.wait()
+                    continue
+                room = batch = self._room_left()
+                if consumer.no_ack:
+                    room = batch = cfg.pop_batch
+                if room <= 0:
+                    await self._room.wait()
+                    continue
+                try:
+                    result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
+                                                    invisible_ms=cfg.invisible_ms,
+                                                    poll_ms=cfg.poll_ms, light=True,
+                                                    hand_off=hand_off)
+                except _BROKER_ERRORS as exc:
+                    log.warning("AMQP consumer pop failed: %r", exc)
                     await trio.sleep(RETRY_DELAY_S)
-                continue
+                    await self.broker.register_holder()
+                    continue
+                if result.status is not PopStatus.FOUND:
+                    if result.status == PopStatus.POLLING_FULL:
+                        await trio.sleep(RETRY_DELAY_S)
+                    continue
+                messages = result.messages
             lost = bool(queue.waiting) and not self.broker.sac.active(queue)
             if consumer.cancelled or self.closed or lost:
                 # Popped after the cancel, or after this gateway lost the queue's
                 # single-active lock (sac.py): give them back at once.
-                for m in result.messages:
+                for m in messages:
                     await self._requeue(consumer.pop, m)
                 if lost:
                     continue
                 return
             now = now_ms()
             parts: list = []
-            channel, frame_max, head = self.channel, self.frame_max, consumer.head
-            for m in result.messages:
-                _, _, raw, own_ttl, tail = _envelope(m)
-                if checks or own_ttl:
-                    fault = delivery_fault(queue, m, now)
-                    if fault is not None:
-                        if parts:  # out before anything else can take a tag
-                            self.send_parts(parts)
-                            parts = []
-                        await self.broker.policy.dead_letter(queue, consumer.pop, m, fault)
-                        continue
-                tag = self.next_tag
-                self.next_tag += 1
-                if not consumer.no_ack:
-                    self.unacked[tag] = (consumer.pop, m, queue)
-                deliver_parts(parts, channel, head, tag, m.redelivered, tail, raw, m.body,
-                              frame_max)
+            i = 0
+            while True:
+                i, fault = self._frames(consumer, messages, i, parts, now)
+                if fault is None:
+                    break
+                if parts:  # out before anything else can take a tag
+                    self.send_parts(parts)
+                    parts = []
+                await self.broker.policy.dead_letter(queue, consumer.pop, messages[i], fault)
+                i += 1
             self.send_parts(parts)
             try:
                 await self._write()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.closed = True
             if consumer.no_ack:
-                for m in result.messages:
+                for m in messages:
                     self.broker.ack_later(consumer.pop, m)
+        stash, consumer.stash = consumer.stash, None
+        for m in stash or ():  # (a hand-off's, cancelled before this task took it)
+            await self._requeue(consumer.pop, m)
+
+    def _frames(self, consumer: Consumer, messages: list[PopMessage], start: int,
+                parts: list, now: int) -> tuple[int, str | None]:
+        """Add the Basic.Deliver frames of `messages[start:]` to `parts` (each takes a
+        delivery tag) until one must be dead-lettered instead (expired): (its index, why),
+        or (len(messages), None)."""
+        queue = consumer.queue
+        checks = queue.args.checks_delivery
+        channel, frame_max, head = self.channel, self.frame_max, consumer.head
+        unacked = None if consumer.no_ack else self.unacked
+        for i in range(start, len(messages)):
+            m = messages[i]
+            _, _, raw, own_ttl, tail = _envelope(m)
+            if checks or own_ttl:
+                fault = delivery_fault(queue, m, now)
+                if fault is not None:
+                    return i, fault
+            tag = self.next_tag
+            self.next_tag += 1
+            if unacked is not None:
+                unacked[tag] = (consumer.pop, m, queue)
+            deliver_parts(parts, channel, head, tag, m.redelivered, tail, raw, m.body,
+                          frame_max)
+        return len(messages), None
+
+    # ------------------------------------------------------------------ at arrival
+    def deliver_now(self, consumer: Consumer, parked: Any, after: dict) -> int:
+        """Delivery at arrival (docs/amqp.md): the hand-off of `consumer`'s parked pop,
+        run when the store call that dispatched to its queue ends. Pops what arrived and
+        queues its frames, the socket write left to `after` (one per connection and run),
+        without waking the consumer's task: PARK (it stays parked). Anything that cannot
+        be done here and now answers RETURN before popping (the task looks again, as
+        when it was woken): cancelled or closed, another writer on the socket, no
+        prefetch room, x-single-active-consumer not active here. A message that must be
+        dead-lettered is left with the rest of its pop to the task (`stash`)."""
+        if consumer.cancelled or self.closed:
+            return RETURN
+        queue = consumer.queue
+        broker = self.broker
+        if queue.waiting and (queue.waiting[0] is not consumer or not broker.sac.active(queue)):
+            return RETURN
+        room = broker.config.pop_batch if consumer.no_ack else self._room_left()
+        wire = self._wire
+        if room <= 0 or not wire.can_write_now():
+            return RETURN
+        batch = parked.pop(room)
+        if not batch.count:
+            return PARK  # taken by another consumer
+        pop = consumer.pop
+        result = pop.local_result(batch, consumer.queue_lmq, broker.config.invisible_ms)
+        messages = result.messages
+        parts: list = []
+        i, fault = self._frames(consumer, messages, 0, parts, now_ms())
+        if parts:
+            self.send_parts(parts)
+            after[self.flush] = self._write_now
+        if consumer.no_ack:
+            for m in messages[:i]:
+                broker.ack_later(pop, m)
+        if fault is not None:
+            consumer.stash = messages[i:]
+            return RETURN
+        left = broker.config.pop_batch if consumer.no_ack else self._room_left()
+        if left <= 0:
+            return RETURN  # the task waits for room (acks) as after a pop of its own
+        parked.max_nums = min(parked.max_nums, left)
+        return WAKE if result.rest_num else PARK  # more waiting: the task pops them
+
+    def _write_now(self) -> None:
+        """The socket write of a run of hand-offs (`deliver_now`), for all the consumers
+        of this connection it served."""
+        if self.flush in _DEFERRED:
+            return  # a consumer task of this connection writes at the end of its batch
+        try:
+            if self._wire.write_now():
+                return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+            return
+        nursery = self.broker.nursery
+        if nursery is not None:  # the kernel took part of it: a task writes the rest
+            nursery.start_soon(self._write_rest)
+
+    async def _write_rest(self) -> None:
+        try:
+            await self.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
 
     # ------------------------------------------------------------------ get
     async def get(self, pop: PopClient, queue: Queue, no_ack: bool) -> None:

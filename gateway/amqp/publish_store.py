@@ -52,7 +52,7 @@ class PublishStore:
             return
         if inline or self.broker.nursery is None:
             self._begin_storing()
-            await self._store()
+            await self._store_deferring()
         else:
             self._start_storing()
 
@@ -83,7 +83,7 @@ class PublishStore:
         if nursery is None:
             raise AmqpError(errors.INTERNAL_ERROR, "INTERNAL_ERROR - broker side not running")
         self._begin_storing()
-        nursery.start_soon(self._store)
+        nursery.start_soon(self._store_deferring)
 
     def _confirm(self, channel: int, state: Any) -> None:
         """Send the confirms of `channel` that are settled, in publish order (a run of
@@ -103,6 +103,13 @@ class PublishStore:
             self.conn.send(channel, BasicNack(tag, False, False))
         if last_ack:
             self.conn.send(channel, BasicAck(last_ack, True))
+
+    async def _store_deferring(self) -> None:
+        """`_store` as a deferral window of the broker in this process: consumers parked
+        on the queues it fills get their deliveries once its confirms are written
+        (docs/amqp.md "Delivery at arrival")."""
+        local = self.broker.local_pop
+        await (self._store() if local is None else local.deferring(self._store()))
 
     async def _store(self) -> None:
         """Store this connection's publishes in order, one batch at a time, until none is

@@ -17,6 +17,9 @@ its CPU per message. Here, on a plain TCP socket:
 
 TLS streams (and anything else that is not a `trio.SocketStream`) use the stream's own
 calls.
+
+`write_now` is `flush` without awaiting, for a delivery made at a message's arrival by
+another task (docs/amqp.md "Delivery at arrival"): callers ask `can_write_now` first.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Wire:
         self._lock = trio.Lock()
         self._drained = True  # the last read took less than read_size
         self._meter = meter  # its `bytes_out` counts the octets written
+        self._unsent = b""  # what `write_now` could not write: the next flush's first
 
     @property
     def drained(self) -> bool:
@@ -54,27 +58,53 @@ class Wire:
     async def flush(self) -> None:
         """Write everything queued so far."""
         out = self._take()
+        self._meter.bytes_out += len(out)
+        if self._unsent:  # left by write_now (counted then): before anything queued since
+            out, self._unsent = self._unsent + out, b""
         if not out:
             return
-        self._meter.bytes_out += len(out)
         sock = self._sock
         if sock is not None and not self._lock.locked():
-            fd = sock.fileno()  # -1 once closed: never write to a descriptor reused since
-            if fd < 0:
-                raise trio.ClosedResourceError("socket was already closed")
-            try:
-                sent = os.write(fd, out)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
-                    raise trio.BrokenResourceError(str(exc)) from exc
-                raise
+            sent = self._write(sock, out)
             if sent == len(out):
                 return
             out = memoryview(out)[sent:]
         async with self._lock:
             await self.stream.send_all(out)
+
+    @staticmethod
+    def _write(sock, out: bytes) -> int:
+        """os.write to the socket: how much the kernel took (0 when it would block)."""
+        fd = sock.fileno()  # -1 once closed: never write to a descriptor reused since
+        if fd < 0:
+            raise trio.ClosedResourceError("socket was already closed")
+        try:
+            return os.write(fd, out)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                raise trio.BrokenResourceError(str(exc)) from exc
+            raise
+
+    def can_write_now(self) -> bool:
+        """`write_now` may be tried: a plain TCP socket, no writer waiting for it, nothing
+        left over from an earlier `write_now`."""
+        return self._sock is not None and not self._unsent and not self._lock.locked()
+
+    def write_now(self) -> bool:
+        """Write everything queued so far without awaiting (after `can_write_now`): True
+        when the kernel took it all; False when it took part of it (the rest is kept for
+        the next `flush`, which the caller must start). Raises as `flush` does."""
+        out = self._take()
+        if not out:
+            return True
+        self._meter.bytes_out += len(out)
+        sent = self._write(self._sock, out)
+        if sent == len(out):
+            return True
+        self._unsent = out[sent:]
+        return False
 
     async def receive(self) -> bytes:
         """The next octets (b"" at end of stream); cancellable while it waits."""

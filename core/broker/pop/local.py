@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import trio
 
+from core.broker.pop.handoff import RETURN, Parked, deferring
 from core.broker.pop.service import (
     POP_MAX_INVISIBLE_MS,
     POP_MAX_NUMS,
@@ -66,11 +67,12 @@ def param_error(max_nums: int, invisible_ms: int) -> str | None:
 async def pop_held(service: PopService, group: str, topic: str, queue_id: int,
                    read_queue_nums: int, max_nums: int, invisible_ms: int, init_mode: int,
                    filt, holder: str | None, order: bool,
-                   hold_s: float) -> tuple[PopBatch, bool]:
+                   hold_s: float, hand_off=None) -> tuple[PopBatch, bool]:
     """Pop; while nothing is found, wait up to `hold_s` for a dispatch, a requeue or the
     earliest deadline of the queues asked, then pop again. (batch, polling full): True
     when POP_MAX_POLLING pops are held already (nothing was waited for). Raises
-    PopStateFull."""
+    PopStateFull. `hand_off(parked, after)`: what arrives while it waits is handed to
+    it (delivery at arrival, handoff.py); nothing is found when it answers RETURN."""
     deadline = trio.current_time() + hold_s
     while True:
         queue_ids = [queue_id] if queue_id >= 0 else service.rotate(read_queue_nums)
@@ -84,7 +86,16 @@ async def pop_held(service: PopService, group: str, topic: str, queue_id: int,
         due = service.next_deadline(group, topic, queue_ids)
         if due is not None:
             remaining = min(remaining, max((due - now_ms()) / 1000.0, 0.0) + 0.001)
-        await service.wait(topic, remaining)
+        if hand_off is None:
+            await service.wait(topic, remaining)
+            continue
+        parked = Parked(service.handoffs, topic, hand_off, max_nums,
+                        lambda n, q=queue_ids: service.pop(group, topic, q, n, invisible_ms,
+                                                           init_mode, filt, holder, order))
+        await service.wait(topic, remaining, parked)
+        if parked.outcome == RETURN:
+            return batch, False  # (nothing found): the caller looks at its state again
+        max_nums = parked.max_nums
 
 
 class LocalPop:
@@ -109,9 +120,9 @@ class LocalPop:
 
     async def pop(self, group: str, topic: str, max_nums: int, invisible_ms: int,
                   poll_ms: int, queue_id: int, init_mode: int,
-                  holder: str | None) -> tuple[PopBatch, bool]:
+                  holder: str | None, hand_off=None) -> tuple[PopBatch, bool]:
         """What POP_MESSAGE would hand out (`pop_held`); MQBrokerError where it would
-        answer with an error code."""
+        answer with an error code. `hand_off`: see `pop_held` (delivery at arrival)."""
         bad = param_error(max_nums, invisible_ms)
         if bad is not None:
             raise self._refused(ResponseCode.INVALID_PARAMETER, bad)
@@ -127,10 +138,15 @@ class LocalPop:
         try:
             return await pop_held(service, group, topic, queue_id, tc.read_queue_nums,
                                   max_nums, invisible_ms, init_mode, None, holder, order,
-                                  hold_s)
+                                  hold_s, hand_off)
         except PopStateFull as exc:
             raise self._refused(ResponseCode.SYSTEM_BUSY,
                                 f"too many POP consumers: {exc}") from None
+
+    def deferring(self, coro):
+        """Await `coro` (a store call) as a deferral window: the hand-offs of the pops
+        parked meanwhile run when it returns or first suspends (handoff.py)."""
+        return deferring(self.broker, coro)
 
     def _refused(self, code: int, remark: str) -> MQBrokerError:
         return MQBrokerError(code, remark, self.broker.broker_addr)

@@ -26,6 +26,7 @@ import trio
 
 from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
+from core.broker.pop.handoff import HandOffs, Parked
 from core.broker.pop.journal import PopJournal, snapshot_line
 from core.broker.pop.orderly import OrderlyPop
 from core.broker.pop.reading import POP_CK, read_new
@@ -93,7 +94,8 @@ class PopService:
     def __init__(self, broker) -> None:
         self.broker = broker
         self.state = PopState()
-        self._waiters: dict[str, set[trio.Event]] = {}
+        self._waiters: dict[str, set[trio.Event | Parked]] = {}
+        self.handoffs = HandOffs(self._waiters)  # delivery at arrival (handoff.py)
         self.polling = 0
         self._rotation = 0
         # (deadline, group, topic, queue): the revive timer's work; `_scheduled` holds
@@ -294,15 +296,16 @@ class PopService:
                 ev.set()
         self._waiters.clear()
 
-    async def wait(self, topic: str, timeout_s: float) -> None:
-        """Until something may be visible in `topic`, or `timeout_s` passed."""
-        ev = trio.Event()
+    async def wait(self, topic: str, timeout_s: float, parked: Parked | None = None) -> None:
+        """Until something may be visible in `topic`, or `timeout_s` passed; `parked`
+        takes what arrives meanwhile through its hand-off (handoff.py)."""
+        ev = trio.Event() if parked is None else parked
         waiters = self._waiters.setdefault(topic, set())
         waiters.add(ev)
         self.polling += 1
         try:
             with trio.move_on_after(max(0.0, timeout_s)):
-                await ev.wait()
+                await (ev if parked is None else parked.event).wait()
         finally:
             self.polling -= 1
             current = self._waiters.get(topic)

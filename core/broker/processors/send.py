@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from core.acl import may_write_inner
+from core.broker.pop.handoff import deferring
 from core.broker.topic_config import TopicConfig
 from core.broker.transaction_batch import prepare_batch
 from core.common import names
@@ -359,8 +360,8 @@ class SendProcessor:
     async def handle(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         h = decode_send_header(cmd)
         try:
-            result, queue_id = await self.store(
-                h, cmd.body_bytes(), ctx.remote_addr, self._may_write_inner(ctx), cmd.version)
+            result, queue_id = await deferring(self.broker, self.store(  # pop/handoff.py
+                h, cmd.body_bytes(), ctx.remote_addr, self._may_write_inner(ctx), cmd.version))
         except SendRefused as refused:
             return error(cmd, refused.code, refused.remark)
         return self._response(cmd, result, queue_id)
