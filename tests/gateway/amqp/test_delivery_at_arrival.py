@@ -1,0 +1,282 @@
+"""Delivery at arrival (docs/amqp.md): in process, a consumer parked in its pop gets a
+message from the hand-off run at the end of the store that brought it (after the
+publisher's confirm went out), written straight to its socket while its task sleeps;
+what cannot be done so (prefetch full, a message to dead-letter, x-single-active-consumer,
+cancel) goes through the consumer's task as before. Real broker, gateway and pika."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from core.broker.local_send import LocalSend
+from gateway.amqp import consume as consume_module
+from gateway.amqp.wire import Wire
+from tests.gateway.amqp import broker_harness, test_queue_args_pika
+from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
+
+#: Basic.Deliver's class and method ids as they open its method frame's payload.
+_DELIVER = b"\x00\x3c\x00\x3c"
+
+
+def _as_lmq_serve(gw: Gateway):
+    """Stores without requests too (LocalSend), as `lmq serve` wires it; the POP service."""
+    core = gw.broker.local_pop.broker
+    gw.broker.local_send = LocalSend.of(core)
+    return core.pop_service
+
+
+def _consume_until(conn, got: list, n: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+
+
+def test_lone_messages_reach_a_parked_consumer_without_waking_its_task(tmp_path):
+    count = 40
+
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("lone")
+        ch.basic_qos(prefetch_count=500)
+        got = []
+        ch.basic_consume("lone", lambda c, m, _p, body: (got.append((body, m.redelivered)),
+                                                          c.basic_ack(m.delivery_tag)))
+        gw.wait_for(lambda: service.polling >= 1)
+        pops_before = gw.broker.local_pop.pops
+        pub = pika.BlockingConnection(params(gw.port))
+        pch = pub.channel()
+        pch.confirm_delivery()
+        for i in range(count):
+            pch.basic_publish("", "lone", b"m%d" % i)  # waits for its confirm
+            _consume_until(conn, got, i + 1)
+        pops = gw.broker.local_pop.pops - pops_before
+        pub.close()
+        deadline = time.monotonic() + 20  # every ack applied: nothing left in the queue
+        while gw.call(gw.broker.message_count, gw.broker.queues["lone"]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = gw.call(gw.broker.message_count, gw.broker.queues["lone"])
+        conn.close()
+        return got, pops, service.handoffs.parked, left
+
+    got, pops, parked, left = run_gateway(tmp_path, client, in_process=True)
+    assert left == 0
+    assert got == [(b"m%d" % i, False) for i in range(count)]
+    # Before: the consumer's task popped twice per message (the message, then nothing).
+    assert parked >= count - 2
+    assert pops <= count // 4, pops
+
+
+def test_fan_out_to_one_connections_consumers_is_one_socket_write(tmp_path, monkeypatch):
+    from gateway.amqp.codec import Content
+    from gateway.amqp.methods import BasicConsume
+    from lmq.bench._amqp_load import RawClient
+
+    queues = [f"fan-{i:02d}" for i in range(20)]
+    writes: list[bytes] = []
+    real = Wire._write
+
+    def counting(sock, out):
+        if _DELIVER in bytes(out):
+            writes.append(bytes(out))
+        return real(sock, out)
+
+    monkeypatch.setattr(Wire, "_write", staticmethod(counting))
+
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        with pika.BlockingConnection(params(gw.port)) as conn:
+            ch = conn.channel()
+            broker_harness.declare_fanout(ch, "afan", queues)
+            c = RawClient("127.0.0.1", gw.port)
+            for q in queues:
+                c.call(c.channel(), BasicConsume(queue=q, no_ack=True))
+            gw.wait_for(lambda: service.polling >= len(queues))
+            ch.confirm_delivery()
+            got = {}
+            for round_ in range(3):
+                writes.clear()
+                ch.basic_publish("afan", "k", b"r%d" % round_)
+                seen = 0
+                while seen < len(queues):
+                    c._read()
+                    seen += sum(type(ev) is Content for ev in c.events)
+                    c.events.clear()
+                got[round_] = len(writes)
+            c.close()
+            return got, service.handoffs.parked
+
+    got, parked = run_gateway(tmp_path, client, in_process=True)
+    assert got == {0: 1, 1: 1, 2: 1}  # 20 deliveries, one write (20 without the shared one)
+    assert parked >= 3 * len(queues)
+
+
+def test_prefetch_holds_with_deliveries_at_arrival(tmp_path):
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("pfa")
+        ch.basic_qos(prefetch_count=2)
+        held = []
+        ch.basic_consume("pfa", lambda _c, m, _p, body: held.append((m.delivery_tag, body)))
+        gw.wait_for(lambda: service.polling >= 1)
+        pub = pika.BlockingConnection(params(gw.port))
+        pch = pub.channel()
+        pch.confirm_delivery()
+        for i in range(5):
+            pch.basic_publish("", "pfa", b"p%d" % i)
+            conn.process_data_events(time_limit=0.05)
+        conn.process_data_events(time_limit=0.5)  # room for a third, were prefetch ignored
+        first = list(held)
+        ch.basic_ack(held[-1][0], multiple=True)
+        _consume_until(conn, held, 4)
+        conn.process_data_events(time_limit=0.5)
+        second = list(held)
+        pub.close()
+        conn.close()
+        return first, second, service.handoffs.parked
+
+    first, second, parked = run_gateway(tmp_path, client, in_process=True)
+    assert [b for _, b in first] == [b"p0", b"p1"]
+    assert [b for _, b in second] == [b"p0", b"p1", b"p2", b"p3"]
+    assert parked >= 1  # p0 went at its arrival
+
+
+def test_message_to_dead_letter_is_left_to_the_consumers_task_in_order(tmp_path, monkeypatch):
+    """A hand-off that pops a message which must be dead-lettered (here: any body "bad",
+    as if expired) delivers what precedes it and leaves it and the rest of its pop to the
+    consumer's task: dead-lettered, the rest delivered in order."""
+    real = consume_module.delivery_fault
+
+    def fault(queue, m, now):
+        return "expired" if m.body == b"bad" else real(queue, m, now)
+
+    monkeypatch.setattr(consume_module, "delivery_fault", fault)
+
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("parking")
+        ch.queue_declare("dl", arguments={"x-dead-letter-exchange": "",
+                                          "x-dead-letter-routing-key": "parking"})
+        got = []
+        ch.basic_consume("dl", lambda c, m, _p, body: (got.append(body),
+                                                        c.basic_ack(m.delivery_tag)))
+        gw.wait_for(lambda: service.polling >= 1)
+        pub = pika.BlockingConnection(params(gw.port))
+        pch = pub.channel()
+        pch.confirm_delivery()
+        props = pika.BasicProperties(expiration="600000")  # (checked at delivery)
+        for body in (b"ok1", b"bad", b"ok2"):
+            pch.basic_publish("", "dl", body, props)
+        _consume_until(conn, got, 2)
+        pub.close()
+        deadline = time.monotonic() + 20
+        dead = None
+        while dead is None and time.monotonic() < deadline:
+            method, _, dead = ch.basic_get("parking", auto_ack=True)
+            if method is None:
+                conn.process_data_events(time_limit=0.05)
+        conn.close()
+        return got, dead, service.handoffs.runs
+
+    got, dead, runs = run_gateway(tmp_path, client, in_process=True)
+    assert got == [b"ok1", b"ok2"]
+    assert dead == b"bad"
+    assert runs >= 1
+
+
+@pytest.mark.parametrize("test", [
+    test_queue_args_pika.test_single_active_consumer_gets_everything_until_it_cancels,
+    test_queue_args_pika.test_rejected_and_past_delivery_limit_are_dead_lettered_with_the_dlx_key,
+], ids=lambda t: t.__name__[5:40])
+def test_queue_rules_hold_with_deliveries_at_arrival(tmp_path, monkeypatch, test):
+    """x-single-active-consumer and dead-lettering, consumers parked in process."""
+    def run(tmp, client_fn, *a, **kw):
+        def wrapped(gw):
+            _as_lmq_serve(gw)
+            return client_fn(gw)
+        return broker_harness.run_gateway(tmp, wrapped, *a, in_process=True, **kw)
+
+    monkeypatch.setattr(test_queue_args_pika, "run_gateway", run)
+    test(tmp_path)
+
+
+def test_cancelled_consumer_takes_nothing_at_arrival(tmp_path):
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("cx")
+        got = []
+        tag = ch.basic_consume("cx", lambda _c, m, _p, body: got.append(("a", body)))
+        gw.wait_for(lambda: service.polling >= 1)
+        ch.basic_cancel(tag)  # its task still parked (it notices within poll_ms)
+        ch.confirm_delivery()
+        ch.basic_publish("", "cx", b"after-cancel")
+        ch2 = conn.channel()
+        ch2.basic_consume("cx", lambda c, m, _p, body: (got.append(("b", body)),
+                                                         c.basic_ack(m.delivery_tag)))
+        _consume_until(conn, got, 1)
+        conn.process_data_events(time_limit=0.3)
+        conn.close()
+        return got
+
+    assert run_gateway(tmp_path, client, in_process=True) == [("b", b"after-cancel")]
+
+
+
+def test_wire_write_now_keeps_what_the_kernel_did_not_take_for_the_next_flush():
+    import trio
+    import trio.testing
+
+    class Meter:
+        bytes_out = 0
+
+    async def main():
+        a, b = trio.socket.socketpair()
+        stream = trio.SocketStream(a)
+        queued: list[bytes] = []
+
+        def take() -> bytes:
+            out = b"".join(queued)
+            queued.clear()
+            return out
+
+        meter = Meter()
+        wire = Wire(stream, take, 65536, meter)
+        assert wire.can_write_now()
+        queued.append(b"first")
+        assert wire.write_now()
+        big = bytes(range(256)) * 40_000  # more than the socket pair buffers
+        queued.append(big)
+        assert not wire.write_now()  # part of it went; the rest waits for a flush
+        assert not wire.can_write_now()
+        queued.append(b"later")
+        got = bytearray()
+
+        async def read_all():
+            while len(got) < len(b"first") + len(big) + len(b"later"):
+                got.extend(await b.recv(1 << 16))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            await wire.flush()
+        assert bytes(got) == b"first" + big + b"later"  # in order, nothing twice
+        assert meter.bytes_out == len(got)
+        assert wire.can_write_now()
+        b.close()
+        await stream.aclose()
+        assert wire.can_write_now()  # (a closed socket: write_now raises, as flush does)
+        queued.append(b"x")
+        with pytest.raises(trio.ClosedResourceError):
+            wire.write_now()
+
+    trio.run(main)
