@@ -142,8 +142,9 @@ class _Deferring:
 def deferring(broker: Any, coro: Coroutine):
     """Await `coro` (a store call) as a deferral window of `broker`'s POP service: the
     hand-offs its puts queue run when it returns or first suspends. `coro` itself when
-    the broker has no POP service."""
+    the broker has no POP service, or inside a window already (called from a store call
+    awaited as one: that window covers it, and ends at the same suspensions)."""
     service = getattr(broker, "pop_service", None)
-    if service is None:
+    if service is None or service.handoffs.depth:
         return coro
     return _Deferring(coro, service.handoffs)
