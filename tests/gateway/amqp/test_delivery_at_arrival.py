@@ -28,6 +28,29 @@ def _as_lmq_serve(gw: Gateway):
     return core.pop_service
 
 
+def _parked_consumer(gw: Gateway, queue: str, on_message, prefetch: int = 0,
+                     arguments: dict | None = None):
+    """A pika connection consuming `queue` (declared) until its pop is parked: (the POP
+    service, connection, channel, consumer tag)."""
+    service = _as_lmq_serve(gw)
+    conn = pika.BlockingConnection(params(gw.port))
+    ch = conn.channel()
+    ch.queue_declare(queue, arguments=arguments)
+    if prefetch:
+        ch.basic_qos(prefetch_count=prefetch)
+    tag = ch.basic_consume(queue, on_message)
+    gw.wait_for(lambda: service.polling >= 1)
+    return service, conn, ch, tag
+
+
+def _confirming_publisher(gw: Gateway):
+    """Another pika connection, its channel in confirm mode: (connection, channel)."""
+    pub = pika.BlockingConnection(params(gw.port))
+    pch = pub.channel()
+    pch.confirm_delivery()
+    return pub, pch
+
+
 def _consume_until(conn, got: list, n: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while len(got) < n and time.monotonic() < deadline:
@@ -38,19 +61,12 @@ def test_lone_messages_reach_a_parked_consumer_without_waking_its_task(tmp_path)
     count = 40
 
     def client(gw: Gateway):
-        service = _as_lmq_serve(gw)
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("lone")
-        ch.basic_qos(prefetch_count=500)
         got = []
-        ch.basic_consume("lone", lambda c, m, _p, body: (got.append((body, m.redelivered)),
-                                                          c.basic_ack(m.delivery_tag)))
-        gw.wait_for(lambda: service.polling >= 1)
+        service, conn, _, _ = _parked_consumer(
+            gw, "lone", lambda c, m, _p, body: (got.append((body, m.redelivered)),
+                                                 c.basic_ack(m.delivery_tag)), 500)
         pops_before = gw.broker.local_pop.pops
-        pub = pika.BlockingConnection(params(gw.port))
-        pch = pub.channel()
-        pch.confirm_delivery()
+        pub, pch = _confirming_publisher(gw)
         for i in range(count):
             pch.basic_publish("", "lone", b"m%d" % i)  # waits for its confirm
             _consume_until(conn, got, i + 1)
@@ -72,10 +88,19 @@ def test_lone_messages_reach_a_parked_consumer_without_waking_its_task(tmp_path)
     assert pops <= count // 4, pops
 
 
-def test_fan_out_to_one_connections_consumers_is_one_socket_write(tmp_path, monkeypatch):
-    from gateway.amqp.codec import Content
+def _raw_no_ack_consumers(port: int, queues: list[str]):
+    """One raw client connection with a no-ack consumer of each queue (a channel each)."""
     from gateway.amqp.methods import BasicConsume
     from lmq.bench._amqp_load import RawClient
+
+    c = RawClient("127.0.0.1", port)
+    for q in queues:
+        c.call(c.channel(), BasicConsume(queue=q, no_ack=True))
+    return c
+
+
+def test_fan_out_to_one_connections_consumers_is_one_socket_write(tmp_path, monkeypatch):
+    from gateway.amqp.codec import Content
 
     queues = [f"fan-{i:02d}" for i in range(20)]
     writes: list[bytes] = []
@@ -90,26 +115,27 @@ def test_fan_out_to_one_connections_consumers_is_one_socket_write(tmp_path, monk
 
     def client(gw: Gateway):
         service = _as_lmq_serve(gw)
-        with pika.BlockingConnection(params(gw.port)) as conn:
-            ch = conn.channel()
-            broker_harness.declare_fanout(ch, "afan", queues)
-            c = RawClient("127.0.0.1", gw.port)
-            for q in queues:
-                c.call(c.channel(), BasicConsume(queue=q, no_ack=True))
-            gw.wait_for(lambda: service.polling >= len(queues))
-            ch.confirm_delivery()
-            got = {}
-            for round_ in range(3):
-                writes.clear()
-                ch.basic_publish("afan", "k", b"r%d" % round_)
-                seen = 0
-                while seen < len(queues):
-                    c._read()
-                    seen += sum(type(ev) is Content for ev in c.events)
-                    c.events.clear()
-                got[round_] = len(writes)
-            c.close()
-            return got, service.handoffs.parked
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        broker_harness.declare_fanout(ch, "afan", queues)
+        ch.confirm_delivery()
+        c = _raw_no_ack_consumers(gw.port, queues)
+        gw.wait_for(lambda: service.polling >= len(queues))
+
+        def deliveries_of(round_: int) -> int:
+            writes.clear()
+            ch.basic_publish("afan", "k", b"r%d" % round_)
+            contents = []
+            while len(contents) < len(queues):
+                c._read()
+                contents += [ev for ev in c.events if type(ev) is Content]
+                c.events.clear()
+            return len(writes)
+
+        got = {round_: deliveries_of(round_) for round_ in range(3)}
+        c.close()
+        conn.close()
+        return got, service.handoffs.parked
 
     got, parked = run_gateway(tmp_path, client, in_process=True)
     assert got == {0: 1, 1: 1, 2: 1}  # 20 deliveries, one write (20 without the shared one)
@@ -118,17 +144,10 @@ def test_fan_out_to_one_connections_consumers_is_one_socket_write(tmp_path, monk
 
 def test_prefetch_holds_with_deliveries_at_arrival(tmp_path):
     def client(gw: Gateway):
-        service = _as_lmq_serve(gw)
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("pfa")
-        ch.basic_qos(prefetch_count=2)
         held = []
-        ch.basic_consume("pfa", lambda _c, m, _p, body: held.append((m.delivery_tag, body)))
-        gw.wait_for(lambda: service.polling >= 1)
-        pub = pika.BlockingConnection(params(gw.port))
-        pch = pub.channel()
-        pch.confirm_delivery()
+        service, conn, ch, _ = _parked_consumer(
+            gw, "pfa", lambda _c, m, _p, body: held.append((m.delivery_tag, body)), 2)
+        pub, pch = _confirming_publisher(gw)
         for i in range(5):
             pch.basic_publish("", "pfa", b"p%d" % i)
             conn.process_data_events(time_limit=0.05)
@@ -160,19 +179,12 @@ def test_message_to_dead_letter_is_left_to_the_consumers_task_in_order(tmp_path,
     monkeypatch.setattr(consume_module, "delivery_fault", fault)
 
     def client(gw: Gateway):
-        service = _as_lmq_serve(gw)
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("parking")
-        ch.queue_declare("dl", arguments={"x-dead-letter-exchange": "",
-                                          "x-dead-letter-routing-key": "parking"})
         got = []
-        ch.basic_consume("dl", lambda c, m, _p, body: (got.append(body),
-                                                        c.basic_ack(m.delivery_tag)))
-        gw.wait_for(lambda: service.polling >= 1)
-        pub = pika.BlockingConnection(params(gw.port))
-        pch = pub.channel()
-        pch.confirm_delivery()
+        service, conn, ch, _ = _parked_consumer(
+            gw, "dl", lambda c, m, _p, body: (got.append(body), c.basic_ack(m.delivery_tag)),
+            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "parking"})
+        ch.queue_declare("parking")
+        pub, pch = _confirming_publisher(gw)
         props = pika.BasicProperties(expiration="600000")  # (checked at delivery)
         for body in (b"ok1", b"bad", b"ok2"):
             pch.basic_publish("", "dl", body, props)
@@ -211,13 +223,9 @@ def test_queue_rules_hold_with_deliveries_at_arrival(tmp_path, monkeypatch, test
 
 def test_cancelled_consumer_takes_nothing_at_arrival(tmp_path):
     def client(gw: Gateway):
-        service = _as_lmq_serve(gw)
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("cx")
         got = []
-        tag = ch.basic_consume("cx", lambda _c, m, _p, body: got.append(("a", body)))
-        gw.wait_for(lambda: service.polling >= 1)
+        _, conn, ch, tag = _parked_consumer(
+            gw, "cx", lambda _c, m, _p, body: got.append(("a", body)))
         ch.basic_cancel(tag)  # its task still parked (it notices within poll_ms)
         ch.confirm_delivery()
         ch.basic_publish("", "cx", b"after-cancel")
