@@ -388,11 +388,10 @@ class Deliveries:
                 if lost:
                     continue
                 return
-            now = now_ms()
             parts: list = []
             i = 0
             while True:
-                i, fault = self._frames(consumer, messages, i, parts, now)
+                i, fault = self._frames(consumer, messages, i, parts)
                 if fault is None:
                     break
                 if parts:  # out before anything else can take a tag
@@ -413,7 +412,7 @@ class Deliveries:
             await self._requeue(consumer.pop, m)
 
     def _frames(self, consumer: Consumer, messages: list[PopMessage], start: int,
-                parts: list, now: int) -> tuple[int, str | None]:
+                parts: list) -> tuple[int, str | None]:
         """Add the Basic.Deliver frames of `messages[start:]` to `parts` (each takes a
         delivery tag) until one must be dead-lettered instead (expired): (its index, why),
         or (len(messages), None)."""
@@ -421,10 +420,12 @@ class Deliveries:
         checks = queue.args.checks_delivery
         channel, frame_max, head = self.channel, self.frame_max, consumer.head
         unacked = None if consumer.no_ack else self.unacked
+        now = 0
         for i in range(start, len(messages)):
             m = messages[i]
             _, _, raw, own_ttl, tail = _envelope(m)
             if checks or own_ttl:
+                now = now or now_ms()
                 fault = delivery_fault(queue, m, now)
                 if fault is not None:
                     return i, fault
@@ -463,7 +464,7 @@ class Deliveries:
         result = pop.local_result(batch, consumer.queue_lmq, broker.config.invisible_ms)
         messages = result.messages
         parts: list = []
-        i, fault = self._frames(consumer, messages, 0, parts, now_ms())
+        i, fault = self._frames(consumer, messages, 0, parts)
         if parts:
             self.send_parts(parts)
             after[self.flush] = self._write_now

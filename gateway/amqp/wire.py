@@ -58,10 +58,13 @@ class Wire:
     async def flush(self) -> None:
         """Write everything queued so far."""
         out = self._take()
-        self._meter.bytes_out += len(out)
-        if self._unsent:  # left by write_now (counted then): before anything queued since
-            out, self._unsent = self._unsent + out, b""
-        if not out:
+        if out:
+            self._meter.bytes_out += len(out)
+            if self._unsent:  # left by write_now (counted then): before what came since
+                out, self._unsent = self._unsent + out, b""
+        elif self._unsent:
+            out, self._unsent = self._unsent, b""
+        else:
             return
         sock = self._sock
         if sock is not None and not self._lock.locked():
