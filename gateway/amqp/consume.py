@@ -21,12 +21,12 @@ from urllib.parse import unquote
 
 import trio
 
-from core.broker.pop.handoff import PARK, RETURN, WAKE
 from core.client.errors import MQClientError
 from core.client.pop_consumer import PopClient, PopMessage, PopRecord, PopStatus
 from core.common.properties import MessageConst
 from core.remoting.errors import RemotingError
 from gateway.amqp import errors
+from gateway.amqp.arrival import AtArrival, wire_of
 from gateway.amqp.broker import (
     PROP_EXCHANGE,
     PROP_PROPERTIES,
@@ -182,15 +182,6 @@ _CONSUMERS: dict[Callable, int] = {}
 _DEFERRED: set[Callable] = set()
 
 
-def _wire_of(flush: Callable) -> Any:
-    """The `Wire` behind a channel's `flush` (the session's `_flush`, which awaits the
-    session's `flush`: its Wire's), when it can write without awaiting; else None (a
-    stand-in of the tests)."""
-    session = getattr(flush, "__self__", None)
-    wire = getattr(getattr(session, "flush", None), "__self__", None)
-    return wire if hasattr(wire, "write_now") else None
-
-
 class Consumer:
     __slots__ = ("tag", "queue", "queue_lmq", "pop", "no_ack", "cancelled", "deliveries",
                  "head", "stash")
@@ -213,12 +204,14 @@ class Consumer:
         return self.deliveries.deliver_now(self, parked, after)
 
 
-class Deliveries:
+class Deliveries(AtArrival):
     """The deliveries of one channel: tags, unacknowledged messages, prefetch, consumers.
 
     `send(frames)` queues octets on the connection (`send_parts` a list of pieces, joined
     when written); `flush()` writes them to the socket.
     """
+
+    _deferred_writes = _DEFERRED  # (AtArrival)
 
     def __init__(self, broker: AmqpBroker, channel: int, frame_max: int,
                  send: Callable[[bytes], None], flush: Callable[[], Awaitable[None]],
@@ -237,7 +230,7 @@ class Deliveries:
         #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
         self.tx: list | None = None
         self._room = trio.Event()
-        self._wire = _wire_of(flush)  # for deliveries at arrival (`deliver_now`)
+        self._wire = wire_of(flush)  # for deliveries at arrival (arrival.py)
 
     # ------------------------------------------------------------------ consumers
     def consume(self, tag: str, queue: Queue, pop: PopClient, no_ack: bool,
@@ -436,70 +429,6 @@ class Deliveries:
             deliver_parts(parts, channel, head, tag, m.redelivered, tail, raw, m.body,
                           frame_max)
         return len(messages), None
-
-    # ------------------------------------------------------------------ at arrival
-    def deliver_now(self, consumer: Consumer, parked: Any, after: dict) -> int:
-        """Delivery at arrival (docs/amqp.md): the hand-off of `consumer`'s parked pop,
-        run when the store call that dispatched to its queue ends. Pops what arrived and
-        queues its frames, the socket write left to `after` (one per connection and run),
-        without waking the consumer's task: PARK (it stays parked). Anything that cannot
-        be done here and now answers RETURN before popping (the task looks again, as
-        when it was woken): cancelled or closed, another writer on the socket, no
-        prefetch room, x-single-active-consumer not active here. A message that must be
-        dead-lettered is left with the rest of its pop to the task (`stash`)."""
-        if consumer.cancelled or self.closed:
-            return RETURN
-        queue = consumer.queue
-        broker = self.broker
-        if queue.waiting and (queue.waiting[0] is not consumer or not broker.sac.active(queue)):
-            return RETURN
-        room = broker.config.pop_batch if consumer.no_ack else self._room_left()
-        wire = self._wire
-        if room <= 0 or not wire.can_write_now():
-            return RETURN
-        batch = parked.pop(room)
-        if not batch.count:
-            return PARK  # taken by another consumer
-        pop = consumer.pop
-        result = pop.local_result(batch, consumer.queue_lmq, broker.config.invisible_ms)
-        messages = result.messages
-        parts: list = []
-        i, fault = self._frames(consumer, messages, 0, parts)
-        if parts:
-            self.send_parts(parts)
-            after[self.flush] = self._write_now
-        if consumer.no_ack:
-            for m in messages[:i]:
-                broker.ack_later(pop, m)
-        if fault is not None:
-            consumer.stash = messages[i:]
-            return RETURN
-        left = broker.config.pop_batch if consumer.no_ack else self._room_left()
-        if left <= 0:
-            return RETURN  # the task waits for room (acks) as after a pop of its own
-        parked.max_nums = min(parked.max_nums, left)
-        return WAKE if result.rest_num else PARK  # more waiting: the task pops them
-
-    def _write_now(self) -> None:
-        """The socket write of a run of hand-offs (`deliver_now`), for all the consumers
-        of this connection it served."""
-        if self.flush in _DEFERRED:
-            return  # a consumer task of this connection writes at the end of its batch
-        try:
-            if self._wire.write_now():
-                return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.closed = True
-            return
-        nursery = self.broker.nursery
-        if nursery is not None:  # the kernel took part of it: a task writes the rest
-            nursery.start_soon(self._write_rest)
-
-    async def _write_rest(self) -> None:
-        try:
-            await self.flush()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.closed = True
 
     # ------------------------------------------------------------------ get
     async def get(self, pop: PopClient, queue: Queue, no_ack: bool) -> None:
