@@ -74,8 +74,10 @@ class AtArrival:
         left = broker.config.pop_batch if consumer.no_ack else self._room_left()
         if left <= 0:
             return RETURN  # the task waits for room (acks) as after a pop of its own
-        parked.max_nums = min(parked.max_nums, left)
-        return WAKE if result.rest_num else PARK  # more waiting: the task pops them
+        parked.max_nums = left  # what its task may pop when it wakes
+        if result.rest_num or batch.count >= room:
+            return WAKE  # (maybe) more waiting: the task pops them, as after its own pop
+        return PARK
 
     def _write_now(self) -> None:
         """The socket write of a run of hand-offs (`deliver_now`), for all the consumers

@@ -53,7 +53,7 @@ class Parked:
         self.topic = topic
         self.outcome = WAKE
         #: At most this many messages for the parked pop when its task wakes (the
-        #: hand-off lowers it when its deliveries used the room its caller had).
+        #: hand-off sets it when its deliveries changed the room its caller had).
         self.max_nums = max_nums
         self._pop = pop
         self._queue = queue
@@ -68,7 +68,7 @@ class Parked:
     def pop(self, max_nums: int):
         """The parked pop's `PopService.pop` (same group, queues, deadline, holder, init
         mode and order), now, for at most `max_nums` messages: a `PopBatch`."""
-        return self._pop(min(max_nums, self.max_nums))
+        return self._pop(max_nums)
 
 
 class HandOffs:

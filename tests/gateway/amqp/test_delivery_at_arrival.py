@@ -288,3 +288,53 @@ def test_wire_write_now_keeps_what_the_kernel_did_not_take_for_the_next_flush():
             wire.write_now()
 
     trio.run(main)
+
+
+def test_pipelined_fan_out_with_prefetch_and_multiple_acks_delivers_everything(tmp_path):
+    """The bench's fan-out shape, small: confirms pipelined, 10 queues on one consumer
+    connection with prefetch 5 and one `multiple` ack per read: hand-offs that fill the
+    room, wake the task for more, or find the room full all end with every message
+    delivered once, in order per queue."""
+    from gateway.amqp.codec import Content, encode_content, encode_method_frame
+    from gateway.amqp.methods import BasicAck, BasicConsume, BasicPublish, BasicQos
+    from gateway.amqp.properties import EMPTY_PROPERTIES
+    from lmq.bench._amqp_load import RawClient
+
+    queues = [f"pf-{i}" for i in range(10)]
+    count = 200
+
+    def client(gw: Gateway):
+        service = _as_lmq_serve(gw)
+        with pika.BlockingConnection(params(gw.port)) as conn:
+            broker_harness.declare_fanout(conn.channel(), "pfan", queues)
+        c = RawClient("127.0.0.1", gw.port)
+        for q in queues:
+            ch = c.channel()
+            c.call(ch, BasicQos(prefetch_count=5))
+            c.call(ch, BasicConsume(queue=q))
+        gw.wait_for(lambda: service.polling >= len(queues))
+        pc, pch = broker_harness.confirm_client(gw.port, queues[0])
+        pc.sock.sendall(b"".join(  # pipelined: the confirms are not waited for
+            encode_content(pch, BasicPublish(exchange="pfan", routing_key=""),
+                           EMPTY_PROPERTIES, b"%d" % i, pc.frame_max) for i in range(count)))
+        got: dict[int, list[bytes]] = {}
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < count * len(queues) and \
+                time.monotonic() < deadline:
+            c._read()
+            last = {}
+            for ev in c.events:
+                if type(ev) is Content:
+                    got.setdefault(ev.channel, []).append(ev.body)
+                    last[ev.channel] = ev.method.delivery_tag
+            c.events.clear()
+            c.sock.sendall(b"".join(encode_method_frame(ch, BasicAck(tag, True))
+                                    for ch, tag in last.items()))
+        c.close()
+        pc.close()
+        return got, service.handoffs.runs
+
+    got, runs = run_gateway(tmp_path, client, in_process=True)
+    assert len(got) == len(queues)
+    assert all(bodies == [b"%d" % i for i in range(count)] for bodies in got.values())
+    assert runs > 0
