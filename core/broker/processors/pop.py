@@ -80,13 +80,18 @@ class PopProcessor:
         try:
             batch, full = await pop_held(service, group, topic, queue_id, tc.read_queue_nums,
                                          max_nums, invisible_ms, init_mode, filt, holder,
-                                         order, hold_s)
+                                         order, hold_s, self._volatile(cmd))
         except PopStateFull as exc:
             return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
         if full:
             return self._response(cmd, ResponseCode.POLLING_FULL, batch, invisible_ms)
         code = ResponseCode.SUCCESS if batch.count else ResponseCode.POLLING_TIMEOUT
         return self._response(cmd, code, batch, invisible_ms)
+
+    def _volatile(self, cmd: RemotingCommand) -> bool:
+        """The lmq-gateway extension field `volatile` (docs/pop.md "Volatile states");
+        ignored in apache_strict mode, as an Apache broker ignores it."""
+        return cmd.ext_str("volatile") == "true" and not self.broker.config.apache_strict
 
     def _response(self, cmd, code, batch, invisible_ms) -> RemotingCommand:
         ext = {
@@ -217,7 +222,7 @@ class PopProcessor:
             return denied
         everything = cmd.ext_str("all") == "true"
         try:
-            purged = self.service.purge(group, topic, queue_id, everything)
+            purged = self.service.purge(group, topic, queue_id, everything, self._volatile(cmd))
         except PopStateFull as exc:
             return error(cmd, ResponseCode.SYSTEM_BUSY, str(exc))
         return cmd.make_response(ResponseCode.SUCCESS, None, {"purged": str(purged)})
