@@ -149,7 +149,7 @@ class PopService:
 
     async def compact_if_needed(self) -> None:
         state = self.state
-        if not self.journal.needs_compaction(state.inflight_count() + len(state.queues)):
+        if not self.journal.needs_compaction(state.journaled_records()):
             return
         await self.journal.compact(state_lines(state.queues.items()))
 

@@ -230,3 +230,8 @@ class PopState:
 
     def inflight_count(self) -> int:
         return sum(len(q.inflight) for q in self.queues.values())
+
+    def journaled_records(self) -> int:
+        """Records a snapshot of the durable states would hold (journal compaction)."""
+        return sum(len(q.inflight) + 1 for q in self.queues.values()
+                   if q.journal is None or not q.journal.volatile)
