@@ -13,8 +13,8 @@ import trio
 from core.broker.pop.journal import PopJournal, state_lines
 from core.broker.pop.local import LocalPop
 from core.client.pop_consumer import PopClient, PopStatus
-from core.remoting.client import RemotingClient
 from tests.core.broker.harness import ServerProcess, run_embedded, send_request
+from tests.core.broker.test_pop_durability import run
 
 
 def journal_bytes(server) -> bytes:
@@ -133,23 +133,13 @@ def test_apache_strict_broker_ignores_the_volatile_field(tmp_path):
     run_embedded(body, tmp_path, apache_strict=True)
 
 
-def run(fn, *args):
-    async def main():
-        async with RemotingClient(request_timeout=10.0) as client:
-            return await fn(client, *args)
-
-    return trio.run(main)
-
-
 def test_kill_9_volatile_state_restarts_from_the_committed_offset(tmp_path):
     """After kill -9 a volatile state is gone: its unacknowledged messages come back at
     once (not after their deadline), as first deliveries; acked ones may come back too
     (the periodic offset file: at least once); nothing is lost. A state made durable by a
     durable pop keeps the volatile phase's deliveries in flight across the restart."""
-    data = tmp_path / "data"
-    server = ServerProcess(data).start()
 
-    async def before(client):
+    async def before(client, server):
         pv = PopClient(client, server.broker_addr, server.broker_name, "GID_KV")
         await send(client, server.broker_addr, "PKill", 4)
         r = await pv.pop("PKill", queue_id=0, max_nums=4, invisible_ms=600_000, volatile=True)
@@ -161,38 +151,33 @@ def test_kill_9_volatile_state_restarts_from_the_committed_offset(tmp_path):
         assert [m.body for m in r.messages + d.messages] == [b"m0", b"m1", b"m2"]
         assert await pm.ack(d.messages[0])
 
-    try:
-        run(before)
+    async def after(client, again):
+        pv = PopClient(client, again.broker_addr, again.broker_name, "GID_KV")
+        got = []
+        with trio.fail_after(20):
+            while b"m3" not in got:
+                r = await pv.pop("PKill", queue_id=0, max_nums=4, invisible_ms=600_000,
+                                 poll_ms=1_000, volatile=True)
+                got += [m.body for m in r.messages]
+                assert all(m.delivery_count == 1 for m in r.messages)
+        assert got[-2:] == [b"m2", b"m3"] and set(got) <= {b"m0", b"m1", b"m2", b"m3"}
+        # The mixed group: m2 acked; m0, m1 (the volatile phase) were journaled in
+        # flight, so they come back when their deadline passes, redelivered.
+        pm = PopClient(client, again.broker_addr, again.broker_name, "GID_KM")
+        got = {}
+        with trio.fail_after(20):
+            while len(got) < 3:
+                r = await pm.pop("PKill", queue_id=0, max_nums=4, invisible_ms=600_000,
+                                 poll_ms=1_000)
+                got.update((m.body, m.delivery_count) for m in r.messages)
+        assert got == {b"m0": 2, b"m1": 2, b"m3": 1}
+        assert (await pm.pop("PKill", queue_id=0)).status == PopStatus.NO_NEW_MSG
+
+    data = tmp_path / "data"
+    with ServerProcess(data) as server:  # killed with -9 at the end of the block
+        run(before, server)
         with open(data / "pop" / "journal", "rb") as f:
             assert b"GID_KV" not in f.read()
-    finally:
-        server.kill()
-
-    again = ServerProcess(data, namesrv_port=server.namesrv_port,
-                          broker_port=server.broker_port).start()
-    try:
-        async def after(client):
-            pv = PopClient(client, again.broker_addr, again.broker_name, "GID_KV")
-            got = []
-            with trio.fail_after(20):
-                while b"m3" not in got:
-                    r = await pv.pop("PKill", queue_id=0, max_nums=4, invisible_ms=600_000,
-                                     poll_ms=1_000, volatile=True)
-                    got += [m.body for m in r.messages]
-                    assert all(m.delivery_count == 1 for m in r.messages)
-            assert got[-2:] == [b"m2", b"m3"] and set(got) <= {b"m0", b"m1", b"m2", b"m3"}
-            # The mixed group: m2 acked; m0, m1 (the volatile phase) were journaled in
-            # flight, so they come back when their deadline passes, redelivered.
-            pm = PopClient(client, again.broker_addr, again.broker_name, "GID_KM")
-            got = {}
-            with trio.fail_after(20):
-                while len(got) < 3:
-                    r = await pm.pop("PKill", queue_id=0, max_nums=4, invisible_ms=600_000,
-                                     poll_ms=1_000)
-                    got.update((m.body, m.delivery_count) for m in r.messages)
-            assert got == {b"m0": 2, b"m1": 2, b"m3": 1}
-            assert (await pm.pop("PKill", queue_id=0)).status == PopStatus.NO_NEW_MSG
-
-        run(after)
-    finally:
-        again.kill()
+    with ServerProcess(data, namesrv_port=server.namesrv_port,
+                       broker_port=server.broker_port) as again:
+        run(after, again)

@@ -14,18 +14,17 @@ from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
 
 
 def consume_all(ch, queue: str, count: int) -> list[bytes]:
+    """`count` deliveries acked, after one nack with requeue (a redelivery and its ack)."""
+    deliveries = ch.consume(queue, inactivity_timeout=10)
+    method, _, _ = next(deliveries)
+    assert method is not None, "no delivery"
+    ch.basic_nack(method.delivery_tag, requeue=True)
     got = []
-    nacked = False
-    for method, _, body in ch.consume(queue, inactivity_timeout=10):
+    for _ in range(count):
+        method, _, body = next(deliveries)
         assert method is not None, "no delivery"
-        if not nacked:  # one requeue: a redelivery and its ack
-            nacked = True
-            ch.basic_nack(method.delivery_tag, requeue=True)
-            continue
         got.append(body)
         ch.basic_ack(method.delivery_tag)
-        if len(got) == count:
-            break
     ch.cancel()
     return got
 
