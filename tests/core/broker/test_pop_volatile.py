@@ -181,3 +181,31 @@ def test_kill_9_volatile_state_restarts_from_the_committed_offset(tmp_path):
     with ServerProcess(data, namesrv_port=server.namesrv_port,
                        broker_port=server.broker_port) as again:
         run(after, again)
+
+
+def test_purge_with_the_volatile_field_writes_nothing(tmp_path):
+    from core.remoting.codec import RemotingCommand
+    from core.remoting.codes import RequestCode
+
+    async def body(server, client):
+        b = server.broker
+        await send(client, b.broker_addr, "PPurge", 3)
+
+        async def purge(group: str, **extra: str) -> int:
+            ext = {"consumerGroup": group, "topic": "PPurge", "queueId": "0", **extra}
+            r = await client.invoke(b.broker_addr,
+                                    RemotingCommand.request(RequestCode.POP_PURGE, ext))
+            assert r.code == 0, r.remark
+            return int(r.ext_fields["purged"])
+
+        before = journal_bytes(server)
+        assert await purge("GID_PV", volatile="true") == 3
+        assert journal_bytes(server) == before
+        assert await purge("GID_PD") == 3
+        assert journal_bytes(server)[len(before):].startswith(b"C GID_PD PPurge 0 ")
+        # The volatile purge holds in memory: nothing left to pop.
+        pc = PopClient(client, b.broker_addr, b.config.broker_name, "GID_PV")
+        r = await pc.pop("PPurge", queue_id=0, invisible_ms=60_000, volatile=True)
+        assert r.status == PopStatus.NO_NEW_MSG
+
+    run_embedded(body, tmp_path)
