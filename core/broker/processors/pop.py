@@ -176,20 +176,23 @@ class PopProcessor:
         if self.broker.topic_config_manager.get(topic) is None:
             return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
                          f"topic[{topic}] not exist, apply first please!")
+        size = self.service.journal.size
         if not self.service.ack(group, topic, queue_id, offset, handle.pop_time):
             return error(cmd, ResponseCode.NO_MESSAGE,
                          f"no in-flight message at offset {offset} with this receipt handle")
-        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS), None, size)
 
     async def _replicated(self, cmd: RemotingCommand, response: RemotingCommand,
-                          ext: dict[str, str] | None = None):
+                          ext: dict[str, str] | None = None, size: int | None = None):
         """SYNC_MASTER: `response` once a slave holds the journal flush of this request
         (docs/ha.md, "POP state"), else the send's FLUSH_SLAVE_TIMEOUT or
         SLAVE_NOT_AVAILABLE (the change is made on this broker all the same; `ext`, the
-        response's header fields, goes with that answer too: a new receipt handle)."""
+        response's header fields, goes with that answer too: a new receipt handle).
+        `response` at once when the journal is still `size` bytes: the request wrote
+        nothing to replicate (volatile states, docs/pop.md)."""
         broker = self.broker
         ha = getattr(broker, "ha_master", None)
-        if not broker.sync_master or ha is None:
+        if not broker.sync_master or ha is None or self.service.journal.size == size:
             return response
         status = await ha.wait_pop_replicated(broker.config.sync_slave_timeout_s)
         if status == "OK":
@@ -234,15 +237,17 @@ class PopProcessor:
             return error(cmd, ResponseCode.INVALID_PARAMETER,
                          f"acks must be a list of at most {BATCH_ACK_MAX_ENTRIES} entries")
         service = self.service
+        size = service.journal.size
         for item in acks:
             try:
                 group, topic, qid, start, pop_time, bits = _batch_entry(item)
             except (TypeError, ValueError, KeyError, binascii.Error) as exc:
                 service.journal.flush()
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
-            service.ack_bits(group, topic, qid, start, bits, pop_time)
+            if service.ack_bits(group, topic, qid, start, bits, pop_time) < _bit_count(bits):
+                size = None  # a stale entry (a retry?): wait for what was journaled before
         service.journal.flush()
-        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS), None, size)
 
     # ------------------------------------------------------------------ change
     async def change(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
@@ -260,6 +265,7 @@ class PopProcessor:
         if self.broker.topic_config_manager.get(topic) is None:
             return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
                          f"topic[{topic}] not exist, apply first please!")
+        size = self.service.journal.size
         new_pop_time = self.service.change_invisible(
             group, topic, queue_id, offset, handle.pop_time, invisible_ms)
         if new_pop_time is None:
@@ -268,7 +274,11 @@ class PopProcessor:
         ext = {"popTime": str(new_pop_time), "invisibleTime": str(invisible_ms),
                "reviveQid": str(handle.revive_qid)}
         return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS, None, ext),
-                                      ext)
+                                      ext, size)
+
+
+def _bit_count(bits: bytes) -> int:
+    return int.from_bytes(bits, "little").bit_count()
 
 
 def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:

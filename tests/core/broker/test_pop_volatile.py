@@ -209,3 +209,38 @@ def test_purge_with_the_volatile_field_writes_nothing(tmp_path):
         assert r.status == PopStatus.NO_NEW_MSG
 
     run_embedded(body, tmp_path)
+
+
+def test_sync_master_answers_volatile_acks_without_waiting_for_a_slave(tmp_path, monkeypatch):
+    """SYNC_MASTER acks wait for the slave to hold the journal flush of the request; a
+    volatile state's acks and changes flush nothing, so they are answered at once (here: a
+    master with no slave connected answers them SUCCESS, not SLAVE_NOT_AVAILABLE). A
+    stale batch-ack entry (a retry) still waits, as before."""
+    from core.client import pop_consumer
+    from core.client.pop_consumer import UnconfirmedAcks
+    from tests.core.ha.test_replication import TOPIC, cluster
+    from tests.core.ha.test_replication import send as ha_send
+
+    unconfirmed = UnconfirmedAcks()
+    monkeypatch.setattr(pop_consumer, "UNCONFIRMED", unconfirmed)
+
+    async def main():
+        async with cluster(tmp_path, slave=False) as (client, master, _sl, _ns, _n):
+            for i in range(6):
+                await ha_send(client, master, b"m%d" % i)  # SLAVE_NOT_AVAILABLE: stored
+            pv = PopClient(client, master.broker_addr, "bk", "GID_HAV")
+            got = (await pv.pop(TOPIC, queue_id=0, max_nums=3, invisible_ms=600_000,
+                                volatile=True)).messages
+            assert len(got) == 3
+            assert await pv.ack(got[0])
+            await pv.batch_ack([got[1]])
+            assert await pv.change_invisible(got[2], 1_000)
+            assert unconfirmed.count == 0
+            await pv.batch_ack([got[1]])  # stale: waits (no slave: SLAVE_NOT_AVAILABLE)
+            assert unconfirmed.count == 1
+            pd = PopClient(client, master.broker_addr, "bk", "GID_HAD")
+            got = (await pd.pop(TOPIC, queue_id=0, max_nums=1, invisible_ms=600_000)).messages
+            assert await pd.ack(got[0])  # durable: journaled, no slave to confirm it
+            assert unconfirmed.count == 2
+
+    trio.run(main)
