@@ -244,3 +244,27 @@ def test_sync_master_answers_volatile_acks_without_waiting_for_a_slave(tmp_path,
             assert unconfirmed.count == 2
 
     trio.run(main)
+
+
+def test_orderly_volatile_pops_write_nothing(tmp_path):
+    """FIFO groups on a volatile state: the order rules hold (held-back messages kept in
+    memory), and nothing is journaled."""
+    from tests.core.broker.test_pop_orderly import TOPIC, bodies, fifo_group, send_groups
+
+    async def body(server, client):
+        addr = server.broker.broker_addr
+        await fifo_group(client, addr, "GID_FIFO_V")
+        await send_groups(client, addr, ["A1", "B1", "A2", "B2"])
+        before = journal_bytes(server)
+        pc = PopClient(client, addr, server.broker.config.broker_name, "GID_FIFO_V")
+        first = await pc.pop(TOPIC, queue_id=0, invisible_ms=60_000, volatile=True)
+        assert bodies(first) == ["A1", "B1"]  # A2, B2 held back
+        assert await pc.ack(first.messages[1])
+        r = await pc.pop(TOPIC, queue_id=0, invisible_ms=60_000, volatile=True)
+        assert bodies(r) == ["B2"]
+        assert await pc.nack(first.messages[0])
+        r = await pc.pop(TOPIC, queue_id=0, invisible_ms=60_000, volatile=True)
+        assert [(m.body, m.delivery_count) for m in r.messages] == [(b"A1", 2)]
+        assert journal_bytes(server) == before
+
+    run_embedded(body, tmp_path)
