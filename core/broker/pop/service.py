@@ -387,8 +387,7 @@ class PopService:
             if need <= 0:
                 break
             qs = self.queue_state(group, topic, qid, init_mode, volatile)
-            journal = qs.journal
-            cursor = qs.next_offset
+            journal, cursor = qs.journal, qs.next_offset
             offsets: list[int] = []
             records: list = []
             if need > 0:
@@ -555,9 +554,9 @@ class PopService:
         never handed out (the cursor moves to the queue's end) and the ones visible
         again. Deliveries awaiting acknowledgement stay, unless `everything` (the queue
         is being deleted: its state goes too). Returns how many waiting messages were
-        dropped (unacknowledged ones are not counted). `volatile`: as a pop's."""
+        dropped (unacknowledged ones are not counted). `volatile`: of a missing state."""
         key = (group, topic, queue_id)
-        qs = self.queue_state(group, topic, queue_id, INIT_MODE_MIN, volatile)
+        qs = self.state.get(*key) or self.queue_state(*key, INIT_MODE_MIN, volatile)
         journal = qs.journal
         end = max(self.broker.store.max_offset(topic, queue_id), qs.next_offset)
         purged = end - qs.next_offset

@@ -207,6 +207,13 @@ def test_purge_with_the_volatile_field_writes_nothing(tmp_path):
         pc = PopClient(client, b.broker_addr, b.config.broker_name, "GID_PV")
         r = await pc.pop("PPurge", queue_id=0, invisible_ms=60_000, volatile=True)
         assert r.status == PopStatus.NO_NEW_MSG
+        # A purge without the field (AMQP Queue.Purge, Queue.Delete) keeps the state
+        # volatile: only pops decide.
+        await send(client, b.broker_addr, "PPurge", 2)
+        size = len(journal_bytes(server))
+        assert await purge("GID_PV") == 2
+        assert await purge("GID_PV", all="true") == 0
+        assert len(journal_bytes(server)) == size
 
     run_embedded(body, tmp_path)
 
