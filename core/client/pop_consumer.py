@@ -342,11 +342,13 @@ class PopClient:
     async def pop(self, topic: str, *, max_nums: int = 32, invisible_ms: int = 30_000,
                   poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
                   exp_type: str | None = None, exp: str | None = None,
-                  light: bool = False) -> PopResult:
+                  light: bool = False, volatile: bool = False) -> PopResult:
+        """`volatile`: the broker need not journal this (group, topic) state (a non-durable
+        queue; sent as the lmq-gateway field `volatile`, docs/pop.md "Volatile states")."""
         local = self.local
         if local is not None and light and not exp_type and not exp:
             batch, full = await local.pop(self.group, topic, max_nums, invisible_ms, poll_ms,
-                                          queue_id, init_mode, self.holder_id)
+                                          queue_id, init_mode, self.holder_id, volatile)
             if full:
                 return PopResult(PopStatus.POLLING_FULL)
             if not batch.count:
@@ -365,6 +367,8 @@ class PopClient:
             ext["exp"] = exp
         if self.holder_id:
             ext["holderId"] = self.holder_id
+        if volatile:
+            ext["volatile"] = "true"
         resp = await self._invoke(RemotingCommand.request(RequestCode.POP_MESSAGE, ext),
                                   poll_ms / 1000.0)
         h = resp.ext_fields or {}

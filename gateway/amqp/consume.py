@@ -344,7 +344,8 @@ class Deliveries:
             try:
                 result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
                                                 invisible_ms=cfg.invisible_ms,
-                                                poll_ms=cfg.poll_ms, light=True)
+                                                poll_ms=cfg.poll_ms, light=True,
+                                                volatile=not queue.durable)
             except _BROKER_ERRORS as exc:
                 log.warning("AMQP consumer pop failed: %r", exc)
                 await trio.sleep(RETRY_DELAY_S)
@@ -398,7 +399,7 @@ class Deliveries:
             try:
                 result = await pop.pop(queue.lmq, max_nums=1,
                                        invisible_ms=self.broker.config.invisible_ms,
-                                       poll_ms=0, light=True)
+                                       poll_ms=0, light=True, volatile=not queue.durable)
             except _BROKER_ERRORS as exc:
                 raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
             if result.status is not PopStatus.FOUND or not result.messages:
