@@ -562,13 +562,16 @@ class PopClient:
             raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
         return await self.ack(m)
 
-    async def purge(self, topic: str, queue_id: int = 0, *, everything: bool = False) -> int:
+    async def purge(self, topic: str, queue_id: int = 0, *, everything: bool = False,
+                    volatile: bool = False) -> int:
         """Drop what waits for delivery in (group, topic, queue): never handed out or
         visible again; with `everything` the unacknowledged deliveries too (lmq-gateway
-        private code 900004). Returns how many were dropped."""
+        private code 900004). Returns how many were dropped. `volatile` as for `pop`."""
         ext = {"consumerGroup": self.group, "topic": topic, "queueId": str(queue_id)}
         if everything:
             ext["all"] = "true"
+        if volatile:
+            ext["volatile"] = "true"
         resp = await self._invoke(RemotingCommand.request(RequestCode.POP_PURGE, ext))
         if resp.code != ResponseCode.SUCCESS:
             raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
