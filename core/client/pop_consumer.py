@@ -434,13 +434,18 @@ class PopClient:
     def ack_local(self, messages: list[PopMessage]) -> int:
         """Acknowledge `messages` (popped by this client) through the attached in-process
         service (`local`), as one BATCH_ACK_MESSAGE would; how many were acknowledged."""
+        return self.local.ack(self.local_ack_entries(messages))
+
+    def local_ack_entries(self, messages: list[PopMessage]) -> list[tuple]:
+        """`LocalPop.ack`'s entries for `messages` (popped by this client): those of
+        several clients go to one call, one journal write."""
         groups: dict[tuple[str, int, str], list[int]] = {}
         for m in messages:
             h = m.handle
             groups.setdefault((m.topic, m.queue_id, h[:h.rindex(" ")]), []).append(
                 m.queue_offset)
-        return self.local.ack([(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
-                               for (topic, qid, prefix), offsets in groups.items()])
+        return [(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
+                for (topic, qid, prefix), offsets in groups.items()]
 
     def _ack_ext(self, m: PopMessage) -> dict[str, str]:
         return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),

@@ -222,13 +222,20 @@ class AmqpServer:
                 self.bytes_in += len(data)
                 events = conn.receive_data(data, now)
             for event in events:
-                if type(event) is ContentReceived and session is not None and \
-                        session.publish_now(event.content):
-                    continue  # taken without a coroutine per publish (the common case)
+                kind = type(event)
+                if session is not None:
+                    # The common publish and ack without a coroutine each.
+                    if kind is ContentReceived:
+                        if session.publish_now(event.content):
+                            continue
+                    elif kind is MethodReceived and session.ack_now(event):
+                        continue
                 await self._event(conn, session, event)
-                if type(event) is ConnectionOpened:
+                if kind is ConnectionOpened:
                     handshake_deadline = None
             if session is not None:
+                if session.read_acks:  # in this task: no ack task wake-up per read
+                    session.apply_acks()
                 await session.store_queued(wire.drained)
             await flush()
             if conn.closing and close_deadline is None:
