@@ -172,6 +172,11 @@ class ServerConnection:
         self._out.clear()
         return data
 
+    @property
+    def has_output(self) -> bool:
+        """Octets are queued (`data_to_send` would return some)."""
+        return bool(self._out)
+
     def receive_data(self, data: bytes, now: float) -> list[Any]:
         """Feed received octets (b"" = the peer closed its side)."""
         events: list[Any] = []

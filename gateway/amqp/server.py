@@ -236,7 +236,8 @@ class AmqpServer:
                 if session.read_acks:  # in this task: no ack task wake-up per read
                     session.apply_acks()
                 await session.store_queued(wire.drained)
-            await flush()
+            if conn.has_output:  # (an ack's read has nothing to answer)
+                await flush()
             if handshake or conn.closing:
                 deadlines.update()  # a deadline may have come closer
 
