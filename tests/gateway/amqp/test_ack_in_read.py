@@ -5,7 +5,7 @@ of acks and queues in it, no ack task round and no coroutine per ack
 
 from __future__ import annotations
 
-import pika
+import pytest
 
 from core.broker.pop.local import LocalPop
 from gateway.amqp.broker_io import BrokerTraffic
@@ -22,7 +22,9 @@ from gateway.amqp.methods import (
 from gateway.amqp.properties import BasicProperties
 from gateway.amqp.session import AmqpSession
 from lmq.bench._amqp_load import RawClient
-from tests.gateway.amqp.broker_harness import Gateway, params, run_gateway
+from tests.gateway.amqp import test_consume_in_process as in_proc
+from tests.gateway.amqp.broker_harness import Gateway, run_gateway
+from tests.gateway.amqp.test_consume_in_process import pop_requests  # noqa: F401 (fixture)
 
 
 def _spies(monkeypatch) -> dict[str, list]:
@@ -109,52 +111,17 @@ def test_acks_of_one_read_are_one_local_ack_across_queues(tmp_path, monkeypatch)
     assert max(entries for _, entries in seen["local"]) >= 2  # queues share the call
 
 
-def test_pika_acks_applied_in_the_reading_task(tmp_path, monkeypatch):
+@pytest.mark.parametrize("in_process", [True, False])
+def test_pika_acks_in_the_reading_task_or_the_ack_task(tmp_path, monkeypatch, request,
+                                                        in_process):
+    """The pika consume-and-ack run of test_consume_in_process: in process every read's
+    acks are one LocalPop.ack; over TCP they still go to the ack task (BATCH_ACK)."""
     seen = _spies(monkeypatch)
-    count = 30
-
-    def client(gw: Gateway):
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("pk")
-        ch.confirm_delivery()
-        for i in range(count):
-            ch.basic_publish("", "pk", f"m{i}".encode())
-        ch.basic_qos(prefetch_count=1)  # each delivery waits for the previous ack
-        got = []
-        for method, _, body in ch.consume("pk", inactivity_timeout=10):
-            assert method is not None, "no delivery"
-            got.append(body)
-            ch.basic_ack(method.delivery_tag)
-            if len(got) == count:
-                break
-        ch.cancel()
-        gw.wait_for(lambda: sum(n for n, _ in seen["local"]) >= count)
-        left = gw.call(gw.broker.message_count, gw.broker.queues["pk"])
-        conn.close()
-        return got, left
-
-    got, left = run_gateway(tmp_path, client, in_process=True)
-    assert got == [f"m{i}".encode() for i in range(count)] and left == 0
-    assert seen["rounds"] == [] and seen["handled"] == []
-    assert [n for n, _ in seen["local"]] == seen["reads"]
-
-
-def test_acks_over_tcp_still_go_to_the_ack_task(tmp_path, monkeypatch):
-    seen = _spies(monkeypatch)
-
-    def client(gw: Gateway):
-        conn = pika.BlockingConnection(params(gw.port))
-        ch = conn.channel()
-        ch.queue_declare("tq")
-        ch.confirm_delivery()
-        ch.basic_publish("", "tq", b"x")
-        method, _, _ = ch.basic_get("tq")
-        ch.basic_ack(method.delivery_tag)
-        gw.wait_for(lambda: sum(seen["rounds"]) >= 1)
-        left = gw.call(gw.broker.message_count, gw.broker.queues["tq"])
-        conn.close()
-        return left
-
-    assert run_gateway(tmp_path, client) == 0
-    assert seen["local"] == [] and seen["handled"] == []
+    in_proc.test_consume_and_acks_in_process_send_no_pop_requests(
+        tmp_path, request.getfixturevalue("pop_requests"), in_process)
+    assert seen["handled"] == []  # no coroutine per ack either way
+    if in_process:
+        assert seen["rounds"] == []
+        assert [n for n, _ in seen["local"]] == seen["reads"]
+    else:
+        assert seen["local"] == [] and sum(seen["rounds"]) == sum(seen["reads"])

@@ -11,24 +11,13 @@ import pytest
 import trio
 import trio.testing
 
+from gateway.amqp import methods as am
 from gateway.amqp.codec import (
     HEARTBEAT_FRAME,
     PROTOCOL_HEADER,
     AmqpDecoder,
     MethodFrame,
     encode_method_frame,
-)
-from gateway.amqp.methods import (
-    ChannelOpen,
-    ChannelOpenOk,
-    ConnectionClose,
-    ConnectionCloseOk,
-    ConnectionOpen,
-    ConnectionOpenOk,
-    ConnectionStart,
-    ConnectionStartOk,
-    ConnectionTune,
-    ConnectionTuneOk,
 )
 from gateway.amqp.server import AmqpServer, AmqpServerConfig
 
@@ -71,14 +60,14 @@ class Peer:
 
     async def handshake(self, heartbeat: int) -> None:
         self.send(PROTOCOL_HEADER)
-        await self.expect(ConnectionStart)
-        self.send(encode_method_frame(0, ConnectionStartOk({}, "PLAIN",
+        await self.expect(am.ConnectionStart)
+        self.send(encode_method_frame(0, am.ConnectionStartOk({}, "PLAIN",
                                                            b"\x00guest\x00guest")))
-        tune = await self.expect(ConnectionTune)
-        self.send(encode_method_frame(0, ConnectionTuneOk(tune.channel_max, tune.frame_max,
+        tune = await self.expect(am.ConnectionTune)
+        self.send(encode_method_frame(0, am.ConnectionTuneOk(tune.channel_max, tune.frame_max,
                                                           heartbeat)))
-        self.send(encode_method_frame(0, ConnectionOpen("/")))
-        await self.expect(ConnectionOpenOk)
+        self.send(encode_method_frame(0, am.ConnectionOpen("/")))
+        await self.expect(am.ConnectionOpenOk)
 
 
 def _run(test, **config) -> None:
@@ -132,8 +121,8 @@ def test_peer_traffic_keeps_the_connection_and_delays_the_drop():
             while (data := peer.poll()) is not None:
                 assert data == HEARTBEAT_FRAME  # ours, on time
         assert server.connections == 1
-        peer.send(encode_method_frame(1, ChannelOpen()))
-        await peer.expect(ChannelOpenOk)  # still served
+        peer.send(encode_method_frame(1, am.ChannelOpen()))
+        await peer.expect(am.ChannelOpenOk)  # still served
         await _after(clock, 2 * HEARTBEAT + 0.5)  # now silent
         while (data := peer.poll()) == HEARTBEAT_FRAME:
             pass
@@ -154,8 +143,8 @@ def test_no_heartbeat_deadlines_when_negotiated_off():
 def test_handshake_timeout_holds_against_trickling_input():
     async def test(peer, clock, server):
         peer.send(PROTOCOL_HEADER)
-        await peer.expect(ConnectionStart)
-        frame = encode_method_frame(0, ConnectionStartOk({"k": "v" * 200}, "PLAIN",
+        await peer.expect(am.ConnectionStart)
+        frame = encode_method_frame(0, am.ConnectionStartOk({"k": "v" * 200}, "PLAIN",
                                                          b"\x00guest\x00guest"))
         step = 0.5
         for i in range(int(HANDSHAKE / step) - 1):  # one octet per step, up to the deadline
@@ -183,8 +172,8 @@ def test_close_linger_ends_without_close_ok_whatever_the_peer_trickles():
     async def test(peer, clock, server):
         await peer.handshake(HEARTBEAT)
         # Tune-Ok once more: a connection error, our Connection.Close follows.
-        peer.send(encode_method_frame(0, ConnectionTuneOk(1, 4096, 0)))
-        close = await peer.expect(ConnectionClose)
+        peer.send(encode_method_frame(0, am.ConnectionTuneOk(1, 4096, 0)))
+        close = await peer.expect(am.ConnectionClose)
         assert close.reply_code == 540  # (NOT_IMPLEMENTED: a connection error)
         for _ in range(int(LINGER / 0.5) - 1):  # no Close-Ok, heartbeats every 0.5 s
             peer.send(HEARTBEAT_FRAME)
@@ -199,9 +188,9 @@ def test_close_linger_ends_without_close_ok_whatever_the_peer_trickles():
 def test_close_ok_ends_the_linger_at_once():
     async def test(peer, clock, server):
         await peer.handshake(HEARTBEAT)
-        peer.send(encode_method_frame(0, ConnectionTuneOk(1, 4096, 0)))
-        await peer.expect(ConnectionClose)
-        peer.send(encode_method_frame(0, ConnectionCloseOk()))
+        peer.send(encode_method_frame(0, am.ConnectionTuneOk(1, 4096, 0)))
+        await peer.expect(am.ConnectionClose)
+        peer.send(encode_method_frame(0, am.ConnectionCloseOk()))
         await trio.lowlevel.wait_readable(peer.sock)
         assert peer.poll() == b"" and trio.current_time() == 0  # no time passed
 
@@ -220,8 +209,8 @@ def test_reads_take_no_cancel_scope_each(monkeypatch):
         await peer.handshake(HEARTBEAT)
         monkeypatch.setattr(trio.CancelScope, "__enter__", counting)
         for channel in range(1, 51):  # 50 reads, each answered
-            peer.send(encode_method_frame(channel, ChannelOpen()))
-            await peer.expect(ChannelOpenOk)
+            peer.send(encode_method_frame(channel, am.ChannelOpen()))
+            await peer.expect(am.ChannelOpenOk)
         monkeypatch.undo()
 
     _run(test)
