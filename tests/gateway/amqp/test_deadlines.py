@@ -20,6 +20,7 @@ from gateway.amqp.codec import (
     encode_method_frame,
 )
 from gateway.amqp.server import AmqpServer, AmqpServerConfig
+from tests.tls_certs import certs  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +80,7 @@ def _run(test, **config) -> None:
         server = AmqpServer(cfg, authenticate=lambda user, password: True)
         async with trio.open_nursery() as nursery:
             port = await nursery.start(server.serve)
-            peer = Peer(port)
+            peer = Peer(port if server.tls_port is None else server.tls_port)
             try:
                 await test(peer, clock, server)
             finally:
@@ -166,6 +167,18 @@ def test_handshake_timeout_before_any_octet():
         assert peer.poll() == b""
 
     _run(test)
+
+
+def test_tls_peer_stuck_before_its_tls_handshake_is_dropped(request):
+    cert, key = request.getfixturevalue("certs")
+
+    async def test(peer, clock, server):
+        await _after(clock, HANDSHAKE - 0.5)
+        assert peer.poll() is None
+        await _after(clock, 1)
+        assert peer.poll() == b"" and server.connections == 0
+
+    _run(test, tls_port=0, certfile=cert, keyfile=key)
 
 
 def test_close_linger_ends_without_close_ok_whatever_the_peer_trickles():
