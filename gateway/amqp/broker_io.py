@@ -1,7 +1,8 @@
 """The AMQP gateway's traffic with the broker for publishes and acknowledgements (a mixin
 of `AmqpBroker`, gateway/amqp/broker.py): the stored properties of a publish, the store
-request of a batch of publishes, and the task that sends Basic.Acks as BATCH_ACK requests
-(docs/amqp.md, "Exchanges, queues, publish" and "Consuming")."""
+request of a batch of publishes, the acknowledgements of one read applied in process
+(`apply_acks`) and the task that sends the others as BATCH_ACK requests (docs/amqp.md,
+"Exchanges, queues, publish", "Consuming" and "The connection side of a lone message")."""
 
 from __future__ import annotations
 
@@ -94,14 +95,14 @@ class BrokerTraffic:
         """(PopClient, deliveries) pairs of in-process pops: one `LocalPop.ack` call per
         service (one journal write), whatever the number of groups."""
         by_service: dict[int, tuple[Any, list]] = {}
-        for pop, messages in groups:
-            by_service.setdefault(id(pop.local), (pop.local, []))[1].extend(
-                pop.local_ack_entries(messages))
-        for local, entries in by_service.values():
-            try:
+        try:
+            for pop, messages in groups:
+                by_service.setdefault(id(pop.local), (pop.local, []))[1].extend(
+                    pop.local_ack_entries(messages))
+            for local, entries in by_service.values():
                 local.ack(entries)
-            except Exception:  # unacknowledged: redelivered after the deadline
-                log.exception("AMQP in-process ack of %d entries failed", len(entries))
+        except Exception:  # unacknowledged: redelivered after the deadline (at least once)
+            log.exception("AMQP in-process ack failed")
 
     async def acks_settled(self) -> None:
         """Return once every ack queued before the call was applied (in process) or its
