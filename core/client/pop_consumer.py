@@ -439,6 +439,10 @@ class PopClient:
     def local_ack_entries(self, messages: list[PopMessage]) -> list[tuple]:
         """`LocalPop.ack`'s entries for `messages` (popped by this client): those of
         several clients go to one call, one journal write."""
+        if len(messages) == 1:  # a lone message's ack: no grouping
+            m = messages[0]
+            return [(self.group, m.topic, m.queue_id, int(m.handle.split(" ", 2)[1]),
+                     [m.queue_offset])]
         groups: dict[tuple[str, int, str], list[int]] = {}
         for m in messages:
             h = m.handle

@@ -81,6 +81,11 @@ class BrokerTraffic:
         in the caller's task: those of pops in this process with one `LocalPop.ack` (one
         journal write for all their groups), at once; the others go to the ack task
         (`ack_later`, a request)."""
+        if len(acks) == 1:  # a lone message's ack (pika's)
+            pop, m = acks[0]
+            if pop.local is not None:
+                self._apply_local(((pop, [m]),))
+                return
         groups: dict[int, tuple[PopClient, list]] = {}
         for pop, m in acks:
             if pop.local is None:
@@ -96,6 +101,10 @@ class BrokerTraffic:
         service (one journal write), whatever the number of groups."""
         by_service: dict[int, tuple[Any, list]] = {}
         try:
+            if len(groups) == 1:
+                ((pop, messages),) = groups
+                pop.local.ack(pop.local_ack_entries(messages))
+                return
             for pop, messages in groups:
                 by_service.setdefault(id(pop.local), (pop.local, []))[1].extend(
                     pop.local_ack_entries(messages))

@@ -125,3 +125,24 @@ def test_pika_acks_in_the_reading_task_or_the_ack_task(tmp_path, monkeypatch, re
         assert [n for n, _ in seen["local"]] == seen["reads"]
     else:
         assert seen["local"] == [] and sum(seen["rounds"]) == sum(seen["reads"])
+
+
+def test_local_ack_entries_of_one_delivery_and_of_several():
+    from core.client.pop_consumer import PopClient, PopMessage
+
+    pop = PopClient(None, "127.0.0.1:1", "broker-a", "GID_AMQP%LMQ%q")
+
+    def delivery(qid: int, offset: int, pop_time: int, first: int) -> PopMessage:
+        # The receipt handle: the pop's first offset, pop time, invisible time, ..., offset.
+        return PopMessage(None, "%LMQ%q", qid, offset,
+                          f"{first} {pop_time} 30000 0 0 broker-a {qid} {offset}")
+
+    one = delivery(0, 7, 1_700_000_000_123, 7)
+    assert pop.local_ack_entries([one]) == [("GID_AMQP%LMQ%q", "%LMQ%q", 0,
+                                             1_700_000_000_123, [7])]
+    # One entry per queue and pop, its offsets together.
+    several = [delivery(0, 7, 5, 7), delivery(1, 3, 5, 3), delivery(0, 8, 5, 7),
+               delivery(0, 9, 6, 9)]
+    assert sorted(pop.local_ack_entries(several)) == [
+        ("GID_AMQP%LMQ%q", "%LMQ%q", 0, 5, [7, 8]), ("GID_AMQP%LMQ%q", "%LMQ%q", 0, 6, [9]),
+        ("GID_AMQP%LMQ%q", "%LMQ%q", 1, 5, [3])]
