@@ -332,7 +332,7 @@ class PopClient:
         #: Sent as `holderId` with every pop (lmq-gateway extension, docs/pop.md).
         self.holder_id = holder_id
         #: The broker's POP service in this process (`core.broker.pop.local.LocalPop`),
-        #: when the caller attached it: light, unfiltered pops and `ack_local` use it
+        #: when the caller attached it: light, unfiltered pops and `local_ack_entries` use it
         #: instead of requests (docs/pop.md "In process").
         self.local = None
 
@@ -435,16 +435,21 @@ class PopClient:
             out.append(PopMessage(msg, topic, qid, offset, handle))
         return PopResult(PopStatus.FOUND, out, pop_time, invisible, rest_num)
 
-    def ack_local(self, messages: list[PopMessage]) -> int:
-        """Acknowledge `messages` (popped by this client) through the attached in-process
-        service (`local`), as one BATCH_ACK_MESSAGE would; how many were acknowledged."""
+    def local_ack_entries(self, messages: list[PopMessage]) -> list[tuple]:
+        """The entries acknowledging `messages` (popped by this client) through the
+        attached in-process service, `local.ack(entries)`, as one BATCH_ACK_MESSAGE would:
+        those of several clients go to one call, one journal write."""
+        if len(messages) == 1:  # a lone message's ack: no grouping
+            m = messages[0]
+            return [(self.group, m.topic, m.queue_id, int(m.handle.split(" ", 2)[1]),
+                     [m.queue_offset])]
         groups: dict[tuple[str, int, str], list[int]] = {}
         for m in messages:
             h = m.handle
             groups.setdefault((m.topic, m.queue_id, h[:h.rindex(" ")]), []).append(
                 m.queue_offset)
-        return self.local.ack([(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
-                               for (topic, qid, prefix), offsets in groups.items()])
+        return [(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
+                for (topic, qid, prefix), offsets in groups.items()]
 
     def _ack_ext(self, m: PopMessage) -> dict[str, str]:
         return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),

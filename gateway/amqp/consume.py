@@ -449,15 +449,18 @@ class Deliveries:
                             f"delivery tag {tag}")
         return [(tag, *entry)]
 
-    async def ack(self, tag: int, multiple: bool) -> None:
+    def ack(self, tag: int, multiple: bool) -> list[tuple[PopClient, PopMessage]]:
+        """Basic.Ack: the (POP client, delivery) pairs to acknowledge in the broker, which
+        the caller applies (`AmqpSession.read_acks`: once per read of the connection);
+        none in tx mode (held until commit). 406 for an unknown tag."""
         taken = self._take(tag, multiple)
         if self.tx is not None:
             self.tx.extend((t, pop, m, q, "ack") for t, pop, m, q in taken)
-            return
-        ack_later = self.broker.ack_later
-        for _, pop, m, _ in taken:
-            ack_later(pop, m)
+            return []
         self._wake()
+        if len(taken) == 1:
+            return [(taken[0][1], taken[0][2])]
+        return [(pop, m) for _, pop, m, _ in taken]
 
     async def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         taken = self._take(tag, multiple)
