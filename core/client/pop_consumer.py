@@ -332,7 +332,7 @@ class PopClient:
         #: Sent as `holderId` with every pop (lmq-gateway extension, docs/pop.md).
         self.holder_id = holder_id
         #: The broker's POP service in this process (`core.broker.pop.local.LocalPop`),
-        #: when the caller attached it: light, unfiltered pops and `ack_local` use it
+        #: when the caller attached it: light, unfiltered pops and `local_ack_entries` use it
         #: instead of requests (docs/pop.md "In process").
         self.local = None
 
@@ -342,13 +342,17 @@ class PopClient:
     async def pop(self, topic: str, *, max_nums: int = 32, invisible_ms: int = 30_000,
                   poll_ms: int = 0, queue_id: int = -1, init_mode: int = INIT_MODE_MIN,
                   exp_type: str | None = None, exp: str | None = None,
-                  light: bool = False, hand_off=None) -> PopResult:
-        """`hand_off`: with the in-process service (`local`), a light pop that waits
-        hands what arrives meanwhile to it (docs/pop.md "Delivery at arrival")."""
+                  light: bool = False, volatile: bool = False,
+                  hand_off=None) -> PopResult:
+        """`volatile`: the broker need not journal this (group, topic) state (a non-durable
+        queue; sent as the lmq-gateway field `volatile`, docs/pop.md "Volatile states").
+        `hand_off`: with the in-process service (`local`), a light pop that waits hands
+        what arrives meanwhile to it (docs/pop.md "Delivery at arrival")."""
         local = self.local
         if local is not None and light and not exp_type and not exp:
             batch, full = await local.pop(self.group, topic, max_nums, invisible_ms, poll_ms,
-                                          queue_id, init_mode, self.holder_id, hand_off)
+                                          queue_id, init_mode, self.holder_id, volatile,
+                                          hand_off=hand_off)
             if full:
                 return PopResult(PopStatus.POLLING_FULL)
             if not batch.count:
@@ -366,6 +370,8 @@ class PopClient:
             ext["exp"] = exp
         if self.holder_id:
             ext["holderId"] = self.holder_id
+        if volatile:
+            ext["volatile"] = "true"
         resp = await self._invoke(RemotingCommand.request(RequestCode.POP_MESSAGE, ext),
                                   poll_ms / 1000.0)
         h = resp.ext_fields or {}
@@ -438,16 +444,21 @@ class PopClient:
             out.append(PopMessage(msg, topic, qid, offset, handle))
         return PopResult(PopStatus.FOUND, out, pop_time, invisible, rest_num)
 
-    def ack_local(self, messages: list[PopMessage]) -> int:
-        """Acknowledge `messages` (popped by this client) through the attached in-process
-        service (`local`), as one BATCH_ACK_MESSAGE would; how many were acknowledged."""
+    def local_ack_entries(self, messages: list[PopMessage]) -> list[tuple]:
+        """The entries acknowledging `messages` (popped by this client) through the
+        attached in-process service, `local.ack(entries)`, as one BATCH_ACK_MESSAGE would:
+        those of several clients go to one call, one journal write."""
+        if len(messages) == 1:  # a lone message's ack: no grouping
+            m = messages[0]
+            return [(self.group, m.topic, m.queue_id, int(m.handle.split(" ", 2)[1]),
+                     [m.queue_offset])]
         groups: dict[tuple[str, int, str], list[int]] = {}
         for m in messages:
             h = m.handle
             groups.setdefault((m.topic, m.queue_id, h[:h.rindex(" ")]), []).append(
                 m.queue_offset)
-        return self.local.ack([(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
-                               for (topic, qid, prefix), offsets in groups.items()])
+        return [(self.group, topic, qid, int(prefix.split(" ", 2)[1]), offsets)
+                for (topic, qid, prefix), offsets in groups.items()]
 
     def _ack_ext(self, m: PopMessage) -> dict[str, str]:
         return {"consumerGroup": self.group, "topic": m.topic, "queueId": str(m.queue_id),
@@ -565,13 +576,16 @@ class PopClient:
             raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)
         return await self.ack(m)
 
-    async def purge(self, topic: str, queue_id: int = 0, *, everything: bool = False) -> int:
+    async def purge(self, topic: str, queue_id: int = 0, *, everything: bool = False,
+                    volatile: bool = False) -> int:
         """Drop what waits for delivery in (group, topic, queue): never handed out or
         visible again; with `everything` the unacknowledged deliveries too (lmq-gateway
-        private code 900004). Returns how many were dropped."""
+        private code 900004). Returns how many were dropped. `volatile` as for `pop`."""
         ext = {"consumerGroup": self.group, "topic": topic, "queueId": str(queue_id)}
         if everything:
             ext["all"] = "true"
+        if volatile:
+            ext["volatile"] = "true"
         resp = await self._invoke(RemotingCommand.request(RequestCode.POP_PURGE, ext))
         if resp.code != ResponseCode.SUCCESS:
             raise MQBrokerError(resp.code, resp.remark or "", self.broker_addr)

@@ -446,7 +446,8 @@ class AmqpBroker(BrokerTraffic):
         pop = self.queue_pop(queue)
         if self.extensions:
             try:
-                return await pop.purge(queue.lmq, everything=everything)
+                return await pop.purge(queue.lmq, everything=everything,
+                                       volatile=not queue.durable)
             except MQBrokerError as exc:
                 if not unsupported(exc):
                     raise

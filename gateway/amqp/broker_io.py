@@ -1,7 +1,8 @@
 """The AMQP gateway's traffic with the broker for publishes and acknowledgements (a mixin
 of `AmqpBroker`, gateway/amqp/broker.py): the stored properties of a publish, the store
-request of a batch of publishes, and the task that sends Basic.Acks as BATCH_ACK requests
-(docs/amqp.md, "Exchanges, queues, publish" and "Consuming")."""
+request of a batch of publishes, the acknowledgements of one read applied in process
+(`apply_acks`) and the task that sends the others as BATCH_ACK requests (docs/amqp.md,
+"Exchanges, queues, publish", "Consuming" and "The connection side of a lone message")."""
 
 from __future__ import annotations
 
@@ -75,6 +76,43 @@ class BrokerTraffic:
         self._acks.append((pop, message))
         self._acks_ready.set()
 
+    def apply_acks(self, acks: list[tuple[PopClient, Any]]) -> None:
+        """Apply the acknowledgements gathered while one read of a connection was handled,
+        in the caller's task: those of pops in this process with one `LocalPop.ack` (one
+        journal write for all their groups), at once; the others go to the ack task
+        (`ack_later`, a request)."""
+        if len(acks) == 1:  # a lone message's ack (pika's)
+            pop, m = acks[0]
+            if pop.local is not None:
+                self._apply_local(((pop, [m]),))
+                return
+        groups: dict[int, tuple[PopClient, list]] = {}
+        for pop, m in acks:
+            if pop.local is None:
+                self.ack_later(pop, m)
+            else:
+                groups.setdefault(id(pop), (pop, []))[1].append(m)
+        if groups:
+            self._apply_local(groups.values())
+
+    @staticmethod
+    def _apply_local(groups: Any) -> None:
+        """(PopClient, deliveries) pairs of in-process pops: one `LocalPop.ack` call per
+        service (one journal write), whatever the number of groups."""
+        by_service: dict[int, tuple[Any, list]] = {}
+        try:
+            if len(groups) == 1:
+                ((pop, messages),) = groups
+                pop.local.ack(pop.local_ack_entries(messages))
+                return
+            for pop, messages in groups:
+                by_service.setdefault(id(pop.local), (pop.local, []))[1].extend(
+                    pop.local_ack_entries(messages))
+            for local, entries in by_service.values():
+                local.ack(entries)
+        except Exception:  # unacknowledged: redelivered after the deadline (at least once)
+            log.exception("AMQP in-process ack failed")
+
     async def acks_settled(self) -> None:
         """Return once every ack queued before the call was applied (in process) or its
         request answered: Tx.Commit waits for this, so a commit-ok means the acks hold."""
@@ -111,12 +149,11 @@ class BrokerTraffic:
         sender = None
         acks: list[dict] = []
         count = 0
+        local = [g for g in groups.values() if g[0].local is not None]
+        if local:  # the broker runs in this process: no request
+            self._apply_local(local)
         for pop, messages in groups.values():
-            if pop.local is not None:  # the broker runs in this process: no request
-                try:
-                    pop.ack_local(messages)
-                except Exception:
-                    log.exception("AMQP in-process ack of %d failed", len(messages))
+            if pop.local is not None:
                 continue
             sender = pop
             for start in range(0, len(messages), ACK_BATCH):

@@ -172,6 +172,11 @@ class ServerConnection:
         self._out.clear()
         return data
 
+    @property
+    def has_output(self) -> bool:
+        """Octets are queued (`data_to_send` would return some)."""
+        return bool(self._out)
+
     def receive_data(self, data: bytes, now: float) -> list[Any]:
         """Feed received octets (b"" = the peer closed its side)."""
         events: list[Any] = []
@@ -222,19 +227,36 @@ class ServerConnection:
     def tick(self, now: float) -> list[Any]:
         """Timer: send a heartbeat when due; end the connection after two missed ones."""
         events: list[Any] = []
-        self._now = now
-        if not self._heartbeating():
-            return events
-        if now - self._last_recv >= 2 * self.heartbeat:
-            self._end(events, errors.CONNECTION_FORCED, "missed heartbeats from client",
-                      by_peer=False)
-        elif now - self._last_send >= self.heartbeat:
-            self._out.append(HEARTBEAT_FRAME)
-            self._last_send = now
+        self._beat(now, events)
         if self._closed_channels:
             events.extend(self._closed_channels)
             self._closed_channels.clear()
         return events
+
+    def beat(self, now: float) -> bool:
+        """`tick` for a timer task of its own (the server's deadline keeper): heartbeat
+        sending and missed heartbeats only (the events of channels closed meanwhile stay
+        for the reader's next `receive_data`). True when the connection just ended."""
+        return self._beat(now, [])
+
+    def _beat(self, now: float, events: list[Any]) -> bool:
+        self._now = now
+        if not self._heartbeating():
+            return False
+        if now - self._last_recv >= 2 * self.heartbeat:
+            self._end(events, errors.CONNECTION_FORCED, "missed heartbeats from client",
+                      by_peer=False)
+            return True
+        if now - self._last_send >= self.heartbeat:
+            self._out.append(HEARTBEAT_FRAME)
+            self._last_send = now
+        return False
+
+    def drop(self, text: str) -> None:
+        """The driver gives up on the connection (a handshake or close deadline passed):
+        it is over without another frame; `terminated` is true."""
+        if self._state is not _State.ENDED:
+            self._end([], errors.CONNECTION_FORCED, text, by_peer=False)
 
     def next_deadline(self) -> float | None:
         """When `tick` should next be called (None: no heartbeats)."""

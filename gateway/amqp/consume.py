@@ -361,6 +361,7 @@ class Deliveries(AtArrival):
                     result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
                                                     invisible_ms=cfg.invisible_ms,
                                                     poll_ms=cfg.poll_ms, light=True,
+                                                    volatile=not queue.durable,
                                                     hand_off=hand_off)
                 except _BROKER_ERRORS as exc:
                     log.warning("AMQP consumer pop failed: %r", exc)
@@ -437,7 +438,7 @@ class Deliveries(AtArrival):
             try:
                 result = await pop.pop(queue.lmq, max_nums=1,
                                        invisible_ms=self.broker.config.invisible_ms,
-                                       poll_ms=0, light=True)
+                                       poll_ms=0, light=True, volatile=not queue.durable)
             except _BROKER_ERRORS as exc:
                 raise AmqpError(errors.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}") from None
             if result.status is not PopStatus.FOUND or not result.messages:
@@ -487,15 +488,18 @@ class Deliveries(AtArrival):
                             f"delivery tag {tag}")
         return [(tag, *entry)]
 
-    async def ack(self, tag: int, multiple: bool) -> None:
+    def ack(self, tag: int, multiple: bool) -> list[tuple[PopClient, PopMessage]]:
+        """Basic.Ack: the (POP client, delivery) pairs to acknowledge in the broker, which
+        the caller applies (`AmqpSession.read_acks`: once per read of the connection);
+        none in tx mode (held until commit). 406 for an unknown tag."""
         taken = self._take(tag, multiple)
         if self.tx is not None:
             self.tx.extend((t, pop, m, q, "ack") for t, pop, m, q in taken)
-            return
-        ack_later = self.broker.ack_later
-        for _, pop, m, _ in taken:
-            ack_later(pop, m)
+            return []
         self._wake()
+        if len(taken) == 1:
+            return [(taken[0][1], taken[0][2])]
+        return [(pop, m) for _, pop, m, _ in taken]
 
     async def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         taken = self._take(tag, multiple)

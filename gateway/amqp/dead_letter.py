@@ -192,7 +192,8 @@ class QueuePolicy:
         while excess > 0:
             try:
                 result = await pop.pop(queue.lmq, max_nums=min(excess, cfg.pop_batch),
-                                       invisible_ms=cfg.invisible_ms, poll_ms=0)
+                                       invisible_ms=cfg.invisible_ms, poll_ms=0,
+                                       volatile=not queue.durable)
             except _BROKER_ERRORS as exc:
                 log.warning("AMQP drop-head of %r failed: %r", queue.name, exc)
                 return

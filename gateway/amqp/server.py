@@ -30,6 +30,7 @@ from gateway.amqp.connection import (
     MethodReceived,
     ServerConnection,
 )
+from gateway.amqp.deadlines import Deadlines
 from gateway.amqp.session import AmqpSession
 from gateway.amqp.users import UserFile
 from gateway.amqp.wire import Wire
@@ -122,6 +123,7 @@ class AmqpServer:
         self._refused_logged_at = -REFUSED_LOGIN_LOG_INTERVAL_S  # trio time of the last line
         self._refused_unlogged = 0
         self.tls_port: int | None = None
+        self._nursery: trio.Nursery | None = None
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
@@ -140,6 +142,7 @@ class AmqpServer:
             self.tls_port = tls[0].transport_listener.socket.getsockname()[1]
             listeners += tls
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # connections and their deadline keepers
             task_status.started(self.port)
             await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
 
@@ -187,9 +190,16 @@ class AmqpServer:
         if session is not None:
             session.flush = flush
             self.sessions.add(session)
+        # Heartbeats, the handshake timeout and the close linger: a task of their own,
+        # so reads need no cancel scope each (deadlines.py); it ends with this one.
+        deadlines = Deadlines(conn, stream, flush, now + cfg.handshake_timeout_s,
+                              cfg.close_linger_s)
+        assert self._nursery is not None, "connections come from serve()"
+        self._nursery.start_soon(deadlines.run)
         try:
-            await self._loop(wire, conn, session, flush)
+            await self._loop(wire, conn, session, flush, deadlines)
         finally:
+            deadlines.stop()
             if session is not None:
                 self.sessions.discard(session)
                 # Bounded: a broker that is gone must not keep the task forever.
@@ -199,40 +209,37 @@ class AmqpServer:
 
     async def _loop(self, wire: Wire, conn: ServerConnection,
                     session: AmqpSession | None,
-                    flush: Callable[[], Awaitable[None]]) -> None:
-        cfg = self.config
-        now = trio.current_time()
-        handshake_deadline: float | None = now + cfg.handshake_timeout_s
-        close_deadline: float | None = None
+                    flush: Callable[[], Awaitable[None]], deadlines: Deadlines) -> None:
+        """Read, handle, write, until the connection ends; waits for octets without a
+        timeout (`deadlines` drops the connection when one passes)."""
+        receive = wire.receive
+        current_time = trio.current_time
+        handshake = True
         while not conn.terminated:
-            deadlines = [d for d in (conn.next_deadline(), handshake_deadline, close_deadline)
-                         if d is not None]
-            data = None
-            with trio.move_on_at(min(deadlines) if deadlines else float("inf")):
-                data = await wire.receive()
-            now = trio.current_time()
-            # Checked whether or not octets came, so trickling input cannot stretch them.
-            if close_deadline is not None and now >= close_deadline:
-                return  # lingered long enough for Close-Ok
-            if handshake_deadline is not None and now >= handshake_deadline:
-                return  # RabbitMQ also just drops a connection stuck in the handshake
-            if data is None:
-                events = conn.tick(now)
-            else:
-                self.bytes_in += len(data)
-                events = conn.receive_data(data, now)
+            data = await receive()
+            self.bytes_in += len(data)
+            events = conn.receive_data(data, current_time())
             for event in events:
-                if type(event) is ContentReceived and session is not None and \
-                        session.publish_now(event.content):
-                    continue  # taken without a coroutine per publish (the common case)
+                kind = type(event)
+                if session is not None:
+                    # The common publish and ack without a coroutine each.
+                    if kind is ContentReceived:
+                        if session.publish_now(event.content):
+                            continue
+                    elif kind is MethodReceived and session.ack_now(event):
+                        continue
                 await self._event(conn, session, event)
-                if type(event) is ConnectionOpened:
-                    handshake_deadline = None
+                if kind is ConnectionOpened:
+                    handshake = False
+                    deadlines.opened()
             if session is not None:
+                if session.read_acks:  # in this task: no ack task wake-up per read
+                    session.apply_acks()
                 await session.store_queued(wire.drained)
-            await flush()
-            if conn.closing and close_deadline is None:
-                close_deadline = trio.current_time() + cfg.close_linger_s
+            if conn.has_output:  # (an ack's read has nothing to answer)
+                await flush()
+            if handshake or conn.closing:
+                deadlines.update()  # a deadline may have come closer
 
     def _log_refused_login(self, conn: ServerConnection, username: str, why: str) -> None:
         """One line per refused login, at most one per REFUSED_LOGIN_LOG_INTERVAL_S."""

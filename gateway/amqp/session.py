@@ -124,6 +124,9 @@ class AmqpSession(PublishStore):
         #: `publish_now` took, valid until this task awaits (`handle`, `store_queued`):
         #: the publishes of one read that repeat it skip routing and the properties cache.
         self._last_route: tuple | None = None
+        #: Basic.Acks taken while one read is handled, (POP client, delivery) pairs: the
+        #: server applies them at the end of the read (`apply_acks`), one broker call.
+        self.read_acks: list[tuple] = []
 
     def opened(self, username: str, vhost: str, permissions: Any) -> None:
         """Connection.Open-Ok went out: the vhost's broker side and the user's rights."""
@@ -190,6 +193,28 @@ class AmqpSession(PublishStore):
             state.confirms.append(entry)
         self._queue_pubs([(pb, content.body, entry, content.channel, state)], start=False)
         return True
+
+    def ack_now(self, event: MethodReceived) -> bool:
+        """Take a Basic.Ack without awaiting (the server tries it before `handle`): its
+        deliveries join `read_acks`. False: nothing was done, `handle` takes the method
+        (anything but an ack, a channel without deliveries, an unknown tag's 406)."""
+        method = event.method
+        if type(method) is not BasicAck:
+            return False
+        state = self.channels.get(event.channel)
+        if state is None:
+            return False
+        try:
+            self.read_acks += state.deliveries.ack(method.delivery_tag, method.multiple)
+        except AmqpError:
+            return False  # nothing was taken: `handle` meets it again and closes the channel
+        return True
+
+    def apply_acks(self) -> None:
+        """Apply `read_acks` (the server calls this at the end of each read that took some):
+        in process one LocalPop.ack for all of them, no ack task wake-up."""
+        acks, self.read_acks = self.read_acks, []
+        self.broker.apply_acks(acks)
 
     async def handle(self, event: Any) -> None:
         self._last_route = None  # routes may change while this awaits
@@ -259,6 +284,8 @@ class AmqpSession(PublishStore):
         exclusive queues go."""
         # Publishes already received are stored (bounded by the caller's deadline).
         self._ended = True
+        if self.read_acks:  # taken by a read that did not finish (a broken socket)
+            self.apply_acks()
         if self._pubs and not self._storing:  # queued by publish_now, not yet taken
             self._begin_storing()
             await self._store()
@@ -348,7 +375,7 @@ class AmqpSession(PublishStore):
             if not method.nowait:
                 send(channel, ExchangeBindOk() if kind is ExchangeBind else ExchangeUnbindOk())
         elif kind is BasicAck:
-            await state.deliveries.ack(method.delivery_tag, method.multiple)
+            self.read_acks += state.deliveries.ack(method.delivery_tag, method.multiple)
         elif kind is BasicNack:
             await state.deliveries.nack(method.delivery_tag, method.multiple, method.requeue)
         elif kind is BasicReject:

@@ -116,18 +116,21 @@ class Wire:
             data = await self.stream.receive_some(self._read_size)
             self._drained = len(data) < self._read_size
             return data
+        fd = sock.fileno()  # -1 once closed; a close while we wait wakes us with an error
+        if fd < 0:
+            raise trio.ClosedResourceError("socket was already closed")
         if self._drained:
-            await trio.lowlevel.wait_readable(sock)
+            await trio.lowlevel.wait_readable(fd)
         else:
             await trio.lowlevel.checkpoint()
-        while True:
-            fd = sock.fileno()
+            fd = sock.fileno()  # closed meanwhile (no waiter then): never read a reused one
             if fd < 0:
                 raise trio.ClosedResourceError("socket was already closed")
+        while True:
             try:
                 data = os.read(fd, self._read_size)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                await trio.lowlevel.wait_readable(fd)
                 continue
             except OSError as exc:
                 if exc.errno in (errno.ECONNRESET, errno.ENOTCONN, errno.ETIMEDOUT):

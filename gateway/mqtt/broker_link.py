@@ -49,7 +49,6 @@ from gateway.mqtt.link_cluster import (  # noqa: F401 - re-exported (tests, call
 )
 from gateway.mqtt.link_reads import DECODED_CACHE, DECODED_CACHE_BYTES, LinkReads
 from gateway.mqtt.lmq_state import LmqState, MessageCache, RecentBudget
-from gateway.mqtt.lmq_watch import watch_lmq
 from gateway.mqtt.message import MqttMessage
 from gateway.mqtt.store_request import StoredProperties, local_header, offset_ids, request_ext
 from gateway.routing.bridge import AMQP_LMQ_PREFIXES, register_link
@@ -594,24 +593,3 @@ class BrokerLink(LinkReads, LinkCluster):
 
         self.local_send = LocalSend.of(core_broker, self.config.broker_access_key)
         self.local_addr = core_broker.broker_addr
-
-    # -- several gateways -------------------------------------------------------------
-
-    def share_lmqs(self) -> None:
-        """Other gateways write our LMQs from now on: forget the predicted tails (readers
-        pull to the end) and watch every LMQ read from here on."""
-        if self.foreign_writers:
-            return
-        self.foreign_writers = True
-        log.info("MQTT: other gateways write the LMQs too; watching them with long polls")
-        for st in self.states.values():
-            st.tail = None
-            st.version += 1
-            for w in list(st.watchers):
-                w.wake()
-
-    def _watch(self, st: LmqState) -> None:
-        key = (st.broker, st.lmq)
-        if key not in self._watched and self._nursery is not None:
-            self._watched[key] = None
-            self._nursery.start_soon(watch_lmq, self, st, self._watched)

@@ -1,15 +1,21 @@
 """The broker link's view of the cluster (a mixin of `BrokerLink`, broker_link.py): wait
 for the brokers at start, create the store topic on each master, follow masters that
-change (a failover) and brokers that join."""
+change (a failover) and brokers that join, and watch the LMQs once other gateways write
+them too."""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import trio
 
 from core.client.errors import MQClientError
 from core.remoting.errors import RemotingError
+from gateway.mqtt.lmq_watch import watch_lmq
+
+if TYPE_CHECKING:
+    from gateway.mqtt.lmq_state import LmqState
 
 __all__ = ["CLUSTER_REFRESH_S", "CLUSTER_WAIT_S", "ERROR_REFRESH_S", "LinkCluster",
            "NO_MASTER_LOG_INTERVAL_S"]
@@ -30,7 +36,8 @@ NO_MASTER_LOG_INTERVAL_S = 60.0
 
 class LinkCluster:
     """Cluster bookkeeping of `BrokerLink` (whose attributes it uses: client, config,
-    brokers, queues, on_brokers_added and the no-master log state)."""
+    brokers, queues, on_brokers_added, the no-master log state, and for the LMQ watches
+    states, foreign_writers, _watched and _nursery)."""
 
     async def start(self) -> None:
         """Wait for the brokers, create the store topic on each master."""
@@ -116,3 +123,23 @@ class LinkCluster:
             raise MQClientError(f"broker {broker!r} is unknown")
         return addr
 
+    # -- several gateways -------------------------------------------------------------
+
+    def share_lmqs(self) -> None:
+        """Other gateways write our LMQs from now on: forget the predicted tails (readers
+        pull to the end) and watch every LMQ read from here on."""
+        if self.foreign_writers:
+            return
+        self.foreign_writers = True
+        log.info("MQTT: other gateways write the LMQs too; watching them with long polls")
+        for st in self.states.values():
+            st.tail = None
+            st.version += 1
+            for w in list(st.watchers):
+                w.wake()
+
+    def _watch(self, st: LmqState) -> None:
+        key = (st.broker, st.lmq)
+        if key not in self._watched and self._nursery is not None:
+            self._watched[key] = None
+            self._nursery.start_soon(watch_lmq, self, st, self._watched)

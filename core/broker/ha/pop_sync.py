@@ -35,7 +35,7 @@ import zlib
 
 import trio
 
-from core.broker.pop.journal import POP_JOURNAL_COMPACT_BYTES, snapshot_line
+from core.broker.pop.journal import POP_JOURNAL_COMPACT_BYTES, state_lines
 
 POP_APPEND = -1
 POP_SNAPSHOT = -2
@@ -53,14 +53,9 @@ class PopSyncError(Exception):
 
 
 def _snapshot(pop) -> list[bytes]:
-    lines = []
-    for (group, topic, qid), qs in pop.state.queues.items():
-        lines.append(snapshot_line("C", group, topic, qid, qs.next_offset))
-        for offset, e in qs.inflight.items():
-            holder = "-" if e.holder is None else "@" + e.holder
-            lines.append(snapshot_line("H", group, topic, qid, offset, e.pop_time,
-                                       e.deadline, e.deliveries, holder))
-    return lines
+    # Volatile states (docs/pop.md "Volatile states") are not replicated: left out here,
+    # and their changes never reach the journal's flushes.
+    return state_lines(pop.state.queues.items())
 
 
 class PopOutbox:

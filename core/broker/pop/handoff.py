@@ -67,7 +67,8 @@ class Parked:
 
     def pop(self, max_nums: int):
         """The parked pop's `PopService.pop` (same group, queues, deadline, holder, init
-        mode and order), now, for at most `max_nums` messages: a `PopBatch`."""
+        mode, order and volatility), now, for at most `max_nums` messages: a
+        `PopBatch`."""
         return self._pop(max_nums)
 
 

@@ -18,6 +18,12 @@ with -9 loses nothing the kernel got (the page cache survives the process). Ther
 fsync per write: a power loss can lose the last changes (acked messages may then come
 back — at least once). Replay stops at the first line that is torn or fails its CRC.
 
+Volatile states (docs/pop.md "Volatile states"): a (group, topic, queue) whose pops all
+said `volatile` (a non-durable AMQP queue) writes no records at all: its `QueueState`
+holds `DISCARD` instead of the journal, whose writers do nothing, and `state_lines`
+leaves it out of snapshots (compaction, a slave's feed). A durable pop of it turns it
+durable for good: its live state is written then (`state_lines`) and journaled after.
+
 Bounded: when the file exceeds `POP_JOURNAL_COMPACT_BYTES` and four times the size of a
 snapshot, it is rewritten as a snapshot of the live state (a C line per queue, an H line
 per in-flight message), written and fsynced in a worker thread, then renamed over it.
@@ -31,7 +37,7 @@ import zlib
 
 import trio
 
-__all__ = ["PopJournal", "POP_JOURNAL_COMPACT_BYTES"]
+__all__ = ["PopJournal", "POP_JOURNAL_COMPACT_BYTES", "DISCARD", "state_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,9 @@ def _line(payload: str) -> bytes:
 
 
 class PopJournal:
+    #: A volatile state's sink is `DISCARD` (the journal itself is not volatile).
+    volatile = False
+
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.path = os.path.join(directory, "journal")
@@ -128,6 +137,10 @@ class PopJournal:
         """`gone` for several offsets (one B line)."""
         self._pending.append(_line(f"B {group} {topic} {qid} " + ",".join(map(str, offsets))))
 
+    def lines(self, lines: list[bytes]) -> None:
+        """Stage ready-made records (`state_lines`)."""
+        self._pending += lines
+
     def flush(self) -> None:
         """Write the records staged by the current request (one write)."""
         if not self._pending:
@@ -200,3 +213,32 @@ class PopJournal:
 
 def snapshot_line(kind: str, *fields) -> bytes:
     return _line(" ".join([kind, *map(str, fields)]))
+
+
+def state_lines(queues) -> list[bytes]:
+    """Records of the durable states among `queues` (((group, topic, queue id), QueueState)
+    pairs): a C line each, an H line per message in flight. Volatile states are left out."""
+    lines = []
+    for (group, topic, qid), qs in queues:
+        if qs.journal.volatile:
+            continue
+        lines.append(snapshot_line("C", group, topic, qid, qs.next_offset))
+        for offset, e in qs.inflight.items():
+            holder = "-" if e.holder is None else "@" + e.holder
+            lines.append(snapshot_line("H", group, topic, qid, offset, e.pop_time,
+                                       e.deadline, e.deliveries, holder))
+    return lines
+
+
+class _Discard:
+    """The journal of a volatile state: the record writers of `PopJournal`, doing nothing."""
+
+    volatile = True
+
+    def cursor(self, *args) -> None:
+        pass
+
+    hand = gone = hand_many = gone_many = cursor
+
+
+DISCARD = _Discard()

@@ -67,17 +67,19 @@ def param_error(max_nums: int, invisible_ms: int) -> str | None:
 async def pop_held(service: PopService, group: str, topic: str, queue_id: int,
                    read_queue_nums: int, max_nums: int, invisible_ms: int, init_mode: int,
                    filt, holder: str | None, order: bool,
-                   hold_s: float, hand_off=None) -> tuple[PopBatch, bool]:
+                   hold_s: float, volatile: bool = False, *,
+                   hand_off=None) -> tuple[PopBatch, bool]:
     """Pop; while nothing is found, wait up to `hold_s` for a dispatch, a requeue or the
     earliest deadline of the queues asked, then pop again. (batch, polling full): True
-    when POP_MAX_POLLING pops are held already (nothing was waited for). Raises
-    PopStateFull. `hand_off(parked, after)`: what arrives while it waits is handed to
-    it (delivery at arrival, handoff.py); nothing is found when it answers RETURN."""
+    when POP_MAX_POLLING pops are held already (nothing was waited for). `volatile`: the
+    state is not journaled (docs/pop.md "Volatile states"). Raises PopStateFull.
+    `hand_off(parked, after)`: what arrives while it waits is handed to it (delivery at
+    arrival, handoff.py); nothing is found when it answers RETURN."""
     deadline = trio.current_time() + hold_s
     while True:
         queue_ids = [queue_id] if queue_id >= 0 else service.rotate(read_queue_nums)
         batch = service.pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
-                            holder, order)
+                            holder, order, volatile)
         remaining = deadline - trio.current_time()
         if batch.count or remaining <= 0 or service.broker.closing:
             return batch, False
@@ -91,7 +93,8 @@ async def pop_held(service: PopService, group: str, topic: str, queue_id: int,
             continue
         parked = Parked(service.handoffs, topic, hand_off, max_nums,
                         lambda n, q=queue_ids: service.pop(group, topic, q, n, invisible_ms,
-                                                           init_mode, filt, holder, order))
+                                                           init_mode, filt, holder, order,
+                                                           volatile))
         await service.wait(topic, remaining, parked)
         if parked.outcome == RETURN:
             return batch, False  # (nothing found): the caller looks at its state again
@@ -120,9 +123,11 @@ class LocalPop:
 
     async def pop(self, group: str, topic: str, max_nums: int, invisible_ms: int,
                   poll_ms: int, queue_id: int, init_mode: int,
-                  holder: str | None, hand_off=None) -> tuple[PopBatch, bool]:
+                  holder: str | None, volatile: bool = False, *,
+                  hand_off=None) -> tuple[PopBatch, bool]:
         """What POP_MESSAGE would hand out (`pop_held`); MQBrokerError where it would
-        answer with an error code. `hand_off`: see `pop_held` (delivery at arrival)."""
+        answer with an error code. `volatile`: the request's `volatile` field.
+        `hand_off`: see `pop_held` (delivery at arrival)."""
         bad = param_error(max_nums, invisible_ms)
         if bad is not None:
             raise self._refused(ResponseCode.INVALID_PARAMETER, bad)
@@ -138,7 +143,7 @@ class LocalPop:
         try:
             return await pop_held(service, group, topic, queue_id, tc.read_queue_nums,
                                   max_nums, invisible_ms, init_mode, None, holder, order,
-                                  hold_s, hand_off)
+                                  hold_s, volatile, hand_off=hand_off)
         except PopStateFull as exc:
             raise self._refused(ResponseCode.SYSTEM_BUSY,
                                 f"too many POP consumers: {exc}") from None

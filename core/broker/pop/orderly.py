@@ -87,7 +87,8 @@ class OrderlyPop:
         return groups, blocked
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
-            invisible_ms: int, init_mode: int, filt, holder: str | None, now: int):
+            invisible_ms: int, init_mode: int, filt, holder: str | None, now: int,
+            volatile: bool = False):
         from core.broker.pop.reading import ADVANCE as _ADVANCE
         from core.broker.pop.reading import queue_offset as _queue_offset
         from core.broker.pop.reading import redelivery_record as _redelivery_record
@@ -96,7 +97,6 @@ class OrderlyPop:
         service = self.service
         store = service.broker.store
         config = service.broker.config
-        journal = service.journal
         state = service.state
         pop_time = state.new_pop_time(now)
         hold_time = 0  # pop time of the entries held back by this pop (its own)
@@ -108,7 +108,8 @@ class OrderlyPop:
             if need <= 0:
                 break
             key = (group, topic, qid)
-            qs = service.queue_state(group, topic, qid, init_mode)
+            qs = service.queue_state(group, topic, qid, init_mode, volatile)
+            journal = qs.journal  # DISCARD for a volatile state (journal.py)
             qs.expire(now)  # deadlines passed: not blocking any more
             groups, blocked = self._blocked(key, qs, topic, qid)
             cursor = qs.next_offset

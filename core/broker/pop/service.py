@@ -27,7 +27,7 @@ import trio
 from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
 from core.broker.pop.handoff import HandOffs, Parked
-from core.broker.pop.journal import PopJournal, snapshot_line
+from core.broker.pop.journal import DISCARD, PopJournal, state_lines
 from core.broker.pop.orderly import OrderlyPop
 from core.broker.pop.reading import POP_CK, read_new
 from core.broker.pop.reading import redelivery_record as _redelivery_record
@@ -133,7 +133,7 @@ class PopService:
         for key in cursors.keys() | entries.keys():
             found = entries.get(key, {})
             cursor = max(cursors.get(key, 0), max(found, default=-1) + 1)
-            qs = state.get_or_create(*key, cursor)
+            qs = state.get_or_create(*key, cursor, self.journal)
             for offset in sorted(found):
                 pop_time, deadline, deliveries, holder = found[offset]
                 entry = qs.restore(offset, pop_time, deadline, deliveries)
@@ -151,16 +151,9 @@ class PopService:
 
     async def compact_if_needed(self) -> None:
         state = self.state
-        if not self.journal.needs_compaction(state.inflight_count() + len(state.queues)):
+        if not self.journal.needs_compaction(state.journaled_records()):
             return
-        lines = []
-        for (group, topic, qid), qs in state.queues.items():
-            lines.append(snapshot_line("C", group, topic, qid, qs.next_offset))
-            for offset, e in qs.inflight.items():
-                holder = "-" if e.holder is None else "@" + e.holder
-                lines.append(snapshot_line("H", group, topic, qid, offset, e.pop_time,
-                                           e.deadline, e.deliveries, holder))
-        await self.journal.compact(lines)
+        await self.journal.compact(state_lines(state.queues.items()))
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The revive timer: deadlines that passed make messages visible (waking polls),
@@ -264,7 +257,7 @@ class PopService:
             self.dead_lettered += 1
         self._hold(entry, None, group, topic, qid, offset)
         qs.drop(offset)
-        self.journal.gone(group, topic, qid, offset)
+        qs.journal.gone(group, topic, qid, offset)
         self.journal.flush()
         self._commit(group, topic, qid, qs)
         if self.orderly.queues:
@@ -340,17 +333,24 @@ class PopService:
         broker.offset_manager.commit(group, topic, queue_id, offset)
         return offset
 
-    def queue_state(self, group: str, topic: str, queue_id: int, init_mode: int) -> QueueState:
+    def queue_state(self, group: str, topic: str, queue_id: int, init_mode: int,
+                    volatile: bool = False) -> QueueState:
+        """The state, made when missing; `volatile`: not journaled, until a durable call
+        (durable wins: its live state is journaled then; docs/pop.md "Volatile states")."""
         qs = self.state.get(group, topic, queue_id)
         if qs is None:
             if len(self.state.queues) >= POP_MAX_QUEUE_STATES:
                 raise PopStateFull(f"{POP_MAX_QUEUE_STATES} POP queue states")
             start = self._init_offset(group, topic, queue_id, init_mode)
-            qs = self.state.get_or_create(group, topic, queue_id, start)
+            qs = self.state.get_or_create(group, topic, queue_id, start,
+                                          DISCARD if volatile else self.journal)
             # Journal the start at once (pop() flushes): a broker killed before the
             # periodic offset file would otherwise pick the start again after a
             # restart, and with init mode MAX skip what was sent meanwhile.
-            self.journal.cursor(group, topic, queue_id, start)
+            qs.journal.cursor(group, topic, queue_id, start)
+        elif not volatile and qs.journal is DISCARD:
+            qs.journal = self.journal
+            self.journal.lines(state_lines([((group, topic, queue_id), qs)]))
         return qs
 
     def rotate(self, queue_nums: int) -> list[int]:
@@ -361,21 +361,21 @@ class PopService:
 
     def pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
             invisible_ms: int, init_mode: int, filt, holder: str | None = None,
-            order: bool = False) -> PopBatch:
+            order: bool = False, volatile: bool = False) -> PopBatch:
         """Hand out up to `max_nums` messages (no awaiting: pops never interleave). The
         journal records are written before it returns, whatever happens. `order`: FIFO
-        message groups (orderly.py)."""
+        message groups (orderly.py); `volatile`: see `queue_state`."""
         try:
             if order:
                 return self.orderly.pop(group, topic, queue_ids, max_nums, invisible_ms,
-                                        init_mode, filt, holder, now_ms())
+                                        init_mode, filt, holder, now_ms(), volatile)
             return self._pop(group, topic, queue_ids, max_nums, invisible_ms, init_mode, filt,
-                             holder)
+                             holder, volatile)
         finally:
             self.journal.flush()
 
     def _pop(self, group: str, topic: str, queue_ids: list[int], max_nums: int,
-             invisible_ms: int, init_mode: int, filt, holder: str | None) -> PopBatch:
+             invisible_ms: int, init_mode: int, filt, holder, volatile: bool) -> PopBatch:
         broker = self.broker
         store = broker.store
         config = broker.config
@@ -385,13 +385,12 @@ class PopService:
         broker_name = config.broker_name
         is_lmq = names.is_lmq(topic)
         max_deliveries = self._max_deliveries(group)
-        journal = self.journal
         for qid in queue_ids:
             need = max_nums - batch.count
             if need <= 0:
                 break
-            qs = self.queue_state(group, topic, qid, init_mode)
-            cursor = qs.next_offset
+            qs = self.queue_state(group, topic, qid, init_mode, volatile)
+            journal, cursor = qs.journal, qs.next_offset
             offsets: list[int] = []
             records: list = []
             if need > 0:
@@ -470,7 +469,7 @@ class PopService:
             entry.holder = None
             new_pop_time = self.state.new_pop_time(now_ms())
             qs.change(offset, entry.pop_time, new_pop_time, 0)
-            self.journal.hand(group, topic, qid, offset, new_pop_time, 0, entry.deliveries)
+            qs.journal.hand(group, topic, qid, offset, new_pop_time, 0, entry.deliveries)
             if entry.deliveries >= self._max_deliveries(group):
                 self._park(group, topic, qid, qs, offset, entry)
             released += 1
@@ -495,7 +494,7 @@ class PopService:
         entry = qs.inflight.get(offset) if qs is not None else None
         if entry is None or not qs.ack(offset, pop_time):
             return False
-        self.journal.gone(group, topic, queue_id, offset)
+        qs.journal.gone(group, topic, queue_id, offset)
         if flush:
             self.journal.flush()
         if commit:
@@ -528,7 +527,7 @@ class PopService:
         inflight = qs.inflight
         acked = [o for o in offsets if o in inflight and qs.ack(o, pop_time)]
         if acked:
-            self.journal.gone_many(group, topic, queue_id, acked)
+            qs.journal.gone_many(group, topic, queue_id, acked)
             self._commit(group, topic, queue_id, qs)
             orderly = getattr(self, "orderly", None)  # FIFO message groups, as in ack()
             if orderly is not None and orderly.queues:
@@ -552,15 +551,16 @@ class PopService:
         self._park(group, topic, queue_id, qs, offset, entry)
         return True
 
-    def purge(self, group: str, topic: str, queue_id: int, everything: bool = False) -> int:
+    def purge(self, group: str, topic: str, queue_id: int, everything: bool = False,
+              volatile: bool = False) -> int:
         """Drop the messages of (group, topic, queue) that wait for delivery: the ones
         never handed out (the cursor moves to the queue's end) and the ones visible
         again. Deliveries awaiting acknowledgement stay, unless `everything` (the queue
         is being deleted: its state goes too). Returns how many waiting messages were
-        dropped (unacknowledged ones are not counted)."""
+        dropped (unacknowledged ones are not counted). `volatile`: of a missing state."""
         key = (group, topic, queue_id)
-        qs = self.queue_state(group, topic, queue_id, INIT_MODE_MIN)
-        journal = self.journal
+        qs = self.state.get(*key) or self.queue_state(*key, INIT_MODE_MIN, volatile)
+        journal = qs.journal
         end = max(self.broker.store.max_offset(topic, queue_id), qs.next_offset)
         purged = end - qs.next_offset
         for offset, entry in list(qs.inflight.items()):
@@ -575,7 +575,7 @@ class PopService:
         if end != qs.next_offset:
             qs.next_offset = end
             journal.cursor(group, topic, queue_id, end)
-        journal.flush()
+        self.journal.flush()
         self._commit(group, topic, queue_id, qs)
         if everything and not qs.inflight:
             del self.state.queues[key]
@@ -591,7 +591,7 @@ class PopService:
         if not qs.change(offset, pop_time, new_pop_time, invisible_ms):
             return None
         entry = qs.inflight[offset]
-        self.journal.hand(group, topic, queue_id, offset, new_pop_time, entry.deadline,
+        qs.journal.hand(group, topic, queue_id, offset, new_pop_time, entry.deadline,
                           entry.deliveries, entry.holder)
         self.journal.flush()
         if invisible_ms <= 0 and entry.deliveries >= self._max_deliveries(group):

@@ -44,10 +44,13 @@ class Inflight:
 class QueueState:
     """Acknowledgement state of one (group, topic, queue)."""
 
-    __slots__ = ("next_offset", "inflight", "_ready", "_deadlines", "_low")
+    __slots__ = ("next_offset", "inflight", "_ready", "_deadlines", "_low", "journal")
 
-    def __init__(self, next_offset: int) -> None:
+    def __init__(self, next_offset: int, journal=None) -> None:
         self.next_offset = next_offset
+        #: Where this state's records go: the broker's `PopJournal`, or `DISCARD` for a
+        #: volatile state (journal.py, docs/pop.md "Volatile states").
+        self.journal = journal
         self.inflight: dict[int, Inflight] = {}
         self._ready: list[int] = []  # heap of offsets visible again
         self._deadlines: list[tuple[int, int, int]] = []  # (deadline, offset, pop_time)
@@ -217,12 +220,18 @@ class PopState:
     def get(self, group: str, topic: str, queue_id: int) -> QueueState | None:
         return self.queues.get((group, topic, queue_id))
 
-    def get_or_create(self, group: str, topic: str, queue_id: int, start: int) -> QueueState:
+    def get_or_create(self, group: str, topic: str, queue_id: int, start: int,
+                      journal=None) -> QueueState:
         key = (group, topic, queue_id)
         qs = self.queues.get(key)
         if qs is None:
-            qs = self.queues[key] = QueueState(start)
+            qs = self.queues[key] = QueueState(start, journal)
         return qs
 
     def inflight_count(self) -> int:
         return sum(len(q.inflight) for q in self.queues.values())
+
+    def journaled_records(self) -> int:
+        """Records a snapshot of the durable states would hold (journal compaction)."""
+        return sum(len(q.inflight) + 1 for q in self.queues.values()
+                   if q.journal is None or not q.journal.volatile)

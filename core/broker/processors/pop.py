@@ -80,13 +80,18 @@ class PopProcessor:
         try:
             batch, full = await pop_held(service, group, topic, queue_id, tc.read_queue_nums,
                                          max_nums, invisible_ms, init_mode, filt, holder,
-                                         order, hold_s)
+                                         order, hold_s, self._volatile(cmd))
         except PopStateFull as exc:
             return error(cmd, ResponseCode.SYSTEM_BUSY, f"too many POP consumers: {exc}")
         if full:
             return self._response(cmd, ResponseCode.POLLING_FULL, batch, invisible_ms)
         code = ResponseCode.SUCCESS if batch.count else ResponseCode.POLLING_TIMEOUT
         return self._response(cmd, code, batch, invisible_ms)
+
+    def _volatile(self, cmd: RemotingCommand) -> bool:
+        """The lmq-gateway extension field `volatile` (docs/pop.md "Volatile states");
+        ignored in apache_strict mode, as an Apache broker ignores it."""
+        return cmd.ext_str("volatile") == "true" and not self.broker.config.apache_strict
 
     def _response(self, cmd, code, batch, invisible_ms) -> RemotingCommand:
         ext = {
@@ -171,20 +176,23 @@ class PopProcessor:
         if self.broker.topic_config_manager.get(topic) is None:
             return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
                          f"topic[{topic}] not exist, apply first please!")
+        size = self.service.journal.size
         if not self.service.ack(group, topic, queue_id, offset, handle.pop_time):
             return error(cmd, ResponseCode.NO_MESSAGE,
                          f"no in-flight message at offset {offset} with this receipt handle")
-        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS), None, size)
 
     async def _replicated(self, cmd: RemotingCommand, response: RemotingCommand,
-                          ext: dict[str, str] | None = None):
+                          ext: dict[str, str] | None = None, size: int | None = None):
         """SYNC_MASTER: `response` once a slave holds the journal flush of this request
         (docs/ha.md, "POP state"), else the send's FLUSH_SLAVE_TIMEOUT or
         SLAVE_NOT_AVAILABLE (the change is made on this broker all the same; `ext`, the
-        response's header fields, goes with that answer too: a new receipt handle)."""
+        response's header fields, goes with that answer too: a new receipt handle).
+        `response` at once when the journal is still `size` bytes: the request wrote
+        nothing to replicate (volatile states, docs/pop.md)."""
         broker = self.broker
         ha = getattr(broker, "ha_master", None)
-        if not broker.sync_master or ha is None:
+        if not broker.sync_master or ha is None or self.service.journal.size == size:
             return response
         status = await ha.wait_pop_replicated(broker.config.sync_slave_timeout_s)
         if status == "OK":
@@ -217,7 +225,7 @@ class PopProcessor:
             return denied
         everything = cmd.ext_str("all") == "true"
         try:
-            purged = self.service.purge(group, topic, queue_id, everything)
+            purged = self.service.purge(group, topic, queue_id, everything, self._volatile(cmd))
         except PopStateFull as exc:
             return error(cmd, ResponseCode.SYSTEM_BUSY, str(exc))
         return cmd.make_response(ResponseCode.SUCCESS, None, {"purged": str(purged)})
@@ -229,15 +237,17 @@ class PopProcessor:
             return error(cmd, ResponseCode.INVALID_PARAMETER,
                          f"acks must be a list of at most {BATCH_ACK_MAX_ENTRIES} entries")
         service = self.service
+        size = service.journal.size
         for item in acks:
             try:
                 group, topic, qid, start, pop_time, bits = _batch_entry(item)
             except (TypeError, ValueError, KeyError, binascii.Error) as exc:
                 service.journal.flush()
                 return error(cmd, ResponseCode.INVALID_PARAMETER, f"bad ack entry: {exc}")
-            service.ack_bits(group, topic, qid, start, bits, pop_time)
+            if service.ack_bits(group, topic, qid, start, bits, pop_time) < _bit_count(bits):
+                size = None  # a stale entry (a retry?): wait for what was journaled before
         service.journal.flush()
-        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS))
+        return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS), None, size)
 
     # ------------------------------------------------------------------ change
     async def change(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
@@ -255,6 +265,7 @@ class PopProcessor:
         if self.broker.topic_config_manager.get(topic) is None:
             return error(cmd, ResponseCode.TOPIC_NOT_EXIST,
                          f"topic[{topic}] not exist, apply first please!")
+        size = self.service.journal.size
         new_pop_time = self.service.change_invisible(
             group, topic, queue_id, offset, handle.pop_time, invisible_ms)
         if new_pop_time is None:
@@ -263,7 +274,11 @@ class PopProcessor:
         ext = {"popTime": str(new_pop_time), "invisibleTime": str(invisible_ms),
                "reviveQid": str(handle.revive_qid)}
         return await self._replicated(cmd, cmd.make_response(ResponseCode.SUCCESS, None, ext),
-                                      ext)
+                                      ext, size)
+
+
+def _bit_count(bits: bytes) -> int:
+    return int.from_bytes(bits, "little").bit_count()
 
 
 def _batch_entry(item) -> tuple[str, str, int, int, int, bytes]:

@@ -61,7 +61,7 @@ class Parker:
 
     async def hold(self, hold_ms: int = 20_000) -> None:
         batch, _ = await self.local.pop(GROUP, LMQ, 32, INVISIBLE_MS, hold_ms, -1, 0, None,
-                                        self.hand_off)
+                                        hand_off=self.hand_off)
         self.returned.append(bodies(batch))
 
     async def parked(self, service) -> None:
