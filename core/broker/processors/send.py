@@ -232,6 +232,7 @@ _SENDABLE_MAX = 4096
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
 _INNER_MARK_BYTES = INNER_MARK.encode()
 _RETRY_PREFIX = names.RETRY_GROUP_TOPIC_PREFIX
+_WRITE = PermName.WRITE
 
 
 def _batch_props_have(body: bytes, mark: bytes) -> bool:
@@ -260,7 +261,7 @@ class SendProcessor:
         """Java's msgCheck (docs/protocol.md §5.1 steps 1-3): (TopicConfig, queue id), or
         SendRefused."""
         broker = self.broker
-        if not PermName.is_writeable(self.config.broker_permission):
+        if not self.config.broker_permission & _WRITE:  # (PermName.is_writeable inlined)
             raise SendRefused(
                 ResponseCode.NO_PERMISSION,
                 f"the broker[{broker.broker_addr}] sending message is forbidden",
@@ -268,7 +269,7 @@ class SendProcessor:
         if h.topic not in self._sendable:
             self._check_name(h.topic)
         tcm = broker.topic_config_manager
-        tc: TopicConfig | None = tcm.get(h.topic)
+        tc: TopicConfig | None = tcm.table.get(h.topic) or tcm.get(h.topic)
         if tc is None:
             sys_flag = TopicSysFlag.UNIT if h.unit_mode else 0
             if names.is_retry_topic(h.topic):
@@ -282,7 +283,7 @@ class SendProcessor:
                     ResponseCode.TOPIC_NOT_EXIST,
                     f"topic[{h.topic}] not exist, apply first please!",
                 )
-        if not PermName.is_writeable(tc.perm):
+        if not tc.perm & _WRITE:
             raise SendRefused(
                 ResponseCode.NO_PERMISSION,
                 f"the topic[{h.topic}] sending message is forbidden",
@@ -374,8 +375,9 @@ class SendProcessor:
         text = h.properties
         read = self._props_of(text) or self._props.read(text)
         props = read.props.copy()
+        retry = h.topic.startswith(_RETRY_PREFIX)
         if read.reserved:
-            if names.is_retry_topic(h.topic):
+            if retry:
                 # A consumer's send-back copies the consumed message's properties.
                 for key in read.reserved:
                     del props[key]
@@ -385,7 +387,7 @@ class SendProcessor:
             h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
             broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
         )
-        if h.topic.startswith(_RETRY_PREFIX):
+        if retry:
             self._retry_or_dlq(version, h, inner)
         response_queue_id = inner.queue_id
         delayed = read.delayed
