@@ -219,6 +219,11 @@ class BrokerController:
         if self.closing or not self._may_write():
             return self._refused()
         result = self.store.put(inner)
+        if result.status is not PutStatus.OK or (
+            self.ha_link is None and self.ha_master is None and self._group_commit is None
+            and not self.sync_master and not self.topic_config_manager.persister.dirty
+        ):
+            return result  # _after_put would find nothing to wait for (the usual put)
         return await self._after_put(
             result, (inner.topic, inner.properties.get(MessageConst.REAL_TOPIC))
         )

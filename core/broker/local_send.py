@@ -21,7 +21,7 @@ from core.acl.permissions import send_resource
 from core.client.errors import MQBrokerError
 from core.remoting.codec import SERVER_VERSION
 from core.remoting.codes import ResponseCode
-from core.store.results import PutResult
+from core.store.results import PutResult, PutStatus
 
 from .pop.handoff import deferring
 from .processors import send
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 #: The born host of messages stored in process (over the in-process transport a peer
 #: has a pseudo address too).
 LOCAL_REMOTE = "127.0.0.1:0"
+_SUCCESS = ResponseCode.SUCCESS
 
 
 @dataclass(slots=True)
@@ -65,11 +66,9 @@ class LocalSend:
             return None
         return cls(broker, access_key)
 
-    def _may_inner(self, topic: str) -> bool:
-        """ACL as the request's guard: raises its refusal; whether INNER_* may be set."""
-        guard = self.broker.table.guard
-        if guard is None or getattr(guard, "trust_in_process", True):
-            return True  # an in-process peer: IN_PROCESS (core/acl/validator.py)
+    def _may_inner(self, guard, topic: str) -> bool:
+        """ACL as the request's guard when it does not trust in-process peers: raises its
+        refusal; whether INNER_* may be set."""
         refused = guard.in_process_refusal(self.access_key, [send_resource(topic)])
         if refused is not None:
             raise self._refused(ResponseCode.SYSTEM_ERROR, refused)
@@ -80,7 +79,11 @@ class LocalSend:
         """Store one message (`header.batch` False: `body` is its payload) or a batch
         (`body` a batch body, docs/protocol.md §7.7) as the send request would; the
         answer, or MQBrokerError with the code the request would be answered with."""
-        may_inner = self._may_inner(header.topic)
+        guard = self.broker.table.guard
+        if guard is None or getattr(guard, "trust_in_process", True):
+            may_inner = True  # an in-process peer: IN_PROCESS (core/acl/validator.py)
+        else:
+            may_inner = self._may_inner(guard, header.topic)
         self.sends += 1
         try:
             result, queue_id = await deferring(self.broker, self._processor.store(
@@ -91,6 +94,8 @@ class LocalSend:
             log.error("in-process send failed (answered SYSTEM_ERROR)", exc_info=exc)
             raise self._refused(ResponseCode.SYSTEM_ERROR,
                                 str(exc) or type(exc).__name__) from None
+        if result.status is PutStatus.OK:
+            return LocalSent(_SUCCESS, queue_id, result)
         code = send.put_code(result)
         if code and code not in send.STORED_CODES:
             raise self._refused(code, send.put_failure(result))

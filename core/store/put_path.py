@@ -348,17 +348,31 @@ class PutPath:
             else:
                 qoff = cq.max_offset
             tc = msg.tags_code
-            if props and (not self._multi_on or _MULTI not in props):
-                # _encode_props without multi-dispatch, inlined (the usual message).
-                offsets = targets = None
-                pb = encode_props(props, None)
+            # _encode_props inlined (every put comes here); `names` is set when the
+            # message goes to known LMQs only (the gateways' publishes).
+            offsets = targets = names = None
+            multi = props.get(_MULTI) if props and self._multi_on else None
+            if multi:
+                names = self._multi_names.get(multi)
+                planned = (plan_lmqs(names, self._lmq.cache, topic, None)
+                           if names is not None and self._lmq_on else None)
+                if planned is not None and not planned[2]:  # (no LMQ created)
+                    offsets, lmqs, _ = planned
+                else:  # new LMQs, other topics, names not split yet
+                    names = None
+                    offsets, lmqs, cqs = self._plan_multi(multi, topic, qid, qoff, None)
+                    targets = (lmqs, cqs)
+            if props:
+                pb = encode_props(props, offsets)
                 if len(pb) > self._max_props:
                     raise _props_too_large(len(pb), self._max_props)
                 if tc is None:
                     tags = props.get(_TAGS)
                     tc = (self._tag_codes.get(tags) or self._tag_code(tags)) if tags else 0
             else:
-                pb, tc, offsets, targets = self._encode_props(props, tc, topic, qid, qoff, None)
+                pb = b""
+                if tc is None:
+                    tc = 0
         except _Reject as rej:
             return self._reject(rej.status, rej.remark)
         except (TypeError, ValueError, AttributeError) as exc:  # malformed fields
@@ -399,9 +413,19 @@ class PutPath:
             self._lmq.add(topic, qoff, LMQ_UNIT.pack(phys, total, tc, store_ms))
             if listener is not None:
                 listener(topic, 0, qoff + 1)
-        if targets:
+        st = self._stats
+        if names is not None:  # _dispatch_multi inlined: known LMQs (`names`, in order)
+            lmq = self._lmq
+            lmq.add_planned(lmqs, LMQ_UNIT.pack(phys, total, tc, store_ms))
+            st.lmq_dispatches += len(lmqs)
+            many = self.lmq_dispatch_listener
+            if many is not None:
+                many(names, lmq.cache)
+            else:
+                self._notify_lmqs(names, lmq.cache)
+        elif targets:
             self._dispatch_multi(targets, phys, total, tc, store_ms)
-        if self._index_on and props:
+        if self._index_on and props and (_UNIQ in props or _KEYS in props):
             uniq = props.get(_UNIQ)
             if uniq and _KEYS not in props:
                 self._keys.add(UNIQ_PREFIX, topic, uniq, store_ms, phys, total)
@@ -412,7 +436,6 @@ class PutPath:
         kv = self._kv
         if len(kv.pending) + kv.staged_ops >= self._kv_max_ops or end - kv.marker > _KV_COMMIT_BYTES:
             self._commit_kv()
-        st = self._stats
         st.put_calls += 1
         st.put_msgs += 1
         st.put_bytes += total

@@ -38,6 +38,8 @@ PROP_TTL = "AMQP_TTL"
 #: Readable copies of a few AMQP properties, for native (RocketMQ) consumers.
 _READABLE = (("content_type", "AMQP_CONTENT_TYPE"), ("correlation_id", "AMQP_CORRELATION_ID"),
              ("message_id", "AMQP_MESSAGE_ID"))
+#: The default topic of the store requests (the auto-create template, as producers send).
+_DEFAULT_TOPIC = "TBW102"
 #: A batch of publishes is cut at this many octets (the broker takes 4 MiB bodies).
 MAX_BATCH_BYTES = 1024 * 1024
 #: Acknowledgements per BATCH_ACK request (the broker takes up to 1024 entries).
@@ -65,7 +67,7 @@ class BrokerTraffic:
         self._ack_rounds = [0, 0]
         self._ack_round_ended = trio.Event()
         self._ext_base = {"a": self.config.producer_group, "b": self.config.store_topic,
-                          "c": "TBW102", "d": str(self.config.store_queues), "f": "0",
+                          "c": _DEFAULT_TOPIC, "d": str(self.config.store_queues), "f": "0",
                           "h": "0", "j": "0", "k": "false", "m": "false"}
         #: The broker's send checks and put when it runs in this process
         #: (core/broker/local_send.py; set by embedded.py): stores without requests.
@@ -223,26 +225,29 @@ class BrokerTraffic:
         request (nothing stored: sending the messages one by one is safe); False when the
         outcome is unknown or a lone message was refused."""
         cfg = self.config
-        ext = dict(self._ext_base)
-        ext["e"] = str(qid)
-        ext["g"] = str(int(time.time() * 1000))
+        born = time.time_ns() // 1_000_000
         if len(items) == 1:
-            ext["i"] = items[0][0].decode()
+            props = items[0][0].decode()
             body = items[0][1]
             batch = False
         else:
             # The MQTT link's batch body (one C call when the extension is built).
             body = batch_body([item[1] for item in items], [item[0] for item in items])
-            ext["i"] = ""
-            ext["m"] = "true"
+            props = ""
             batch = True
         local = self.local_send
         try:
             if local is not None:  # the broker of this process: no request (store-api.md)
                 result = await local.send(SendHeader(
-                    ext["a"], ext["b"], ext["c"], cfg.store_queues, qid, 0, int(ext["g"]), 0,
-                    ext["i"], 0, False, None, batch), body)
+                    cfg.producer_group, cfg.store_topic, _DEFAULT_TOPIC, cfg.store_queues, qid,
+                    0, born, 0, props, 0, False, None, batch), body)
             else:
+                ext = dict(self._ext_base)
+                ext["e"] = str(qid)
+                ext["g"] = str(born)
+                ext["i"] = props
+                if batch:
+                    ext["m"] = "true"
                 mq = MessageQueue(cfg.store_topic, self.broker_name, qid)
                 result = await self.client.api.send_message(
                     self.addr, mq, ext, body, batch=batch, uniq_id="",

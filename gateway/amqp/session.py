@@ -191,7 +191,9 @@ class AmqpSession(PublishStore):
             entry = [state.next_publish_tag, None]
             state.next_publish_tag += 1
             state.confirms.append(entry)
-        self._queue_pubs([(pb, content.body, entry, content.channel, state)], start=False)
+        body = content.body  # (_queue_pubs of one, start=False, inlined)
+        self._pubs.append((pb, body, entry, content.channel, state))
+        self._pub_bytes += len(pb) + len(body)
         return True
 
     def ack_now(self, event: MethodReceived) -> bool:

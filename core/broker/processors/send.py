@@ -18,7 +18,7 @@ from core.broker.transaction_batch import prepare_batch
 from core.common import names
 from core.common.codec import RecordError, decode_batch
 from core.common.message import InnerMessage, MessageBatch
-from core.common.properties import MessageConst, decode_properties, encode_properties
+from core.common.properties import MessageConst, decode_properties
 from core.common.sysflag import MessageSysFlag, PermName, TopicSysFlag
 from core.remoting.codec import RemotingCommand
 from core.remoting.codes import FLAG_RESPONSE, MQVersion, RequestCode, ResponseCode
@@ -28,6 +28,7 @@ from core.store.results import PutStatus
 from core.store.speedups import batch_props_have
 
 from .common import error, java_int
+from .send_props import INNER_MARK, RESERVED_PROPERTIES, SendPropsMemo, positive_int
 
 _rng = random.Random()
 
@@ -230,17 +231,9 @@ STORED_CODES = (
 _SENDABLE_MAX = 4096
 # A batch body needs the per-sub-message DELAY check only if this occurs in it.
 _DELAY_MARK = MessageConst.DELAY_TIME_LEVEL.encode() + b"\x01"
-# Every timer property (TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS) contains this.
-_TIMER_MARK = "TIMER_D"
-# Broker-internal properties a client may not set without the right (docs/acl.md §4):
-# they make the store index the message into other queues (LMQs) at chosen offsets.
-RESERVED_PROPERTIES = (
-    MessageConst.INNER_MULTI_DISPATCH,
-    MessageConst.INNER_MULTI_QUEUE_OFFSET,
-)
-# Every reserved name starts with this; a send without it anywhere needs no closer look.
-_INNER_MARK = "INNER_MULTI_"
-_INNER_MARK_BYTES = _INNER_MARK.encode()
+_INNER_MARK_BYTES = INNER_MARK.encode()
+_RETRY_PREFIX = names.RETRY_GROUP_TOPIC_PREFIX
+_WRITE = PermName.WRITE
 
 
 def _batch_props_have(body: bytes, mark: bytes) -> bool:
@@ -260,13 +253,16 @@ class SendProcessor:
         self.broker = broker
         self.config = broker.config
         self._sendable: set[str] = set()
+        #: Properties texts read once (send_props.py); the hot path reads `entries`.
+        self._props = SendPropsMemo(self.config.cluster_name)
+        self._props_of = self._props.entries.get
 
     # ------------------------------------------------------------------ checks
     def _check(self, h: SendHeader, remote: str):
         """Java's msgCheck (docs/protocol.md §5.1 steps 1-3): (TopicConfig, queue id), or
         SendRefused."""
         broker = self.broker
-        if not PermName.is_writeable(self.config.broker_permission):
+        if not self.config.broker_permission & _WRITE:  # (PermName.is_writeable inlined)
             raise SendRefused(
                 ResponseCode.NO_PERMISSION,
                 f"the broker[{broker.broker_addr}] sending message is forbidden",
@@ -274,7 +270,7 @@ class SendProcessor:
         if h.topic not in self._sendable:
             self._check_name(h.topic)
         tcm = broker.topic_config_manager
-        tc: TopicConfig | None = tcm.get(h.topic)
+        tc: TopicConfig | None = tcm.table.get(h.topic) or tcm.get(h.topic)
         if tc is None:
             sys_flag = TopicSysFlag.UNIT if h.unit_mode else 0
             if names.is_retry_topic(h.topic):
@@ -288,7 +284,7 @@ class SendProcessor:
                     ResponseCode.TOPIC_NOT_EXIST,
                     f"topic[{h.topic}] not exist, apply first please!",
                 )
-        if not PermName.is_writeable(tc.perm):
+        if not tc.perm & _WRITE:
             raise SendRefused(
                 ResponseCode.NO_PERMISSION,
                 f"the topic[{h.topic}] sending message is forbidden",
@@ -350,12 +346,6 @@ class SendProcessor:
             inner.topic = dlq
             inner.queue_id = _rng.randrange(max(1, tc.write_queue_nums))
 
-    def _base_properties(self, h: SendHeader) -> dict[str, str]:
-        props = decode_properties(h.properties)
-        props.pop(MessageConst.WAIT_STORE_MSG_OK, None)
-        props[MessageConst.CLUSTER] = self.config.cluster_name
-        return props
-
     # ------------------------------------------------------------------ handler
     async def handle(self, ctx, cmd: RemotingCommand) -> RemotingCommand:
         h = decode_send_header(cmd)
@@ -381,31 +371,32 @@ class SendProcessor:
                 f"the message body size over max value, MAX: {self.config.max_message_size}",
             )
         broker = self.broker
-        props = self._base_properties(h)
-        if h.properties and _INNER_MARK in h.properties:
-            reserved = [k for k in RESERVED_PROPERTIES if k in props]
-            if reserved:
-                if names.is_retry_topic(h.topic):
-                    # A consumer's send-back copies the consumed message's properties.
-                    for key in reserved:
-                        del props[key]
-                elif not may_inner:
-                    raise _reserved_refusal(reserved[0])
+        # The properties read once per text (send_props.py): reserved names, DELAY,
+        # timer and transaction properties found then; this send gets its own dict.
+        text = h.properties
+        read = self._props_of(text) or self._props.read(text)
+        props = read.props.copy()
+        retry = h.topic.startswith(_RETRY_PREFIX)
+        if read.reserved:
+            if retry:
+                # A consumer's send-back copies the consumed message's properties.
+                for key in read.reserved:
+                    del props[key]
+            elif not may_inner:
+                raise _reserved_refusal(read.reserved[0])
         inner = InnerMessage(
             h.topic, body, queue_id, h.flag, props, h.sys_flag, h.born_timestamp,
             broker.encode_client_host(remote), broker.store_host, h.reconsume_times,
         )
-        if h.topic.startswith(names.RETRY_GROUP_TOPIC_PREFIX):
+        if retry:
             self._retry_or_dlq(version, h, inner)
         response_queue_id = inner.queue_id
-        delay = props.get(MessageConst.DELAY_TIME_LEVEL)
-        delayed = _positive_int(delay) if delay else False
+        delayed = read.delayed
         # A DELAY level or Apache 5's timer properties (schedule.py "Timer messages").
-        timed = delayed or (h.properties is not None and _TIMER_MARK in h.properties)
-        tran = props.get(MessageConst.TRANSACTION_PREPARED)
+        timed = read.timed
         # Java: a re-consumed transactional message coming back with a delay (the retry of
         # old clients) is an ordinary scheduled message, not a new half message.
-        if tran and tran.lower() == "true" and not (inner.reconsume_times > 0 and delayed):
+        if read.prepared and not (inner.reconsume_times > 0 and delayed):
             service = broker.transaction_service
             if service is None:
                 raise SendRefused(
@@ -439,11 +430,9 @@ class SendProcessor:
         )
 
     @staticmethod
-    def _check_batch_inner(h: SendHeader, batch_props: dict, body: bytes) -> None:
-        """SendRefused if the batch or one of its messages sets a reserved property."""
-        reserved = []
-        if h.properties and _INNER_MARK in h.properties:
-            reserved = [k for k in RESERVED_PROPERTIES if k in batch_props]
+    def _check_batch_inner(reserved: tuple[str, ...], body: bytes) -> None:
+        """SendRefused if the batch (its properties set `reserved`) or one of its messages
+        sets a reserved property."""
         if not reserved and _batch_props_have(body, _INNER_MARK_BYTES):
             try:
                 items = decode_batch(body)
@@ -451,7 +440,7 @@ class SendProcessor:
                 return  # answered as a malformed batch below
             for item in items:
                 props = decode_properties(item.properties)
-                reserved = [k for k in RESERVED_PROPERTIES if k in props]
+                reserved = tuple(k for k in RESERVED_PROPERTIES if k in props)
                 if reserved:
                     break
         if reserved:
@@ -492,9 +481,10 @@ class SendProcessor:
                 f"the message body size over max value, MAX: {limit}",
             )
         broker = self.broker
-        batch_props = self._base_properties(h)
+        read = self._props_of(h.properties) or self._props.read(h.properties)
+        batch_props = read.props  # (shared: read only)
         if not may_inner:
-            self._check_batch_inner(h, batch_props, body)
+            self._check_batch_inner(read.reserved, body)
         if tran == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
             half = prepare_batch(broker.transaction_service, h, queue_id, body, batch_props,
                                  sys_flag, broker.encode_client_host(remote), broker.store_host)
@@ -506,7 +496,7 @@ class SendProcessor:
             # No DELAY anywhere (the usual case): the store splits the body itself, with no
             # object per sub-message, and answers MESSAGE_ILLEGAL for a malformed one.
             result = await broker.put_messages(MessageBatch(
-                h.topic, queue_id, body, encode_properties(batch_props), sys_flag,
+                h.topic, queue_id, body, read.text, sys_flag,
                 h.born_timestamp, broker.encode_client_host(remote), broker.store_host,
                 h.reconsume_times,
             ))
@@ -517,13 +507,13 @@ class SendProcessor:
             raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
         if not items:
             raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-        if _positive_int(batch_props.get(MessageConst.DELAY_TIME_LEVEL)):
+        if read.delayed:
             raise SendRefused(ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay")
         born_host = broker.encode_client_host(remote)
         inners = []
         for item in items:
             props = decode_properties(item.properties)
-            if _positive_int(props.get(MessageConst.DELAY_TIME_LEVEL)):
+            if positive_int(props.get(MessageConst.DELAY_TIME_LEVEL)):
                 raise SendRefused(
                     ResponseCode.MESSAGE_ILLEGAL, "batch message does not support delay"
                 )
@@ -582,15 +572,6 @@ def _reserved_refusal(key: str) -> SendRefused:
         ResponseCode.NO_PERMISSION,
         f"the message property {key} is reserved for the broker and gateways",
     )
-
-
-def _positive_int(value: str | None) -> bool:
-    if not value:
-        return False
-    try:
-        return int(value) > 0
-    except ValueError:
-        return False
 
 
 def register(table, broker) -> None:
