@@ -206,28 +206,31 @@ def test_durable_queue_redelivers_after_kill_9_of_lmq_serve(tmp_path):
 
 
 def test_fanned_out_deliveries_of_one_connection_share_a_socket_write(tmp_path, monkeypatch):
-    """A publish to a fanout exchange wakes the consumers of its queues together; those
-    on one connection write their deliveries with one socket write, not one each."""
+    """A publish to a fanout exchange reaches the consumers of its queues together; those
+    on one connection write their deliveries with one socket write, not one each (the
+    writes counted at the socket: a hand-off's `Wire.write_now` and a task's flush both
+    end in `Wire._write`)."""
     from gateway.amqp.codec import Content
     from gateway.amqp.methods import BasicConsume
-    from gateway.amqp.session import AmqpSession
+    from gateway.amqp.wire import Wire
     from lmq.bench._amqp_load import RawClient
 
     queues = [f"w-{i:02d}" for i in range(20)]
-    writes: list[int] = []
-    original = AmqpSession._flush
+    writes: list[tuple] = []  # the peer address of each socket write
+    original_write = Wire._write
 
-    async def counting(self):
-        writes.append(1)
-        await original(self)
+    def counting_write(sock, out):
+        writes.append(sock.getpeername())
+        return original_write(sock, out)
 
-    monkeypatch.setattr(AmqpSession, "_flush", counting)
+    monkeypatch.setattr(Wire, "_write", staticmethod(counting_write))
 
     def client(gw: Gateway):
         with pika.BlockingConnection(params(gw.port)) as conn:
             ch = conn.channel()
             broker_harness.declare_fanout(ch, "wfan", queues)
             c = RawClient("127.0.0.1", gw.port)
+            peer = c.sock.getsockname()
             for q in queues:
                 c.call(c.channel(), BasicConsume(queue=q, no_ack=True))
             gw.wait_for(lambda: gw.broker.local_pop.service.polling >= len(queues))
@@ -241,10 +244,10 @@ def test_fanned_out_deliveries_of_one_connection_share_a_socket_write(tmp_path, 
                     c._read()
                     seen += sum(type(ev) is Content for ev in c.events)
                     c.events.clear()
-                got[round_] = len(writes)
+                got[round_] = sum(1 for w in writes if w == peer)
             c.close()
             return got
 
     got = run_gateway(tmp_path, client, in_process=True)
-    # 20 consumers woken by each publish: without the shared write, 20 flushes each.
-    assert all(n <= len(queues) // 4 for n in got.values()), got
+    # 20 consumers reached by each publish: without the shared write, 20 writes each.
+    assert all(1 <= n <= len(queues) // 4 for n in got.values()), got
