@@ -66,8 +66,7 @@ class AtArrival:
             self.send_parts(parts)
             after[self.flush] = self._write_now
         if consumer.no_ack:
-            for m in messages[:i]:
-                broker.ack_later(pop, m)
+            broker.ack_popped(pop, messages[:i])
         if fault is not None:
             consumer.stash = messages[i:]
             return RETURN

@@ -97,6 +97,17 @@ class BrokerTraffic:
         if groups:
             self._apply_local(groups.values())
 
+    def ack_popped(self, pop: PopClient, messages: list) -> None:
+        """Acknowledge the deliveries of one pop at once (a no-ack consumer's, once
+        written): in process one `LocalPop.ack` in the caller's task, no ack task round;
+        otherwise queued for the ack task (`ack_later`, a request)."""
+        if pop.local is not None:
+            if messages:
+                self._apply_local(((pop, messages),))
+            return
+        for m in messages:
+            self.ack_later(pop, m)
+
     @staticmethod
     def _apply_local(groups: Any) -> None:
         """(PopClient, deliveries) pairs of in-process pops: one `LocalPop.ack` call per

@@ -230,6 +230,7 @@ class Deliveries(AtArrival):
         #: In tx mode (Tx.Select): settlements held until commit (tag, pop, message, how).
         self.tx: list | None = None
         self._room = trio.Event()
+        self._room_waiters = 0  # consumer loops waiting on `_room`
         self._wire = wire_of(flush)  # for deliveries at arrival (arrival.py)
 
     # ------------------------------------------------------------------ consumers
@@ -291,8 +292,11 @@ class Deliveries(AtArrival):
             self.closed = True
 
     def _wake(self) -> None:
-        self._room.set()
-        self._room = trio.Event()
+        """Room may have come (acks, a cancel): wake the consumer loops waiting for it,
+        if any (an event is made again only when one waited)."""
+        if self._room_waiters:
+            self._room.set()
+            self._room = trio.Event()
 
     def _room_left(self) -> int:
         batch = self.broker.config.pop_batch
@@ -355,7 +359,11 @@ class Deliveries(AtArrival):
                 if consumer.no_ack:
                     room = batch = cfg.pop_batch
                 if room <= 0:
-                    await self._room.wait()
+                    self._room_waiters += 1
+                    try:
+                        await self._room.wait()
+                    finally:
+                        self._room_waiters -= 1
                     continue
                 try:
                     result = await consumer.pop.pop(consumer.queue_lmq, max_nums=batch,
@@ -399,8 +407,7 @@ class Deliveries(AtArrival):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.closed = True
             if consumer.no_ack:
-                for m in messages:
-                    self.broker.ack_later(consumer.pop, m)
+                self.broker.ack_popped(consumer.pop, messages)
         stash, consumer.stash = consumer.stash, None
         for m in stash or ():  # (a hand-off's, cancelled before this task took it)
             await self._requeue(consumer.pop, m)

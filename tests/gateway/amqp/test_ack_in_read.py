@@ -5,6 +5,8 @@ of acks and queues in it, no ack task round and no coroutine per ack
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from core.broker.pop.local import LocalPop
@@ -146,3 +148,62 @@ def test_local_ack_entries_of_one_delivery_and_of_several():
     assert sorted(pop.local_ack_entries(several)) == [
         ("GID_AMQP%LMQ%q", "%LMQ%q", 0, 5, [7, 8]), ("GID_AMQP%LMQ%q", "%LMQ%q", 0, 6, [9]),
         ("GID_AMQP%LMQ%q", "%LMQ%q", 1, 5, [3])]
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_no_ack_deliveries_are_acknowledged_per_pop(tmp_path, monkeypatch, in_process):
+    """A no-ack consumer's deliveries are acknowledged in the broker once written, per pop:
+    in process one LocalPop.ack per pop (its task's or a hand-off's), no ack task round;
+    over TCP through the ack task."""
+    seen = _spies(monkeypatch)
+    before, after = 40, 5  # stored before the consume (task pops), then one by one
+
+    def client(gw: Gateway):
+        c = RawClient("127.0.0.1", gw.port)
+        ch = c.channel()
+        c.call(ch, QueueDeclare(queue="na"))
+        c.call(ch, ConfirmSelect())
+
+        def publish(n: int) -> None:
+            c.sock.sendall(b"".join(encode_content(ch, BasicPublish(routing_key="na"),
+                                                   BasicProperties(), b"x", 131072)
+                                    for _ in range(n)))
+
+        publish(before)
+        while c._expect(ch, "BasicAck").delivery_tag < before:
+            pass
+        consumer = RawClient("127.0.0.1", gw.port)
+        consumer.call(consumer.channel(), BasicConsume(queue="na", no_ack=True))
+        got = 0
+
+        def take(total: int) -> int:
+            n = got
+            while True:
+                n += sum(1 for ev in consumer.events if type(ev).__name__ == "Content")
+                consumer.events.clear()
+                if n >= total:
+                    return n
+                consumer._read()
+
+        got = take(before)
+        for i in range(after):
+            if in_process:  # parked again: this one goes through a hand-off
+                gw.wait_for(lambda: gw.broker.local_pop.service.polling >= 1)
+            publish(1)
+            got = take(before + i + 1)
+        queue = gw.broker.queues["na"]
+        deadline = time.monotonic() + 20
+        while gw.call(gw.broker.message_count, queue) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (over TCP the ack task's request may still be on its way)
+        left = gw.call(gw.broker.message_count, queue)
+        consumer.close()
+        c.close()
+        return got, left
+
+    assert run_gateway(tmp_path, client, in_process=in_process) == (before + after, 0)
+    if in_process:
+        assert seen["rounds"] == []  # the ack task never woke
+        assert sum(n for n, _ in seen["local"]) == before + after
+        assert len(seen["local"]) < before + after  # per pop, not per message
+    else:
+        assert seen["local"] == [] and sum(seen["rounds"]) == before + after
