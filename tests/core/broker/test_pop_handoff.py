@@ -154,9 +154,9 @@ def test_handed_off_delivery_survives_kill_9(tmp_path):
 
 
 def test_pops_of_a_fanned_out_message_share_one_decoded_copy(tmp_path, monkeypatch):
-    from core.client import pop_consumer
+    from core.client import pop_records
 
-    monkeypatch.setattr(pop_consumer, "_shared", {})
+    monkeypatch.setattr(pop_records, "_shared", {})
     fan = [f"%LMQ%fan{i}" for i in range(3)]
 
     async def body(server, client):
@@ -172,10 +172,10 @@ def test_pops_of_a_fanned_out_message_share_one_decoded_copy(tmp_path, monkeypat
         recs = [m.message for m in got]
         # A record dispatched to one queue only is popped once per group: not kept.
         await send(client, addr, b"alone")
-        assert pop_consumer._shared and all(b"," in v[1] for v in pop_consumer._shared.values())
+        assert pop_records._shared and all(b"," in v[1] for v in pop_records._shared.values())
         alone = await popper(server, client).pop(LMQ, invisible_ms=60_000, light=True)
         assert [m.body for m in alone.messages] == [b"alone"]
-        assert len(pop_consumer._shared) == 1
+        assert len(pop_records._shared) == 1
         assert [(m.topic, m.body) for m in got] == [(n, b"x" * 300) for n in fan]
         assert all(r.body is recs[0].body and r.raw_properties is recs[0].raw_properties
                    for r in recs)  # decoded once
@@ -187,9 +187,9 @@ def test_pops_of_a_fanned_out_message_share_one_decoded_copy(tmp_path, monkeypat
         assert again[0].message.raw_properties is not recs[0].raw_properties
         assert await pc.ack(again[0]) and not await pc.ack(got[1])
         # Bounded: nothing past SHARED_RECORDS_MAX_BYTES is kept.
-        monkeypatch.setattr(pop_consumer, "SHARED_RECORDS_MAX_BYTES", 100)
-        monkeypatch.setattr(pop_consumer, "_shared", {})
-        monkeypatch.setattr(pop_consumer, "_shared_bytes", 0)
+        monkeypatch.setattr(pop_records, "SHARED_RECORDS_MAX_BYTES", 100)
+        monkeypatch.setattr(pop_records, "_shared", {})
+        monkeypatch.setattr(pop_records, "_shared_bytes", 0)
         await client.invoke(addr, send_request(
             "Telemetry", b"y", properties={"INNER_MULTI_DISPATCH": ",".join(fan)}))
         ys = [(await popper(server, client, "%LMQ%g" + n[5:]).pop(

@@ -1,5 +1,5 @@
 """The POP client's light decode reads a plain IPv4 record with one unpack
-(`pop_consumer._plain_record`) and gives exactly what the general `parse_layout` path
+(`pop_records._plain_record`) and gives exactly what the general `parse_layout` path
 gives: the same records, and the same error for anything malformed (differential, over
 v1 and v2 records, cut and with octets changed)."""
 
@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from core.client import pop_consumer
+from core.client import pop_records
 from core.common.codec import MAGIC_V2, encode_record
 from core.common.sysflag import MessageSysFlag
 
@@ -38,19 +38,19 @@ def _v2(rec: bytes) -> bytes:
 def _outcome(buf: bytes):
     try:
         return [(r.body, r.raw_properties, r.store_timestamp, r.reconsume_times, r.sys_flag,
-                 r.has_pop_ck) for r in pop_consumer._light_records(buf)]
+                 r.has_pop_ck) for r in pop_records.light_records(buf)]
     except Exception as exc:  # the type is what must match
         return type(exc)
 
 
 @pytest.fixture
 def both(monkeypatch):
-    monkeypatch.setattr(pop_consumer, "_shared", {})
+    monkeypatch.setattr(pop_records, "_shared", {})
 
     def run(buf: bytes):
         fast = _outcome(buf)
         with monkeypatch.context() as m:
-            m.setattr(pop_consumer, "_plain_record", lambda mv, pos, end: None)
+            m.setattr(pop_records, "_plain_record", lambda mv, pos, end: None)
             slow = _outcome(buf)
         return fast, slow
 
@@ -68,8 +68,8 @@ def test_plain_records_decode_as_the_general_path(both):
     # An IPv6 record (or a compressed one) takes the general path, the others around it not.
     v6 = bytearray(recs[2])
     struct.pack_into(">i", v6, 36, MessageSysFlag.STOREHOST_V6)
-    assert pop_consumer._plain_record(memoryview(bytes(v6)), 0, len(v6)) is None
-    assert pop_consumer._plain_record(memoryview(recs[2]), 0, len(recs[2])) is not None
+    assert pop_records._plain_record(memoryview(bytes(v6)), 0, len(v6)) is None
+    assert pop_records._plain_record(memoryview(recs[2]), 0, len(recs[2])) is not None
 
 
 def test_damaged_records_fail_as_the_general_path(both):
