@@ -10,7 +10,7 @@ delivery, as Apache re-encodes its pop-retry messages.
 
 Long polling: `wait` parks a request until a message is dispatched to the topic, a message
 of it is made visible again (nack), or its earliest deadline passes; dispatches reach it
-through the broker's dispatch-listener hook, so nothing polls.
+through the broker's dispatch-listener hook, so nothing polls (waiters.py).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import trio
 
 from core.broker.message_util import clear_property, inner_from_record, put_property
 from core.broker.pop.handle import build_extra_info
-from core.broker.pop.handoff import HandOffs, Parked
 from core.broker.pop.journal import DISCARD, PopJournal, state_lines
 from core.broker.pop.orderly import OrderlyPop
 from core.broker.pop.reading import POP_CK, read_new
 from core.broker.pop.reading import redelivery_record as _redelivery_record
 from core.broker.pop.state import DEAD_LETTERING, PopState, QueueState
+from core.broker.pop.waiters import PopWaiters
 from core.common import names
 from core.common.properties import MessageConst
 from core.common.sysflag import PermName
@@ -88,15 +88,13 @@ class PopBatch:
         return len(self.buffers)
 
 
-class PopService:
+class PopService(PopWaiters):
     """The broker's POP state and the operations the processors call."""
 
     def __init__(self, broker) -> None:
         self.broker = broker
         self.state = PopState()
-        self._waiters: dict[str, set[trio.Event | Parked]] = {}
-        self.handoffs = HandOffs(self._waiters)  # delivery at arrival (handoff.py)
-        self.polling = 0
+        self._init_waiters()  # long polls and hand-offs (waiters.py)
         self._rotation = 0
         # (deadline, group, topic, queue): the revive timer's work; `_scheduled` holds
         # each queue's earliest pending entry (later deadlines are rescheduled from the
@@ -263,49 +261,6 @@ class PopService:
         if self.orderly.queues:
             self.orderly.freed(group, topic, qid)
         return True
-
-    # ------------------------------------------------------------------ wake-ups
-    def on_dispatch(self, topic: str, queue_id: int, max_offset: int) -> None:
-        waiters = self._waiters.pop(topic, None)
-        if waiters:
-            for ev in waiters:
-                ev.set()
-
-    def on_dispatch_lmqs(self, names, max_offsets) -> None:
-        """The LMQs one put multi-dispatched to, in one call (core/broker/arrival.py):
-        each name's waiters woken once."""
-        waiters = self._waiters
-        if not waiters:
-            return
-        for name in names:
-            found = waiters.pop(name, None)
-            if found:
-                for ev in found:
-                    ev.set()
-
-    def wake_all(self) -> None:
-        for waiters in self._waiters.values():
-            for ev in waiters:
-                ev.set()
-        self._waiters.clear()
-
-    async def wait(self, topic: str, timeout_s: float, parked: Parked | None = None) -> None:
-        """Until something may be visible in `topic`, or `timeout_s` passed; `parked`
-        takes what arrives meanwhile through its hand-off (handoff.py)."""
-        ev = trio.Event() if parked is None else parked
-        waiters = self._waiters.setdefault(topic, set())
-        waiters.add(ev)
-        self.polling += 1
-        try:
-            with trio.move_on_after(max(0.0, timeout_s)):
-                await (ev if parked is None else parked.event).wait()
-        finally:
-            self.polling -= 1
-            current = self._waiters.get(topic)
-            if current is not None:
-                current.discard(ev)
-                if not current:
-                    del self._waiters[topic]
 
     def next_deadline(self, group: str, topic: str, queue_ids) -> int | None:
         best = None
