@@ -298,6 +298,12 @@ class Deliveries(AtArrival):
             self._room.set()
             self._room = trio.Event()
 
+    def set_prefetch(self, count: int) -> None:
+        """Basic.Qos: the channel's prefetch count (0 = unlimited); consumers waiting for
+        room look again at once (a raised count frees room without an ack)."""
+        self.prefetch = count
+        self._wake()
+
     def _room_left(self) -> int:
         batch = self.broker.config.pop_batch
         if not self.prefetch:

@@ -385,7 +385,7 @@ class AmqpSession(PublishStore):
         elif kind is BasicQos:
             # prefetch_size is not limited (RabbitMQ ignores it too); the count covers
             # the channel's unacknowledged deliveries, global or not (docs/amqp.md).
-            state.deliveries.prefetch = method.prefetch_count
+            state.deliveries.set_prefetch(method.prefetch_count)
             send(channel, BasicQosOk())
         elif kind is BasicConsume:
             allow("read", "queue", self._queue_name(state, method.queue))

@@ -167,6 +167,34 @@ def test_prefetch_holds_with_deliveries_at_arrival(tmp_path):
     assert parked >= 1  # p0 went at its arrival
 
 
+@pytest.mark.parametrize("in_process", [True, False])
+def test_raised_prefetch_frees_room_at_once(tmp_path, in_process):
+    """Basic.Qos raising the prefetch of a consumer waiting for room: it delivers at once
+    (as RabbitMQ), not at the next ack."""
+    def client(gw: Gateway):
+        held = []
+        conn = pika.BlockingConnection(params(gw.port))
+        ch = conn.channel()
+        ch.queue_declare("rpq")
+        ch.basic_qos(prefetch_count=1)
+        ch.basic_consume("rpq", lambda _c, m, _p, body: held.append(body))
+        pub, pch = _confirming_publisher(gw)
+        for i in range(3):
+            pch.basic_publish("", "rpq", b"q%d" % i)
+        _consume_until(conn, held, 1)
+        conn.process_data_events(time_limit=0.2)  # (a second would break the prefetch)
+        first = list(held)
+        ch.basic_qos(prefetch_count=3)  # nothing acknowledged: room for two more
+        _consume_until(conn, held, 3)
+        pub.close()
+        conn.close()
+        return first, held
+
+    first, held = run_gateway(tmp_path, client, in_process=in_process)
+    assert first == [b"q0"]
+    assert held == [b"q0", b"q1", b"q2"]
+
+
 def test_message_to_dead_letter_is_left_to_the_consumers_task_in_order(tmp_path, monkeypatch):
     """A hand-off that pops a message which must be dead-lettered (here: any body "bad",
     as if expired) delivers what precedes it and leaves it and the rest of its pop to the
