@@ -33,8 +33,9 @@ def wire_of(flush: Callable) -> Any:
 
 class AtArrival:
     """Deliveries at arrival of `Deliveries` (which provides `broker`, `closed`, `flush`,
-    `send_parts`, `_wire`, `_room_left`, `_frames`, and `_deferred_writes`: the
-    connections whose write a consumer task put off to the end of its scheduler batch)."""
+    `send_parts`, `next_tag`, `unacked`, `_wire`, `_room_left`, `_frames`, and
+    `_deferred_writes`: the connections whose write a consumer task put off to the end of
+    its scheduler batch)."""
 
     def deliver_now(self, consumer: Any, parked: Any, after: dict) -> int:
         """The hand-off of `consumer`'s parked pop, run when the store call that
@@ -44,7 +45,8 @@ class AtArrival:
         now answers RETURN before popping (the task looks again, as when it was woken):
         cancelled or closed, another writer on the socket, no prefetch room,
         x-single-active-consumer not active here. A message that must be dead-lettered
-        is left with the rest of its pop to the task (`Consumer.stash`)."""
+        is left with the rest of its pop to the task (`Consumer.stash`), and so is a
+        pop whose frames failed (the exception goes on to `HandOffs.run`: RETURN)."""
         if consumer.cancelled or self.closed:
             return RETURN
         queue = consumer.queue
@@ -61,7 +63,17 @@ class AtArrival:
         result = pop.local_result(batch, consumer.queue_lmq, broker.config.invisible_ms)
         messages = result.messages
         parts: list = []
-        i, fault = self._frames(consumer, messages, 0, parts)
+        first_tag = self.next_tag
+        try:
+            i, fault = self._frames(consumer, messages, 0, parts)
+        except Exception:
+            # Nothing went out: the tags it took are void, the pop is the task's (which
+            # meets the same failure as after a pop of its own). Logged by the caller.
+            for tag in range(first_tag, self.next_tag):
+                self.unacked.pop(tag, None)
+            self.next_tag = first_tag
+            consumer.stash = messages
+            raise
         if parts:
             self.send_parts(parts)
             after[self.flush] = self._write_now

@@ -269,6 +269,40 @@ def test_cancelled_consumer_takes_nothing_at_arrival(tmp_path):
 
 
 
+def test_hand_off_that_raises_leaves_its_pop_to_the_consumers_task(tmp_path, monkeypatch):
+    """A hand-off whose frames fail sends nothing and takes no delivery tag: its messages
+    go to the consumer's task (here the failure is a one-off, so the task delivers them,
+    tag 1 first), not left invisible until their deadline with a tag nobody got."""
+    original = consume_module.Deliveries._frames
+    failed = []
+
+    def frames(self, consumer, messages, start, parts):
+        if not failed:  # the first delivery is the hand-off's (the consumer is parked)
+            failed.append(True)
+            original(self, consumer, messages, start, parts)  # (takes its tags)
+            raise RuntimeError("a hand-off's frames failed")
+        return original(self, consumer, messages, start, parts)
+
+    monkeypatch.setattr(consume_module.Deliveries, "_frames", frames)
+
+    def client(gw: Gateway):
+        got = []
+        service, conn, ch, _ = _parked_consumer(
+            gw, "hr", lambda c, m, _p, body: (got.append((m.delivery_tag, body)),
+                                               c.basic_ack(m.delivery_tag)))
+        pub, pch = _confirming_publisher(gw)
+        pch.basic_publish("", "hr", b"m0")
+        pch.basic_publish("", "hr", b"m1")
+        _consume_until(conn, got, 2)
+        pub.close()
+        conn.close()
+        return got, service.handoffs.runs
+
+    got, runs = run_gateway(tmp_path, client, in_process=True)
+    assert failed and runs >= 1
+    assert got == [(1, b"m0"), (2, b"m1")]
+
+
 def test_wire_write_now_keeps_what_the_kernel_did_not_take_for_the_next_flush():
     import trio
     import trio.testing
