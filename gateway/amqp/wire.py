@@ -116,21 +116,20 @@ class Wire:
             data = await self.stream.receive_some(self._read_size)
             self._drained = len(data) < self._read_size
             return data
-        fd = sock.fileno()  # -1 once closed; a close while we wait wakes us with an error
-        if fd < 0:
-            raise trio.ClosedResourceError("socket was already closed")
         if self._drained:
-            await trio.lowlevel.wait_readable(fd)
+            await trio.lowlevel.wait_readable(sock)
         else:
             await trio.lowlevel.checkpoint()
-            fd = sock.fileno()  # closed meanwhile (no waiter then): never read a reused one
+        while True:
+            # After every wait: another task (the deadlines task, a close) may have closed
+            # the socket between our wake-up and now, and its descriptor may be reused.
+            fd = sock.fileno()
             if fd < 0:
                 raise trio.ClosedResourceError("socket was already closed")
-        while True:
             try:
                 data = os.read(fd, self._read_size)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
+                await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
                 if exc.errno in (errno.ECONNRESET, errno.ENOTCONN, errno.ETIMEDOUT):
